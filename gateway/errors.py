@@ -1,0 +1,194 @@
+"""The one error tree of thinkgate, and how each error looks on the wire.
+
+::
+
+    GatewayError                        (500 server_error)
+    ├── ClientError                     the caller did something wrong (4xx)
+    │   ├── InvalidRequest              400 invalid_request_error, with ``param``
+    │   ├── RequestTooLarge             413 invalid_request_error / request_too_large
+    │   ├── AuthError                   401 authentication_error / invalid_api_key
+    │   ├── PermissionDenied            403 permission_error
+    │   ├── NotFound                    404 not_found_error (``model_not_found`` for models)
+    │   └── RateLimited(retry_after)    429 rate_limit_error, ``retry-after`` header
+    ├── UpstreamError                   the model server failed us (5xx unless relayed)
+    │   ├── UpstreamConnectError        502 upstream_error / upstream_unreachable
+    │   ├── UpstreamTimeout             504 timeout / upstream_timeout
+    │   ├── UpstreamProtocolError       502 upstream_error / upstream_protocol_error
+    │   └── UpstreamStatusError         the upstream's own status and message (4xx relayed,
+    │                                   5xx as 502/503)
+    ├── ServiceUnavailable              503 service_unavailable (no upstream, overloaded)
+    └── LedgerError                     503 ledger_error
+        ├── LedgerUnavailable
+        └── LedgerIntegrityError
+
+The sans-I/O parsers raise the h11-style pair below, which say whose fault it is:
+``RemoteProtocolError`` (the peer sent garbage) and ``LocalProtocolError`` (the caller misused
+the API). The shell translates ``RemoteProtocolError`` from an upstream into
+``UpstreamProtocolError``.
+
+Every rendered error is an OpenAI error object, ``{"error": {"message", "type", "param",
+"code"}}`` (OpenAI API reference, "Error codes"). Messages never contain secrets, prompts or
+reasoning text: constructors take only what is safe to show.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class ProtocolError(Exception):
+    """A sans-I/O parser was given input it cannot accept."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent bytes that violate the protocol (its fault, not ours)."""
+
+
+class LocalProtocolError(ProtocolError):
+    """The caller used a parser wrongly, e.g. fed it after ``close()`` (our fault)."""
+
+
+class GatewayError(Exception):
+    """Base of every error that thinkgate renders to a client."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str | None = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def to_dict(self) -> dict[str, Any]:
+        """The OpenAI error object."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+    def headers(self) -> dict[str, str]:
+        """Extra response headers this error needs (``retry-after`` for 429)."""
+        return {}
+
+
+class ClientError(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+    code = None
+
+
+class InvalidRequest(ClientError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class RequestTooLarge(ClientError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class AuthError(ClientError):
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(ClientError):
+    status = 403
+    type = "permission_error"
+    code = "insufficient_permissions"
+
+
+class NotFound(ClientError):
+    status = 404
+    type = "not_found_error"
+    code = "not_found"
+
+
+class RateLimited(ClientError):
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after: float, code: str | None = None):
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(max(1, round(self.retry_after + 0.5)))}
+
+
+class UpstreamError(GatewayError):
+    status = 502
+    type = "upstream_error"
+    code = "upstream_error"
+    # Whether another upstream may be tried: true only when nothing reached the model yet.
+    retryable = False
+
+
+class UpstreamConnectError(UpstreamError):
+    status = 502
+    code = "upstream_unreachable"
+    retryable = True
+
+
+class UpstreamTimeout(UpstreamError):
+    status = 504
+    type = "timeout"
+    code = "upstream_timeout"
+    retryable = True
+
+
+class UpstreamProtocolError(UpstreamError):
+    status = 502
+    code = "upstream_protocol_error"
+
+
+class UpstreamStatusError(UpstreamError):
+    """The upstream answered with an error status; 4xx are relayed as they are."""
+
+    def __init__(self, status: int, message: str, *, param: str | None, code: str | None):
+        super().__init__(message, param=param, code=code)
+        self.upstream_status = status
+        if status < 500:
+            self.status = status
+            self.type = "invalid_request_error"
+        else:
+            self.status = 503 if status == 503 else 502
+            self.retryable = True
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "service_unavailable"
+
+
+class LedgerError(GatewayError):
+    status = 503
+    type = "service_unavailable"
+    code = "ledger_error"
+
+
+class LedgerUnavailable(LedgerError):
+    code = "ledger_unavailable"
+
+
+class LedgerIntegrityError(LedgerError):
+    status = 500
+    type = "server_error"
+    code = "ledger_integrity_error"
