@@ -1,0 +1,103 @@
+"""The app factory. ``create_app(settings)`` builds a FastAPI app whose lifespan owns every
+dependency (HTTP client pool, database engine, key store, limiter, ledger sink, metrics
+registry, and in demo mode the embedded simulator). Nothing happens at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CollectorRegistry, ProcessCollector
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway import admin, chat, health
+from gateway.db import create_engine, create_schema
+from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.keystore import KeyStore
+from gateway.middleware import RequestIdMiddleware
+from gateway.ports import DiscardSink, Limiter, RecordSink, Unlimited
+from gateway.servers import BackgroundServer
+from gateway.settings import Settings
+from gateway.state import AppState
+from gateway.upstream import UpstreamPool, create_client
+
+
+def create_app(
+    settings: Settings, *, limiter: Limiter | None = None, sink: RecordSink | None = None
+) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            app.state.tg = await _start(stack, settings, limiter or Unlimited(), sink or DiscardSink())
+            yield
+
+    app = FastAPI(title="thinkgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(RequestIdMiddleware)
+    app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_api_route("/v1/chat/completions", chat.chat_completions, methods=["POST"], response_model=None)
+    app.add_api_route("/v1/models", chat.models, methods=["GET"], response_model=None)
+    health.add_routes(app)
+    admin.add_routes(app)
+    return app
+
+
+async def _start(
+    stack: contextlib.AsyncExitStack, settings: Settings, limiter: Limiter, sink: RecordSink
+) -> AppState:
+    if settings.demo and not settings.upstreams:
+        from gateway.sim.app import SimConfig, create_sim_app
+
+        sim = await stack.enter_async_context(BackgroundServer(create_sim_app(SimConfig())))
+        settings = settings.model_copy(update={"upstreams": (f"{sim.url}/v1",)})
+    client = create_client(settings)
+    stack.push_async_callback(client.aclose)
+    engine = create_engine(settings.database_url)
+    stack.push_async_callback(engine.dispose)
+    await create_schema(engine)
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    return AppState(
+        settings=settings,
+        client=client,
+        upstreams=UpstreamPool(client, settings),
+        engine=engine,
+        keys=KeyStore(engine, ttl=settings.key_cache_ttl_s),
+        limiter=limiter,
+        sink=sink,
+        registry=registry,
+    )
+
+
+def _error_response(error: GatewayError) -> Response:
+    return Response(
+        error.to_json(),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers(),
+    )
+
+
+async def _gateway_error(_request: Request, exc: GatewayError) -> Response:
+    return _error_response(exc)
+
+
+async def _http_error(_request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        return _error_response(NotFound("Unknown route.", code="unknown_route"))
+    error = GatewayError(str(exc.detail), code=None)
+    error.status, error.type = exc.status_code, "invalid_request_error"
+    return _error_response(error)
+
+
+async def _validation_error(_request: Request, exc: RequestValidationError) -> Response:
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
+    param = ".".join(loc) or None
+    return _error_response(InvalidRequest(f"Invalid value for '{param}'.", param=param))

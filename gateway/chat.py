@@ -1,0 +1,182 @@
+"""``POST /v1/chat/completions`` and ``GET /v1/models``: the route handlers, as recipes.
+
+read body (bounded) → authenticate → validate → route → admit → open the upstream and check
+its status and first bytes *before* the response starts → relay (SSE parse → split → encode)
+→ in ``finally``: settle and record.
+
+Authentication comes before validation, as with OpenAI's API: an unauthenticated caller learns
+nothing about the request schema. Everything that can fail before the first byte becomes an
+HTTP error; after the response started, a failure yields exactly one SSE ``error`` event, then
+``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import anyio
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.auth import authenticate
+from gateway.errors import (
+    GatewayError,
+    RemoteProtocolError,
+    RequestTooLarge,
+    UpstreamError,
+    UpstreamProtocolError,
+)
+from gateway.exchange import Exchange
+from gateway.relay import Policy, Rewriter, StreamRelay, rewrite_completion
+from gateway.request import ChatRequest, parse_chat_request
+from gateway.sse import DONE_EVENT, SSEParser, encode_event
+from gateway.state import AppState
+from gateway.streaming import RelayResponse
+from gateway.upstream import Opened
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response started."""
+
+
+async def chat_completions(request: Request) -> Response | RelayResponse:
+    state: AppState = request.app.state.tg
+    raw = await read_body(request, state.settings.max_body_bytes)
+    key = await authenticate(state.keys, request.headers.get("authorization"), "client")
+    chat = parse_chat_request(raw)
+    candidates = await state.upstreams.route(chat.model)
+    admission = await state.limiter.admit(key.key_id, key.tenant, estimate_tokens(chat, state))
+    policy = Policy(
+        parser=state.settings.parser_for(chat.model),
+        show_reasoning=key.reasoning == "visible" and chat.wants_reasoning,
+        reasoning_field=state.settings.reasoning_field,
+        include_usage=chat.include_usage,
+    )
+    relay = StreamRelay(policy) if chat.stream else Rewriter(policy)
+    ex = Exchange(request.state.request_id, key, chat, relay, admission, state.limiter, state.sink)
+    try:
+        if isinstance(relay, StreamRelay):
+            opening = state.upstreams.open_stream(candidates, chat.upstream_body)
+            opened = await until_disconnect(request, opening)
+            ex.upstream = opened.upstream.base_url
+            parser = SSEParser(state.settings.max_sse_event_bytes)
+            return RelayResponse(relay_stream(ex, opened, relay, parser), {})
+        return await complete(request, state, ex, candidates)
+    except GatewayError as exc:
+        ex.fail(exc)
+        await ex.finish()
+        raise
+    except ClientGone:
+        ex.disconnected()
+        await ex.finish()
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+    except BaseException:
+        ex.disconnected()
+        await ex.finish()
+        raise
+
+
+async def complete(request: Request, state: AppState, ex: Exchange, candidates: Any) -> Response:
+    upstream, body = await until_disconnect(
+        request, state.upstreams.complete(candidates, ex.chat.upstream_body)
+    )
+    ex.upstream = upstream.base_url
+    ex.mark_first_token()
+    rewrite_completion(ex.rewriter, body)
+    ex.status = "ok"
+    await ex.finish()
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+async def relay_stream(
+    ex: Exchange, opened: Opened, relay: StreamRelay, parser: SSEParser
+) -> AsyncIterator[bytes]:
+    """The relay loop: upstream reads in, one client write per upstream read out."""
+    try:
+        async for raw in opened:
+            out = _relay_read(relay, parser, raw)
+            if out:
+                ex.mark_first_token()
+                yield out
+            if relay.done:
+                break
+        if not relay.done:
+            raise UpstreamProtocolError("the model server ended the stream before [DONE]")
+        ex.status = "ok"
+        await ex.finish()
+        yield DONE_EVENT
+    except (GatewayError, RemoteProtocolError) as exc:
+        error = exc if isinstance(exc, GatewayError) else UpstreamProtocolError(str(exc))
+        ex.fail(error)
+        yield encode_event("error", error.to_json()) + DONE_EVENT
+    except asyncio.CancelledError:
+        ex.disconnected()
+        raise
+    finally:
+        with anyio.CancelScope(shield=True):
+            await opened.aclose()
+            await ex.finish()
+
+
+def _relay_read(relay: StreamRelay, parser: SSEParser, raw: bytes) -> bytes:
+    """Everything due to the client for one upstream read; ``[DONE]`` is held back."""
+    out = b""
+    for event in parser.feed(raw):
+        data = relay.feed(event)
+        if relay.done:
+            break
+        out += data
+    return out
+
+
+async def models(request: Request) -> Response:
+    state: AppState = request.app.state.tg
+    await authenticate(state.keys, request.headers.get("authorization"), "client")
+    cards = await state.upstreams.model_cards()
+    return Response(orjson.dumps({"object": "list", "data": cards}), media_type="application/json")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def estimate_tokens(chat: ChatRequest, state: AppState) -> int:
+    """OpenAI's reservation rule: prompt estimate (bytes / 4) + max_tokens, per choice."""
+    prompt = len(orjson.dumps(chat.messages)) // 4
+    return prompt + chat.n * (chat.max_tokens or state.settings.default_max_tokens)
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run ``work``, cancelling it if the client disconnects first (the body is read by now)."""
+    result: list[T] = []
+
+    async def run(group: anyio.abc.TaskGroup) -> None:
+        result.append(await work)
+        group.cancel_scope.cancel()
+
+    async def watch(group: anyio.abc.TaskGroup) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        group.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run, group)
+        group.start_soon(watch, group)
+    if not result:
+        raise ClientGone
+    return result[0]

@@ -1,0 +1,157 @@
+"""``thinkgate``: serve, sim, keys, bench (DESIGN §3). Each command is a small function."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.settings import Settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="thinkgate", description=__doc__)
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--upstream", action="append", default=None, metavar="URL")
+    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--demo", action="store_true", help="built-in simulator, demo keys")
+    serve.set_defaults(func=cmd_serve)
+
+    sim = sub.add_parser("sim", help="run the vLLM simulator alone")
+    sim.add_argument("--host", default="127.0.0.1")
+    sim.add_argument("--port", type=int, default=8000)
+    sim.add_argument("--ttft-ms", type=float, default=200.0)
+    sim.add_argument("--itl-ms", type=float, default=20.0)
+    sim.add_argument("--kv-capacity-tokens", type=int, default=65536)
+    sim.set_defaults(func=cmd_sim)
+
+    keys = sub.add_parser("keys", help="manage API keys").add_subparsers(required=True)
+    create = keys.add_parser("create", help="create a key; the secret is the last line")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--role", choices=["client", "auditor", "admin"], required=True)
+    create.add_argument("--reasoning", choices=["hidden", "visible"], default="hidden")
+    create.add_argument("--rpm", type=int, default=None)
+    create.add_argument("--tpm", type=int, default=None)
+    create.set_defaults(func=cmd_keys_create)
+    keys.add_parser("list", help="list keys").set_defaults(func=cmd_keys_list)
+    revoke = keys.add_parser("revoke", help="revoke a key")
+    revoke.add_argument("key_id")
+    revoke.set_defaults(func=cmd_keys_revoke)
+
+    bench = sub.add_parser("bench", help="load generator: TTFT, inter-token latency, throughput")
+    bench.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8080/v1")
+    bench.add_argument("--concurrency", type=int, default=32)
+    bench.add_argument("--duration", type=float, default=10.0)
+    bench.add_argument("--model", default="deepseek-r1")
+    bench.add_argument("--api-key", default=None, help="default: $THINKGATE_BENCH_KEY")
+    bench.add_argument("--max-tokens", type=int, default=256)
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    overrides: dict[str, Any] = {"demo": args.demo}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port:
+        overrides["port"] = args.port
+    if args.upstream:
+        overrides["upstreams"] = tuple(args.upstream)
+    settings = Settings(**overrides)
+    if args.demo:
+        if args.workers != 1:
+            print("--demo runs one worker (the simulator lives in it)", file=sys.stderr)
+            return 2
+        from gateway.demo import prepare_demo
+
+        asyncio.run(prepare_demo(settings))
+    elif not settings.upstreams:
+        print("no upstream: pass --upstream URL, set THINKGATE_UPSTREAMS, or use --demo", file=sys.stderr)
+        return 2
+    run: dict[str, Any] = {"host": settings.host, "port": settings.port, "loop": "uvloop",
+                           "http": "httptools", "access_log": False, "log_level": "info"}
+    if args.workers == 1:
+        from gateway.app import create_app
+
+        uvicorn.run(create_app(settings), **run)
+        return 0
+    # Workers are separate processes: they read their settings from the environment.
+    for name, value in overrides.items():
+        os.environ[f"THINKGATE_{name.upper()}"] = ",".join(value) if isinstance(value, tuple) else str(value)
+    uvicorn.run("gateway.cli:app_from_env", factory=True, workers=args.workers, **run)
+    return 0
+
+
+def app_from_env() -> Any:
+    from gateway.app import create_app
+
+    return create_app(Settings())
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.sim.app import SimConfig, create_sim_app
+
+    config = SimConfig(
+        ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, kv_capacity_tokens=args.kv_capacity_tokens
+    )
+    uvicorn.run(create_sim_app(config), host=args.host, port=args.port, loop="uvloop",
+                http="httptools", access_log=False, log_level="warning")
+    return 0
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from gateway.keycli import create_key
+
+    secret, view = asyncio.run(create_key(Settings(), args.tenant, args.role, args.reasoning, args.rpm, args.tpm))
+    print(f"created key {view} (the secret below is shown once; only its hash is stored)")
+    print(secret)
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    from gateway.keycli import list_keys
+
+    for line in asyncio.run(list_keys(Settings())):
+        print(line)
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from gateway.keycli import revoke_key
+
+    if asyncio.run(revoke_key(Settings(), args.key_id)):
+        print(f"revoked {args.key_id}")
+        return 0
+    print(f"no active key {args.key_id}", file=sys.stderr)
+    return 1
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bench.loadgen import LoadSpec, report, run_load
+
+    api_key = args.api_key or Settings().bench_key.get_secret_value()
+    spec = LoadSpec(url=args.url, api_key=api_key, model=args.model, concurrency=args.concurrency,
+                    duration_s=args.duration, max_tokens=args.max_tokens)
+    print(report(asyncio.run(run_load(spec))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

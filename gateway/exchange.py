@@ -1,0 +1,82 @@
+"""One chat completion's life in the shell: timing, outcome, and the single ``finish``.
+
+``finish`` settles the rate limit and hands the record to the ledger exactly once, however the
+request ended (completed, upstream error, client disconnect). It runs shielded from
+cancellation, so a client that goes away cannot make a completion vanish from the ledger.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import anyio
+
+from gateway.errors import GatewayError
+from gateway.keys import KeyInfo
+from gateway.ports import Admission, CompletionRecord, Limiter, RecordSink, Status
+from gateway.relay import Rewriter
+from gateway.request import ChatRequest
+
+
+@dataclass(slots=True)
+class Exchange:
+    request_id: str
+    key: KeyInfo
+    chat: ChatRequest
+    rewriter: Rewriter
+    admission: Admission
+    limiter: Limiter
+    sink: RecordSink
+    started_at: float = field(default_factory=time.time)
+    t0: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    upstream: str | None = None
+    status: Status = "error"
+    error_code: str | None = None
+    client_disconnected: bool = False
+    _finished: bool = False
+
+    def mark_first_token(self) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = self.started_at + (time.perf_counter() - self.t0)
+
+    def fail(self, error: GatewayError) -> None:
+        self.status = "upstream_error" if error.type in ("upstream_error", "timeout") else "error"
+        self.error_code = error.code
+
+    def disconnected(self) -> None:
+        self.client_disconnected = True
+        self.status = "client_disconnected"
+
+    async def finish(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        with anyio.CancelScope(shield=True):
+            record = self._record()
+            used = int((record.usage or {}).get("total_tokens") or 0)
+            await self.limiter.settle(self.admission, used or self.admission.reserved_tokens)
+            await self.sink.submit(record)
+
+    def _record(self) -> CompletionRecord:
+        choices = [self.rewriter.choices[i] for i in sorted(self.rewriter.choices)]
+        return CompletionRecord(
+            request_id=self.request_id,
+            tenant=self.key.tenant,
+            key_id=self.key.key_id,
+            model=self.chat.model,
+            upstream=self.upstream,
+            stream=self.chat.stream,
+            started_at=self.started_at,
+            first_token_at=self.first_token_at,
+            ended_at=self.started_at + (time.perf_counter() - self.t0),
+            status=self.status,
+            error_code=self.error_code,
+            client_disconnected=self.client_disconnected,
+            usage=self.rewriter.usage,
+            finish_reasons=tuple(c.finish_reason for c in choices),
+            messages=self.chat.messages,
+            reasoning=tuple("".join(c.reasoning) for c in choices),
+            content=tuple("".join(c.content) for c in choices),
+        )

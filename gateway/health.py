@@ -1,0 +1,60 @@
+"""``/healthz`` (the process answers), ``/readyz`` (its dependencies answer), ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.errors import GatewayError
+from gateway.state import AppState
+
+
+async def healthz(_request: Request) -> Response:
+    return Response(b'{"status":"ok"}', media_type="application/json")
+
+
+async def readyz(request: Request) -> Response:
+    state: AppState = request.app.state.tg
+    checks = dict(
+        zip(
+            ("upstream", "database"),
+            await asyncio.gather(_upstream_ready(state), _database_ready(state)),
+            strict=True,
+        )
+    )
+    ok = all(v == "ok" for v in checks.values())
+    body = orjson.dumps({"status": "ok" if ok else "unavailable", "checks": checks})
+    return Response(body, status_code=200 if ok else 503, media_type="application/json")
+
+
+async def metrics(request: Request) -> Response:
+    state: AppState = request.app.state.tg
+    return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _upstream_ready(state: AppState) -> str:
+    try:
+        return "ok" if await state.upstreams.model_cards() else "no models"
+    except GatewayError as exc:
+        return exc.message
+
+
+async def _database_ready(state: AppState) -> str:
+    try:
+        async with asyncio.timeout(2), state.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    except Exception:  # any failure means "not ready"; the reason goes to logs, not clients
+        return "unreachable"
+    return "ok"
+
+
+def add_routes(app: FastAPI) -> None:
+    app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/readyz", readyz, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)

@@ -1,0 +1,75 @@
+"""The two small interfaces through which the gateway hands work to ``audit`` and ``ratelimit``.
+
+The gateway builds one ``CompletionRecord`` per chat completion, however it ended, and gives
+it to a ``RecordSink`` in the ``finally`` of the request. It asks a ``Limiter`` to admit a
+request before opening the upstream and settles it with the real usage afterwards.
+
+Until the ledger and the rate-limit packages plug in, the app uses ``DiscardSink`` and
+``Unlimited``: explicit pass-through implementations, named for what they do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+Status = Literal["ok", "upstream_error", "client_disconnected", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRecord:
+    """Everything the ledger needs about one completion; ``messages`` and texts are sensitive."""
+
+    request_id: str
+    tenant: str
+    key_id: str
+    model: str
+    upstream: str | None
+    stream: bool
+    started_at: float  # wall clock, seconds since the epoch
+    first_token_at: float | None
+    ended_at: float
+    status: Status
+    error_code: str | None
+    client_disconnected: bool
+    usage: dict[str, Any] | None
+    finish_reasons: tuple[str | None, ...]
+    messages: list[Any]
+    reasoning: tuple[str, ...]  # per choice
+    content: tuple[str, ...]  # per choice
+
+
+class RecordSink(Protocol):
+    async def submit(self, record: CompletionRecord) -> None: ...
+
+
+class DiscardSink:
+    """Drops records: the gateway without a ledger."""
+
+    async def submit(self, record: CompletionRecord) -> None:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A granted request; settled exactly once when the request ends."""
+
+    key_id: str
+    tenant: str
+    reserved_tokens: int
+
+
+class Limiter(Protocol):
+    async def admit(self, key_id: str, tenant: str, tokens: int) -> Admission: ...
+
+    async def settle(self, admission: Admission, used_tokens: int) -> None: ...
+
+
+class Unlimited:
+    """Admits everything: the gateway without rate limits."""
+
+    async def admit(self, key_id: str, tenant: str, tokens: int) -> Admission:
+        return Admission(key_id, tenant, tokens)
+
+    async def settle(self, admission: Admission, used_tokens: int) -> None:
+        return None

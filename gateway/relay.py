@@ -1,0 +1,251 @@
+"""Rewrites an upstream chat completion for one client (sans-I/O): the chunk path.
+
+``StreamRelay.feed(event) -> bytes`` takes one upstream SSE event and returns the bytes to send
+to the client (often the upstream's own bytes, re-framed; ``b""`` when nothing is due).
+``rewrite_completion(body)`` does the same for a non-streaming response, through the same
+per-choice code, so the two can never disagree.
+
+Rules, per choice (state is kept per ``index``, so ``n > 1`` works):
+
+- A choice whose upstream already separates reasoning (``reasoning`` or ``reasoning_content``
+  in a delta or message, as vLLM does with ``--reasoning-parser``) is *separated*: its reasoning
+  field is used and its content passes verbatim. Otherwise ``content`` goes through the
+  ``ThinkSplitter`` of the model's parser; a chunk with ``finish_reason`` closes the splitter so
+  held-back text leaves with it.
+- Reasoning goes to the client only when the policy shows it, in ``reasoning_content``,
+  ``reasoning`` or both (``REASONING_FIELD``). A hidden policy removes every byte of it,
+  including ``logprobs`` of chunks that carried reasoning (they would spell it out).
+- An absent channel is absent: no ``"content": ""``; a choice left with an empty delta and no
+  ``finish_reason`` is dropped, and so is a chunk left with no choices.
+- The gateway always asks the upstream for usage; the usage chunk reaches the client only if
+  it asked (``stream_options.include_usage``), and ``usage: null`` fields are stripped otherwise.
+- ``completion_tokens_details.reasoning_tokens``: the upstream's figure when it reports one
+  above zero. Otherwise thinkgate counts: when every upstream delta carried one token (deltas ==
+  ``completion_tokens``, vLLM's normal streaming) the reasoning deltas are the exact count (tag
+  tokens included); when tokens were merged into fewer deltas, or for a non-streaming response,
+  ``completion_tokens`` is shared out in proportion to the characters of reasoning and content.
+
+Unchanged chunks are re-framed from the upstream's bytes without re-encoding the JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway.errors import RemoteProtocolError, UpstreamStatusError
+from gateway.settings import ReasoningField
+from gateway.sse import DONE_EVENT, Event, encode_data
+from gateway.thinksplit import Reasoning, ReasoningParser, State, ThinkSplitter
+
+_TEXT_KEYS = ("content", "reasoning_content", "reasoning")
+_REASONING_STATES = frozenset({State.R1_OPENING, State.R1_REASONING, State.REASONING})
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    parser: ReasoningParser
+    show_reasoning: bool
+    reasoning_field: ReasoningField
+    include_usage: bool = False
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    """What one choice has produced so far."""
+
+    splitter: ThinkSplitter
+    separated: bool = False
+    finish_reason: str | None = None
+    deltas: int = 0
+    reasoning_deltas: int = 0
+    last_had_reasoning: bool = False
+    reasoning: list[str] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+
+    def split(self, text: str | None, upstream_reasoning: str | None, final: bool) -> tuple[str, str]:
+        """``(reasoning, content)`` of one delta or message."""
+        if upstream_reasoning is not None:
+            self.separated = True
+        if self.separated:
+            return upstream_reasoning or "", text or ""
+        in_reasoning = self.splitter.state in _REASONING_STATES
+        events = self.splitter.feed(text) if text else []
+        if final:
+            events += self.splitter.close()
+        if len(events) == 1:  # the common case: one channel
+            piece = events[0].text
+            return (piece, "") if isinstance(events[0], Reasoning) else ("", piece)
+        reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
+        content = "".join(e.text for e in events if not isinstance(e, Reasoning))
+        if text and in_reasoning and not reasoning:
+            self.reasoning_deltas += 1  # a tag token: counted as reasoning, like the model's own
+            self.deltas += 1
+        return reasoning, content
+
+    def record(self, reasoning: str, content: str) -> None:
+        self.last_had_reasoning = bool(reasoning)
+        if reasoning:
+            self.reasoning.append(reasoning)
+            self.reasoning_deltas += 1
+        if content:
+            self.content.append(content)
+        if reasoning or content:
+            self.deltas += 1
+
+
+class Rewriter:
+    """Per-request state shared by the streaming and non-streaming paths."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.choices: dict[int, ChoiceState] = {}
+        self.usage: dict[str, Any] | None = None
+
+    def choice(self, index: int) -> ChoiceState:
+        state = self.choices.get(index)
+        if state is None:
+            state = self.choices[index] = ChoiceState(ThinkSplitter(self.policy.parser))
+        return state
+
+    def rewrite_fields(self, holder: dict[str, Any], state: ChoiceState, final: bool) -> dict[str, Any]:
+        """A copy of a delta/message with content split and reasoning placed per policy."""
+        upstream_reasoning = holder.get("reasoning_content")
+        if upstream_reasoning is None:
+            upstream_reasoning = holder.get("reasoning")
+        reasoning, content = state.split(holder.get("content"), upstream_reasoning, final)
+        state.record(reasoning, content)
+        out = {k: v for k, v in holder.items() if k not in _TEXT_KEYS}
+        if content:
+            out["content"] = content
+        if reasoning and self.policy.show_reasoning:
+            if self.policy.reasoning_field != "reasoning":
+                out["reasoning_content"] = reasoning
+            if self.policy.reasoning_field != "reasoning_content":
+                out["reasoning"] = reasoning
+        return out
+
+    def fill_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """``usage`` with ``completion_tokens_details.reasoning_tokens`` filled in."""
+        details = dict(usage.get("completion_tokens_details") or {})
+        if not details.get("reasoning_tokens"):
+            details["reasoning_tokens"] = self.count_reasoning_tokens(
+                int(usage.get("completion_tokens") or 0)
+            )
+        return {**usage, "completion_tokens_details": details}
+
+    def count_reasoning_tokens(self, completion_tokens: int) -> int:
+        states = self.choices.values()
+        deltas = sum(s.deltas for s in states)
+        if deltas and deltas == completion_tokens:
+            return sum(s.reasoning_deltas for s in states)
+        r_chars = sum(len(p) for s in states for p in s.reasoning)
+        c_chars = sum(len(p) for s in states for p in s.content)
+        if not r_chars:
+            return 0
+        return min(completion_tokens, round(completion_tokens * r_chars / (r_chars + c_chars)))
+
+
+class StreamRelay(Rewriter):
+    """The streaming path: one upstream SSE event in, client bytes out."""
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__(policy)
+        self.done = False
+
+    def feed(self, event: Event) -> bytes:
+        if event.is_done:
+            self.done = True
+            return DONE_EVENT
+        try:
+            chunk = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            raise RemoteProtocolError("upstream sent an event that is not JSON") from None
+        if not isinstance(chunk, dict):
+            raise RemoteProtocolError("upstream sent an event that is not a JSON object")
+        if event.event == "error" or "error" in chunk or chunk.get("object") == "error":
+            raise upstream_error(chunk, 502)
+        changed = self._rewrite_choices(chunk)
+        if "usage" in chunk:
+            changed = self._rewrite_usage(chunk) or changed
+        if not chunk.get("choices") and "usage" not in chunk:
+            return b""
+        return encode_data(orjson.dumps(chunk) if changed else event.data)
+
+    def _rewrite_choices(self, chunk: dict[str, Any]) -> bool:
+        choices = chunk.get("choices")
+        if not choices:
+            return False
+        kept: list[dict[str, Any]] = []
+        changed = False
+        for choice in choices:
+            new = self._rewrite_choice(choice)
+            changed = changed or new is not choice
+            if new is not None:
+                kept.append(new)
+        if changed:
+            chunk["choices"] = kept
+        return changed
+
+    def _rewrite_choice(self, choice: dict[str, Any]) -> dict[str, Any] | None:
+        state = self.choice(int(choice.get("index") or 0))
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            state.finish_reason = finish
+        delta = choice.get("delta") or {}
+        new_delta = self.rewrite_fields(delta, state, final=finish is not None)
+        if new_delta == delta:
+            return choice
+        if not new_delta and finish is None:
+            return None
+        new = {**choice, "delta": new_delta}
+        if choice.get("logprobs") and state.last_had_reasoning and not self.policy.show_reasoning:
+            new["logprobs"] = None  # they would spell out the hidden reasoning
+        return new
+
+    def _rewrite_usage(self, chunk: dict[str, Any]) -> bool:
+        usage = chunk["usage"]
+        if usage is not None:
+            self.usage = self.fill_usage(usage)
+        if self.policy.include_usage:
+            if usage is not None:
+                chunk["usage"] = self.usage
+            return usage is not None
+        del chunk["usage"]
+        return True
+
+
+def rewrite_completion(rewriter: Rewriter, body: dict[str, Any]) -> dict[str, Any]:
+    """The non-streaming path: the same per-choice rewrite over whole messages."""
+    for choice in body.get("choices") or []:
+        state = rewriter.choice(int(choice.get("index") or 0))
+        state.finish_reason = choice.get("finish_reason")
+        message = rewriter.rewrite_fields(choice.get("message") or {}, state, final=True)
+        message.setdefault("content", None)
+        choice["message"] = message
+        if not rewriter.policy.show_reasoning and state.reasoning:
+            choice["logprobs"] = None
+    usage = body.get("usage")
+    if isinstance(usage, dict):
+        rewriter.usage = body["usage"] = rewriter.fill_usage(usage)
+    return body
+
+
+def upstream_error(body: Any, status: int) -> UpstreamStatusError:
+    """An upstream error object (OpenAI's, or vLLM's flat ``{"object": "error"}``) as ours."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        error = body if isinstance(body, dict) else {}
+    message = error.get("message")
+    if not isinstance(message, str) or not message:
+        message = f"upstream returned status {status}"
+    param = error.get("param")
+    code = error.get("code")
+    return UpstreamStatusError(
+        status,
+        message[:2000],
+        param=param if isinstance(param, str) else None,
+        code=str(code) if code is not None else None,
+    )

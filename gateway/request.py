@@ -1,0 +1,109 @@
+"""The chat request at the HTTP edge: decode, validate, and build the body sent upstream.
+
+Validation checks only what the gateway relies on or what a model server would otherwise
+reject with a worse message; every other field passes through untouched (vLLM extras such as
+``top_k``, ``structured_outputs``, ``chat_template_kwargs``, tools, ``reasoning_content`` in
+assistant messages). The forwarded body is the client's own JSON object with three changes:
+
+- ``include_reasoning`` and ``reasoning`` are removed: they are directives to the gateway (a
+  request may lower its own reasoning visibility with ``include_reasoning: false`` or
+  ``reasoning: {"exclude": true}``, never raise it);
+- for streams, ``stream_options.include_usage`` is forced on (the gateway always needs usage)
+  and the client's own choice is remembered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+
+from gateway.errors import InvalidRequest
+
+MAX_N = 16
+MAX_TOKENS_LIMIT = 1_000_000
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: StrictStr
+
+
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: StrictBool | None = None
+
+
+class _ReasoningDirective(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    exclude: StrictBool = False
+
+
+class _ChatBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: StrictStr = Field(min_length=1, max_length=256)
+    messages: Annotated[list[_Message], Field(min_length=1)]
+    stream: StrictBool = False
+    stream_options: _StreamOptions | None = None
+    n: Annotated[int, Field(ge=1, le=MAX_N, strict=True)] = 1
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT, strict=True)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT, strict=True)] | None = (
+        None
+    )
+    include_reasoning: StrictBool = True
+    reasoning: _ReasoningDirective | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    model: str
+    stream: bool
+    include_usage: bool
+    wants_reasoning: bool  # false when the request lowered its own visibility
+    max_tokens: int | None
+    n: int
+    messages: list[Any]
+    upstream_body: bytes
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    """Decode and validate; ``InvalidRequest`` (400, with ``param``) on any problem."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("The request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    try:
+        checked = _ChatBody.model_validate(body)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+    wants_reasoning = checked.include_reasoning and not (
+        checked.reasoning is not None and checked.reasoning.exclude
+    )
+    include_usage = bool(checked.stream_options and checked.stream_options.include_usage)
+    body.pop("include_reasoning", None)
+    body.pop("reasoning", None)
+    if checked.stream:
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return ChatRequest(
+        model=checked.model,
+        stream=checked.stream,
+        include_usage=include_usage,
+        wants_reasoning=wants_reasoning,
+        max_tokens=checked.max_completion_tokens or checked.max_tokens,
+        n=checked.n,
+        messages=body["messages"],
+        upstream_body=orjson.dumps(body),
+    )
+
+
+def _invalid(exc: ValidationError) -> InvalidRequest:
+    error = exc.errors(include_url=False, include_input=False)[0]
+    loc = [str(p) for p in error["loc"]]
+    param = ".".join(loc) if loc else None
+    if error["type"] == "missing":
+        return InvalidRequest(f"Missing required parameter: '{param}'.", param=param)
+    return InvalidRequest(f"Invalid value for '{param}': {error['msg']}.", param=param)

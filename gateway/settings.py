@@ -1,0 +1,108 @@
+"""The one typed, frozen settings object. ``os.environ`` is read here and nowhere else.
+
+Sources, highest precedence first: keyword arguments (the CLI), environment variables with the
+``THINKGATE_`` prefix, the YAML file named by ``THINKGATE_CONFIG``, the defaults below. The YAML
+file uses the same names in lower case, and may also carry per-model overrides::
+
+    models:
+      qwq-32b: {reasoning_parser: think_tags}
+      deepseek-v3: {reasoning_parser: none}
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from gateway.thinksplit import ReasoningParser
+
+ReasoningField = Literal["reasoning_content", "reasoning", "both"]
+HttpTransport = Literal["aiohttp", "httpx"]
+
+
+class ModelOverride(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    reasoning_parser: ReasoningParser | None = None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="THINKGATE_", frozen=True, extra="ignore")
+
+    host: str = "127.0.0.1"
+    demo: bool = False
+    port: int = 8080
+    upstreams: Annotated[tuple[str, ...], NoDecode] = ()
+    upstream_api_key: SecretStr = SecretStr("")
+    database_url: str = "sqlite+aiosqlite:///./var/thinkgate.db"
+    redis_url: str = ""
+    ledger_key_file: Path = Path("./var/ledger-keys.json")
+    signing_key_file: Path = Path("./var/signing-key.pem")
+    reasoning_parser: ReasoningParser = "deepseek_r1"
+    reasoning_field: ReasoningField = "reasoning_content"
+    models: Mapping[str, ModelOverride] = Field(default_factory=dict)
+    audit_mode: Literal["strict", "async"] = "strict"
+    kv_capacity_tokens: int | None = None
+    kv_target_utilization: float = Field(0.85, gt=0, le=1)
+    admission_wait_ms: int = 2000
+    default_max_tokens: int = 4096
+    ratelimit_fail: Literal["open", "closed"] = "open"
+
+    # Upstream client. Reasoning models can sit in vLLM's queue for a long time before the first
+    # token, so the first-token timeout is generous; the idle timeout bounds stalls mid-stream.
+    http_transport: HttpTransport = "aiohttp"
+    connect_timeout_s: float = Field(5.0, gt=0)
+    first_token_timeout_s: float = Field(300.0, gt=0)
+    idle_timeout_s: float = Field(60.0, gt=0)
+    max_connections: int = Field(1000, ge=1)
+    models_cache_ttl_s: float = Field(10.0, ge=0)
+
+    # Client side.
+    max_body_bytes: int = Field(4 << 20, ge=1024)
+    max_sse_event_bytes: int = Field(1 << 20, ge=1024)
+    key_cache_ttl_s: float = Field(5.0, ge=0)
+
+    bench_key: SecretStr = SecretStr("")  # the key ``thinkgate bench`` sends by default
+
+    test_redis_url: str = "redis://127.0.0.1:6379/15"
+    test_database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+
+    @field_validator("upstreams", mode="before")
+    @classmethod
+    def _split_upstreams(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(u.strip().rstrip("/") for u in value.split(",") if u.strip())
+        if isinstance(value, list | tuple):
+            return tuple(str(u).rstrip("/") for u in value)
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config_file = os.environ.get("THINKGATE_CONFIG")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if config_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)
+
+    def parser_for(self, model: str) -> ReasoningParser:
+        override = self.models.get(model)
+        if override is not None and override.reasoning_parser is not None:
+            return override.reasoning_parser
+        return self.reasoning_parser

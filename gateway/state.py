@@ -1,0 +1,26 @@
+"""The dependencies one app owns, created in its lifespan and reached through ``app.state.tg``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client import CollectorRegistry
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.keystore import KeyStore
+from gateway.ports import Limiter, RecordSink
+from gateway.settings import Settings
+from gateway.upstream import UpstreamPool
+
+
+@dataclass(frozen=True, slots=True)
+class AppState:
+    settings: Settings
+    client: httpx.AsyncClient
+    upstreams: UpstreamPool
+    engine: AsyncEngine
+    keys: KeyStore
+    limiter: Limiter
+    sink: RecordSink
+    registry: CollectorRegistry

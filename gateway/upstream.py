@@ -1,0 +1,244 @@
+"""Upstream model servers: the pooled HTTP client, routing, retries and the model catalogue.
+
+- One ``httpx.AsyncClient`` per app (created in the lifespan), HTTP/1.1 keep-alive. Its
+  transport is aiohttp's (``httpx-aiohttp``) by default: measured in ``bench/RESULTS.md``, it
+  costs a fraction of httpx's own pool per streamed chunk at high concurrency.
+- Routing: among the upstreams that serve the model, the one with the fewest requests in
+  flight (ties broken round-robin), since long reasoning streams make request counts a better
+  load signal than connection counts.
+- Retry: a failure *before the first byte* reached the client (connection refused, timeout,
+  5xx) is retried once on another upstream serving the model; a 4xx is the caller's and is
+  never retried.
+- Timeouts: connect, first token (response headers and first body bytes), idle (between
+  reads). The library exceptions of httpx and aiohttp are translated to ``UpstreamError``
+  in ``translate`` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import httpx
+import orjson
+
+from gateway.errors import (
+    NotFound,
+    ServiceUnavailable,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
+from gateway.relay import upstream_error
+from gateway.settings import Settings
+
+
+@dataclass(slots=True, eq=False)
+class Upstream:
+    base_url: str
+    in_flight: int = 0
+
+
+def translate(exc: BaseException, *, started: bool) -> UpstreamError:
+    """One boundary for httpx/aiohttp/OS errors. ``started``: response headers were received."""
+    if isinstance(exc, UpstreamError):
+        return exc
+    if isinstance(exc, httpx.TimeoutException | asyncio.TimeoutError | TimeoutError):
+        if isinstance(exc, httpx.ConnectTimeout) and not started:
+            return UpstreamConnectError("could not connect to the model server")
+        return UpstreamTimeout("the model server did not answer in time")
+    if not started and isinstance(exc, httpx.ConnectError | aiohttp.ClientConnectionError | OSError):
+        return UpstreamConnectError("could not connect to the model server")
+    if isinstance(exc, httpx.HTTPError | aiohttp.ClientError | OSError):
+        return UpstreamProtocolError("the model server closed the connection unexpectedly")
+    raise exc
+
+
+def create_client(settings: Settings) -> httpx.AsyncClient:
+    limits = httpx.Limits(
+        max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections
+    )
+    timeout = httpx.Timeout(
+        connect=settings.connect_timeout_s,
+        read=settings.idle_timeout_s,
+        write=settings.idle_timeout_s,
+        pool=settings.connect_timeout_s,
+    )
+    headers = {}
+    if settings.upstream_api_key.get_secret_value():
+        headers["authorization"] = f"Bearer {settings.upstream_api_key.get_secret_value()}"
+    transport: httpx.AsyncBaseTransport
+    if settings.http_transport == "aiohttp":
+        from httpx_aiohttp import AiohttpTransport
+
+        transport = AiohttpTransport(limits=limits)
+    else:
+        transport = httpx.AsyncHTTPTransport(limits=limits)
+    return httpx.AsyncClient(transport=transport, timeout=timeout, headers=headers)
+
+
+@dataclass(slots=True)
+class Opened:
+    """An upstream response whose status was checked and whose first bytes were read."""
+
+    upstream: Upstream
+    response: httpx.Response
+    first: bytes
+    _rest: AsyncIterator[bytes] = field(repr=False)
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        yield self.first
+        try:
+            async for chunk in self._rest:
+                yield chunk
+        except Exception as exc:
+            raise translate(exc, started=True) from exc
+
+    async def aclose(self) -> None:
+        self.upstream.in_flight -= 1
+        await self.response.aclose()
+
+
+class UpstreamPool:
+    def __init__(self, client: httpx.AsyncClient, settings: Settings) -> None:
+        self._client = client
+        self._settings = settings
+        self.upstreams = [Upstream(u) for u in settings.upstreams]
+        self._rr = itertools.count()
+        self._catalogue: dict[str, list[Upstream]] = {}
+        self._model_cards: list[dict[str, Any]] = []
+        self._catalogue_at = -1.0
+        self._catalogue_lock = asyncio.Lock()
+
+    # -- models ------------------------------------------------------------------------------
+
+    async def model_cards(self) -> list[dict[str, Any]]:
+        await self._refresh_catalogue()
+        return self._model_cards
+
+    async def route(self, model: str) -> list[Upstream]:
+        """Upstreams serving ``model``, best first; ``NotFound`` when none does."""
+        await self._refresh_catalogue()
+        serving = self._catalogue.get(model)
+        if not serving:
+            raise NotFound(
+                f"The model `{model}` does not exist.", param="model", code="model_not_found"
+            )
+        start = next(self._rr)
+        rotated = [serving[(start + i) % len(serving)] for i in range(len(serving))]
+        return sorted(rotated, key=lambda u: u.in_flight)
+
+    async def _refresh_catalogue(self) -> None:
+        ttl = self._settings.models_cache_ttl_s
+        if self._catalogue_at >= 0 and time.monotonic() - self._catalogue_at < ttl:
+            return
+        async with self._catalogue_lock:
+            if self._catalogue_at >= 0 and time.monotonic() - self._catalogue_at < ttl:
+                return
+            results = await asyncio.gather(*(self._fetch_models(u) for u in self.upstreams))
+            catalogue: dict[str, list[Upstream]] = {}
+            cards: dict[str, dict[str, Any]] = {}
+            for upstream, data in zip(self.upstreams, results, strict=True):
+                for card in data:
+                    catalogue.setdefault(card["id"], []).append(upstream)
+                    cards.setdefault(card["id"], card)
+            if not catalogue and not self._catalogue:
+                raise ServiceUnavailable("no model server is reachable")
+            if catalogue:  # keep serving the last known catalogue while all upstreams are down
+                self._catalogue, self._model_cards = catalogue, list(cards.values())
+                self._catalogue_at = time.monotonic()
+
+    async def _fetch_models(self, upstream: Upstream) -> list[dict[str, Any]]:
+        try:
+            response = await self._client.get(
+                f"{upstream.base_url}/models", timeout=self._settings.connect_timeout_s
+            )
+            body = orjson.loads(response.content) if response.status_code == 200 else {}
+        except (httpx.HTTPError, aiohttp.ClientError, OSError, orjson.JSONDecodeError):
+            return []
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list):
+            return []
+        return [c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str)]
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def open_stream(self, candidates: Sequence[Upstream], body: bytes) -> Opened:
+        """POST a streaming request; return once the status is OK and first bytes are in."""
+        return await self._with_retry(candidates, lambda u: self._open_stream_once(u, body))
+
+    async def complete(self, candidates: Sequence[Upstream], body: bytes) -> tuple[Upstream, Any]:
+        """POST a non-streaming request and return the decoded JSON body."""
+        return await self._with_retry(candidates, lambda u: self._complete_once(u, body))
+
+    async def _with_retry(self, candidates: Sequence[Upstream], attempt: Any) -> Any:
+        last: UpstreamError | None = None
+        for upstream in candidates[:2]:
+            try:
+                return await attempt(upstream)
+            except UpstreamError as exc:
+                if not exc.retryable:
+                    raise
+                last = exc
+        assert last is not None
+        raise last
+
+    async def _open_stream_once(self, upstream: Upstream, body: bytes) -> Opened:
+        upstream.in_flight += 1
+        response: httpx.Response | None = None
+        try:
+            async with asyncio.timeout(self._settings.first_token_timeout_s):
+                response = await self._send(upstream, body, stream=True)
+                if response.status_code >= 400:
+                    raise upstream_error(_json_or_none(await response.aread()), response.status_code)
+                rest = response.aiter_raw()
+                first = await anext(rest, b"")
+            return Opened(upstream, response, first, rest)
+        except BaseException as exc:
+            upstream.in_flight -= 1
+            if response is not None:
+                await response.aclose()
+            if isinstance(exc, Exception):
+                raise translate(exc, started=response is not None) from exc
+            raise
+
+    async def _complete_once(self, upstream: Upstream, body: bytes) -> tuple[Upstream, Any]:
+        upstream.in_flight += 1
+        try:
+            async with asyncio.timeout(self._settings.first_token_timeout_s):
+                response = await self._send(upstream, body, stream=False)
+            decoded = _json_or_none(response.content)
+            if response.status_code >= 400:
+                raise upstream_error(decoded, response.status_code)
+            if not isinstance(decoded, dict):
+                raise UpstreamProtocolError("the model server sent a response that is not JSON")
+            return upstream, decoded
+        except Exception as exc:
+            raise translate(exc, started=False) from exc
+        finally:
+            upstream.in_flight -= 1
+
+    async def _send(self, upstream: Upstream, body: bytes, *, stream: bool) -> httpx.Response:
+        request = self._client.build_request(
+            "POST",
+            f"{upstream.base_url}/chat/completions",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        return await self._client.send(request, stream=stream)
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None

@@ -1,0 +1,223 @@
+"""The chunk path: per-choice splitting, reasoning policy, usage handling and byte framing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.errors import RemoteProtocolError, UpstreamStatusError
+from gateway.relay import Policy, Rewriter, StreamRelay, rewrite_completion
+from gateway.settings import ReasoningField
+from gateway.sse import DONE_EVENT, Event, SSEParser
+from gateway.thinksplit import ReasoningParser
+
+
+def chunk(index: int = 0, finish: str | None = None, usage: Any = ..., **delta: Any) -> Event:
+    body: dict[str, Any] = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+    if usage is not ...:
+        body["usage"] = usage
+    return Event(orjson.dumps(body))
+
+
+def usage_chunk(completion: int, reasoning: int | None = None) -> Event:
+    details = {"reasoning_tokens": reasoning} if reasoning is not None else None
+    usage = {"prompt_tokens": 5, "completion_tokens": completion, "total_tokens": 5 + completion,
+             "completion_tokens_details": details}
+    return Event(orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": usage}))
+
+
+def policy(parser: ReasoningParser = "deepseek_r1", show: bool = True,
+           field: ReasoningField = "reasoning_content", usage: bool = False) -> Policy:
+    return Policy(parser=parser, show_reasoning=show, reasoning_field=field, include_usage=usage)
+
+
+def client_view(out: bytes) -> list[dict[str, Any]]:
+    """Decode what the client receives (all events but [DONE])."""
+    parser = SSEParser()
+    return [orjson.loads(e.data) for e in parser.feed(out) if not e.is_done]
+
+
+def joined(chunks: list[dict[str, Any]], key: str, index: int = 0) -> str | None:
+    parts = [c["delta"].get(key) for ch in chunks for c in ch["choices"] if c["index"] == index]
+    for p in parts:
+        assert p != "", f"empty {key} delta sent"
+    text = "".join(p for p in parts if p)
+    return text or None
+
+
+def run_stream(relay: StreamRelay, events: list[Event]) -> list[dict[str, Any]]:
+    return client_view(b"".join(relay.feed(e) for e in events))
+
+
+R1_TOKENS = ["Let", " me", " think", ".\n", "</think>", "\n\n", "Blue", "."]
+
+
+def r1_events(tokens: list[str] = R1_TOKENS) -> list[Event]:
+    events = [chunk(role="assistant", content="")]
+    events += [chunk(content=t, finish="stop" if i == len(tokens) - 1 else None) for i, t in enumerate(tokens)]
+    return [*events, usage_chunk(len(tokens)), Event(b"[DONE]")]
+
+
+def test_template_opened_stream_is_split_and_tags_never_reach_content() -> None:
+    chunks = run_stream(StreamRelay(policy()), r1_events())
+    assert joined(chunks, "reasoning_content") == "Let me think.\n"
+    assert joined(chunks, "content") == "\n\nBlue."
+    assert all("reasoning" not in c["delta"] for ch in chunks for c in ch["choices"])
+
+
+def test_role_chunk_keeps_role_but_drops_the_empty_content() -> None:
+    chunks = run_stream(StreamRelay(policy()), r1_events())
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+
+
+def test_hidden_policy_sends_no_byte_of_reasoning() -> None:
+    relay = StreamRelay(policy(show=False))
+    raw = b"".join(relay.feed(e) for e in r1_events())
+    assert b"think" not in raw and b"Let" not in raw and b"reasoning" not in raw
+    assert joined(client_view(raw), "content") == "\n\nBlue."
+
+
+@pytest.mark.parametrize(("field", "keys"), [("reasoning_content", {"reasoning_content"}),
+                                             ("reasoning", {"reasoning"}),
+                                             ("both", {"reasoning", "reasoning_content"})])
+def test_reasoning_field_setting(field: ReasoningField, keys: set[str]) -> None:
+    chunks = run_stream(StreamRelay(policy(field=field)), r1_events())
+    first = next(c["delta"] for ch in chunks for c in ch["choices"] if set(c["delta"]) & keys)
+    assert set(first) == keys
+
+
+def test_upstream_separated_reasoning_is_used_not_text_split() -> None:
+    events = [chunk(role="assistant", content=""), chunk(reasoning="I reason"),
+              chunk(reasoning=" <think>literally"), chunk(content="Answer </think> verbatim", finish="stop"),
+              usage_chunk(4), Event(b"[DONE]")]
+    chunks = run_stream(StreamRelay(policy(field="reasoning_content")), events)
+    assert joined(chunks, "reasoning_content") == "I reason <think>literally"
+    assert joined(chunks, "content") == "Answer </think> verbatim"
+    assert all("reasoning" not in c["delta"] for ch in chunks for c in ch["choices"])
+
+
+def test_held_text_leaves_with_the_finish_chunk() -> None:
+    events = [chunk(content="x</think>"), chunk(content="a <", finish="length"), Event(b"[DONE]")]
+    chunks = run_stream(StreamRelay(policy()), events)
+    assert joined(chunks, "content") == "a <"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_length_cut_inside_reasoning_has_no_content() -> None:
+    events = [chunk(content="still thin"), chunk(content="king </th", finish="length"), Event(b"[DONE]")]
+    chunks = run_stream(StreamRelay(policy()), events)
+    assert joined(chunks, "reasoning_content") == "still thinking </th"
+    assert joined(chunks, "content") is None
+
+
+def test_n_choices_keep_separate_state() -> None:
+    events = [chunk(0, content="a</th"), chunk(1, content="b"), chunk(0, content="ink>A"),
+              chunk(1, content="</think>B", finish="stop"), chunk(0, content="", finish="stop"), Event(b"[DONE]")]
+    chunks = run_stream(StreamRelay(policy()), events)
+    assert (joined(chunks, "reasoning_content", 0), joined(chunks, "content", 0)) == ("a", "A")
+    assert (joined(chunks, "reasoning_content", 1), joined(chunks, "content", 1)) == ("b", "B")
+
+
+def test_think_tags_parser_keeps_text_before_the_tag_as_content() -> None:
+    events = [chunk(content="pre <thi"), chunk(content="nk>r</think>post", finish="stop"), Event(b"[DONE]")]
+    chunks = run_stream(StreamRelay(policy(parser="think_tags")), events)
+    assert (joined(chunks, "reasoning_content"), joined(chunks, "content")) == ("r", "pre post")
+
+
+def test_usage_chunk_only_when_the_client_asked_and_reasoning_tokens_counted() -> None:
+    without = run_stream(StreamRelay(policy()), r1_events())
+    assert all("usage" not in c for c in without)
+    relay = StreamRelay(policy(usage=True))
+    with_usage = run_stream(relay, r1_events())
+    usage = with_usage[-1]["usage"]
+    # one token per delta: "Let"," me"," think",".\n" and the "</think>" tag token are reasoning
+    assert usage["completion_tokens_details"]["reasoning_tokens"] == 5
+    assert relay.usage == usage
+
+
+def test_upstream_reasoning_token_count_wins_when_reported() -> None:
+    events = [*r1_events()[:-2], usage_chunk(len(R1_TOKENS), reasoning=3), Event(b"[DONE]")]
+    relay = StreamRelay(policy(usage=True))
+    run_stream(relay, events)
+    assert relay.usage is not None
+    assert relay.usage["completion_tokens_details"]["reasoning_tokens"] == 3
+
+
+def test_merged_tokens_share_usage_by_characters() -> None:
+    events = [chunk(content="aaaa</think>"), chunk(content="bbbb", finish="stop"), usage_chunk(20), Event(b"[DONE]")]
+    relay = StreamRelay(policy(usage=True))
+    run_stream(relay, events)
+    assert relay.usage is not None
+    assert relay.usage["completion_tokens_details"]["reasoning_tokens"] == 10
+
+
+def test_null_usage_fields_are_stripped_when_not_requested() -> None:
+    relay = StreamRelay(policy())
+    out = relay.feed(chunk(content="x", usage=None))
+    assert b'"usage"' not in out
+
+
+def test_unchanged_chunk_is_reframed_from_the_upstream_bytes() -> None:
+    relay = StreamRelay(policy(parser="none"))
+    event = chunk(content="plain")
+    assert relay.feed(event) == b"data: " + event.data + b"\n\n"
+
+
+def test_done_is_reported_and_returned() -> None:
+    relay = StreamRelay(policy())
+    assert relay.feed(Event(b"[DONE]")) == DONE_EVENT
+    assert relay.done
+
+
+def test_hidden_reasoning_drops_logprobs_that_would_spell_it() -> None:
+    body = {"choices": [{"index": 0, "delta": {"content": "secret"}, "logprobs": {"content": [{"token": "secret"}]},
+                         "finish_reason": None}]}
+    relay = StreamRelay(policy(show=False))
+    assert relay.feed(Event(orjson.dumps(body))) == b""
+    body["choices"][0]["delta"] = {"content": "x</think>y"}
+    out = client_view(relay.feed(Event(orjson.dumps(body))))
+    assert out[0]["choices"][0]["logprobs"] is None
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"[1,2]", b'"str"'])
+def test_garbage_event_is_a_remote_protocol_error(raw: bytes) -> None:
+    with pytest.raises(RemoteProtocolError):
+        StreamRelay(policy()).feed(Event(raw))
+
+
+@pytest.mark.parametrize("body", [{"error": {"message": "boom", "code": 500}},
+                                  {"object": "error", "message": "boom", "type": "x", "code": 400}])
+def test_upstream_error_event_becomes_an_upstream_error(body: dict[str, Any]) -> None:
+    with pytest.raises(UpstreamStatusError, match="boom"):
+        StreamRelay(policy()).feed(Event(orjson.dumps(body)))
+
+
+def completion(content: str | None, **message: Any) -> dict[str, Any]:
+    return {"id": "c", "object": "chat.completion", "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": content, **message}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 10, "total_tokens": 13}}
+
+
+def test_non_streaming_is_the_same_split() -> None:
+    body = rewrite_completion(Rewriter(policy()), completion("r1 reasoning\n</think>\n\nAnswer"))
+    message = body["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "\n\nAnswer", "reasoning_content": "r1 reasoning\n"}
+    assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 6
+
+
+def test_non_streaming_hidden_and_reasoning_only() -> None:
+    body = rewrite_completion(Rewriter(policy(show=False)), completion("cut inside reasoning"))
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": None}
+
+
+def test_non_streaming_upstream_separated() -> None:
+    body = rewrite_completion(Rewriter(policy(field="both")), completion("A", reasoning="R"))
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "A", "reasoning": "R", "reasoning_content": "R"}
