@@ -54,7 +54,8 @@ async def _start(
     if settings.demo and not settings.upstreams:
         from gateway.sim.app import SimConfig, create_sim_app
 
-        sim = await stack.enter_async_context(BackgroundServer(create_sim_app(SimConfig())))
+        demo_sim = create_sim_app(SimConfig(ttft_ms=300, itl_ms=15))
+        sim = await stack.enter_async_context(BackgroundServer(demo_sim))
         settings = settings.model_copy(update={"upstreams": (f"{sim.url}/v1",)})
     client = create_client(settings)
     stack.push_async_callback(client.aclose)

@@ -170,8 +170,8 @@ class StreamRelay(Rewriter):
         changed = self._rewrite_choices(chunk)
         if "usage" in chunk:
             changed = self._rewrite_usage(chunk) or changed
-        if not chunk.get("choices") and "usage" not in chunk:
-            return b""
+        if not chunk.get("choices") and chunk.get("usage") is None:
+            return b""  # every choice was dropped and there is no usage to report
         return encode_data(orjson.dumps(chunk) if changed else event.data)
 
     def _rewrite_choices(self, chunk: dict[str, Any]) -> bool:

@@ -221,3 +221,8 @@ def test_non_streaming_hidden_and_reasoning_only() -> None:
 def test_non_streaming_upstream_separated() -> None:
     body = rewrite_completion(Rewriter(policy(field="both")), completion("A", reasoning="R"))
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "A", "reasoning": "R", "reasoning_content": "R"}
+
+
+def test_chunk_whose_choices_were_all_dropped_is_not_sent_even_with_null_usage() -> None:
+    relay = StreamRelay(policy(show=False, usage=True))
+    assert relay.feed(chunk(content="hidden reasoning", usage=None)) == b""

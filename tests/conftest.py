@@ -1,0 +1,58 @@
+"""Shared fixtures: real PostgreSQL databases per test, SQLite files, service reachability.
+
+Tests that need PostgreSQL or Redis skip with a clear reason when the service is unreachable,
+except when ``CI`` is set: then they fail (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from gateway.settings import Settings
+
+
+def _unavailable(service: str, exc: BaseException) -> None:
+    message = f"{service} is not reachable ({type(exc).__name__}); start it or see .ci/run"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+async def postgres_url() -> AsyncIterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    import asyncpg
+
+    base = make_url(Settings().test_database_url)
+    dsn = f"postgresql://{base.username or 'postgres'}@{base.host}:{base.port or 5432}/{base.database}"
+    name = f"tg_test_{secrets.token_hex(6)}"
+    try:
+        admin = await asyncpg.connect(dsn, timeout=5)
+    except (OSError, asyncpg.PostgresError) as exc:
+        _unavailable("PostgreSQL", exc)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}"')
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / 'thinkgate.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each database test runs against both backends."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'thinkgate.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url

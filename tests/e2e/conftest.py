@@ -1,0 +1,81 @@
+"""A real stack on real sockets: the simulator, the gateway in front of it, and keys."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.types import ASGIApp
+
+from gateway.app import create_app
+from gateway.keycli import open_store
+from gateway.servers import BackgroundServer
+from gateway.settings import Settings
+from gateway.sim.app import SimApp, SimConfig, create_sim_app
+
+
+@dataclass
+class Stack:
+    url: str  # the gateway's OpenAI base URL, ending in /v1
+    root: str  # the gateway's root URL
+    sim: SimApp | None
+    keys: dict[str, str]  # visible, hidden, auditor, admin, revoked
+
+
+StackFactory = Callable[..., Any]
+
+
+async def make_keys(settings: Settings) -> dict[str, str]:
+    async with open_store(settings) as store:
+        made = {
+            "visible": await store.create(tenant="acme", role="client", reasoning="visible"),
+            "hidden": await store.create(tenant="acme", role="client", reasoning="hidden"),
+            "auditor": await store.create(tenant="acme", role="auditor"),
+            "admin": await store.create(tenant="ops", role="admin"),
+            "revoked": await store.create(tenant="acme", role="client", reasoning="visible"),
+        }
+        await store.revoke(made["revoked"][1].key_id)
+    return {name: new.secret for name, (new, _info) in made.items()}
+
+
+@pytest.fixture
+async def stack_factory(tmp_path: Path) -> AsyncIterator[StackFactory]:
+    """``await stack_factory(sim=SimConfig(...), upstreams=[...], **settings)``."""
+    async with AsyncExitStack() as exits:
+
+        async def factory(
+            sim: SimConfig | None = None,
+            upstream_apps: list[ASGIApp] | None = None,
+            extra_upstreams: tuple[str, ...] = (),
+            **overrides: Any,
+        ) -> Stack:
+            upstreams = list(extra_upstreams)
+            sim_app = None
+            for app in upstream_apps or []:
+                server = await exits.enter_async_context(BackgroundServer(app))
+                upstreams.append(f"{server.url}/v1")
+            if sim is not None or not upstreams:
+                sim_app = create_sim_app(sim or SimConfig())
+                server = await exits.enter_async_context(BackgroundServer(sim_app))
+                upstreams.append(f"{server.url}/v1")
+            settings = Settings(
+                upstreams=tuple(upstreams),
+                database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
+                models_cache_ttl_s=0,
+                **overrides,
+            )
+            keys = await make_keys(settings)
+            gateway = await exits.enter_async_context(BackgroundServer(create_app(settings)))
+            return Stack(url=f"{gateway.url}/v1", root=gateway.url, sim=sim_app, keys=keys)
+
+        yield factory
+
+
+@pytest.fixture
+async def stack(stack_factory: StackFactory) -> Stack:
+    result: Stack = await stack_factory()
+    return result
