@@ -99,10 +99,12 @@ async def relay_stream(
     """The relay loop: upstream reads in, one client write per upstream read out."""
     try:
         async for raw in opened:
-            out = _relay_read(relay, parser, raw)
+            out, error = _relay_read(relay, parser, raw)
             if out:
                 ex.mark_first_token()
                 yield out
+            if error is not None:
+                raise error
             if relay.done:
                 break
         if not relay.done:
@@ -123,15 +125,21 @@ async def relay_stream(
             await ex.finish()
 
 
-def _relay_read(relay: StreamRelay, parser: SSEParser, raw: bytes) -> bytes:
-    """Everything due to the client for one upstream read; ``[DONE]`` is held back."""
+def _relay_read(
+    relay: StreamRelay, parser: SSEParser, raw: bytes
+) -> tuple[bytes, GatewayError | RemoteProtocolError | None]:
+    """Everything due to the client for one upstream read (``[DONE]`` held back), and the
+    error that cut it short, if any: the good events before a bad one still go out."""
     out = b""
-    for event in parser.feed(raw):
-        data = relay.feed(event)
-        if relay.done:
-            break
-        out += data
-    return out
+    try:
+        for event in parser.feed(raw):
+            data = relay.feed(event)
+            if relay.done:
+                break
+            out += data
+    except (GatewayError, RemoteProtocolError) as exc:
+        return out, exc
+    return out, None
 
 
 async def models(request: Request) -> Response:
@@ -163,10 +171,14 @@ def estimate_tokens(chat: ChatRequest, state: AppState) -> int:
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Run ``work``, cancelling it if the client disconnects first (the body is read by now)."""
-    result: list[T] = []
+    outcome: list[T] = []
+    failure: list[Exception] = []
 
     async def run(group: anyio.abc.TaskGroup) -> None:
-        result.append(await work)
+        try:
+            outcome.append(await work)
+        except Exception as exc:  # re-raised below, outside the task group
+            failure.append(exc)
         group.cancel_scope.cancel()
 
     async def watch(group: anyio.abc.TaskGroup) -> None:
@@ -177,6 +189,8 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     async with anyio.create_task_group() as group:
         group.start_soon(run, group)
         group.start_soon(watch, group)
-    if not result:
+    if failure:
+        raise failure[0]
+    if not outcome:
         raise ClientGone
-    return result[0]
+    return outcome[0]

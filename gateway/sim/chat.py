@@ -1,0 +1,224 @@
+"""``POST /v1/chat/completions``: one simulated generation, paced, counted and faulted.
+
+Recipe: parse → decide the fault → plan the scripts → count the request → race the client's
+disconnect while: (stream: send headers) → wait for KV admission → for each decode step sleep
+(TTFT, then ITL), grow the KV reservation, emit → trailer. ``finally``: the state learns how the
+request ended (shielded, so a cancelled task still frees its blocks).
+
+Streamed and whole responses walk the same ``interleave`` schedule through ``_Run.drive``: same
+pacing, same KV growth, same fault points; only what ``emit`` does differs.
+
+Faults (``sim.fail`` or the configured rates):
+
+- ``error``: HTTP 500 with vLLM's error object before any byte of a body.
+- ``drop``: after ``fail_after`` pieces (default: half) the response is cut off abruptly: the
+  handler raises ``SimulatedDrop`` after part of the body went out, so the server aborts the
+  connection (uvicorn closes the transport: no terminating chunk, no ``[DONE]``; the client
+  sees an incomplete read). A whole response is cut inside its ``content-length``.
+- ``stall``: after ``fail_after`` pieces nothing is sent for ``stall_ms`` (forever if 0), then
+  the response goes on; a disconnect during the stall still cancels it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+from starlette.types import Receive, Send
+
+from gateway.sim.asgi import race_disconnect, send_part, send_start, send_whole
+from gateway.sim.config import SimConfig
+from gateway.sim.request import ChatRequest, error_body
+from gateway.sim.script import Emission, Script, build_script, interleave
+from gateway.sim.state import FailMode, Outcome, SimState
+from gateway.sim.wire import DONE, ChunkEncoder, Usage, completion_body, usage_for
+
+SSE = b"text/event-stream; charset=utf-8"
+
+
+class SimulatedDrop(Exception):
+    """Raised on purpose after part of a response was sent, to make the server abort it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pacing:
+    """Simulated latencies in seconds; a ``stall`` of 0 lasts until the client leaves."""
+
+    ttft: float
+    itl: float
+    stall: float
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """What goes wrong, and before which emission (``at`` may equal the emission count)."""
+
+    mode: FailMode | None
+    at: int
+
+
+async def serve_chat(
+    config: SimConfig, state: SimState, request: ChatRequest, receive: Receive, send: Send
+) -> None:
+    """Answer one validated chat request."""
+    scripts = _plan(request)
+    emissions = interleave(scripts)
+    fault = _fault(request, state, len(emissions))
+    if fault.mode == "error":
+        await state.count_failure()
+        body = error_body("Simulated engine failure", "InternalServerError", None, 500)
+        await send_whole(send, 500, body)
+        return
+    request_id = await state.open_request(request.prompt_tokens)
+    run = _Run(state, request_id, request, _pacing(config, request), fault, send)
+    outcome: Outcome = "cancelled"
+    try:
+        work = run.stream if request.stream else run.complete
+        finished = await race_disconnect(receive, lambda: work(scripts, emissions))
+        outcome = "cancelled" if finished is None else "completed" if finished else "failed"
+    finally:
+        with anyio.CancelScope(shield=True):
+            await state.close_request(request_id, outcome)
+    if outcome == "failed":
+        raise SimulatedDrop(f"simulated drop after {fault.at} pieces")
+
+
+def _plan(request: ChatRequest) -> list[Script]:
+    return [
+        build_script(
+            request.mode,
+            request.seed + index,
+            prompt_tokens=request.prompt_tokens,
+            max_tokens=request.max_tokens,
+            chunks=request.sim.chunks,
+        )
+        for index in range(request.n)
+    ]
+
+
+def _fault(request: ChatRequest, state: SimState, emissions: int) -> Fault:
+    """The request's own ``sim.fail`` wins over the configured rates."""
+    mode = request.sim.fail or state.roll_fault()
+    after = request.sim.fail_after
+    return Fault(mode, min(emissions, emissions // 2 if after is None else max(after, 0)))
+
+
+def _pacing(config: SimConfig, request: ChatRequest) -> Pacing:
+    sim = request.sim
+    ttft = config.ttft_ms if sim.ttft_ms is None else sim.ttft_ms
+    itl = config.itl_ms if sim.itl_ms is None else sim.itl_ms
+    stall = config.stall_ms if sim.stall_ms is None else sim.stall_ms
+    return Pacing(ttft / 1000, itl / 1000, stall / 1000)
+
+
+class _Run:
+    """One admitted request: pacing, KV growth and fault points around an ``emit`` callback."""
+
+    __slots__ = ("fault", "pacing", "request", "request_id", "send", "state")
+
+    def __init__(
+        self,
+        state: SimState,
+        request_id: int,
+        request: ChatRequest,
+        pacing: Pacing,
+        fault: Fault,
+        send: Send,
+    ) -> None:
+        self.state = state
+        self.request_id = request_id
+        self.request = request
+        self.pacing = pacing
+        self.fault = fault
+        self.send = send
+
+    async def stream(self, scripts: list[Script], emissions: tuple[Emission, ...]) -> bool:
+        """SSE response; False if it was dropped (the caller then aborts the connection)."""
+        request = self.request
+        encoder = ChunkEncoder(
+            _completion_id(), int(time.time()), request.model, request.include_usage
+        )
+
+        async def emit(item: Emission) -> None:
+            if item.step == 0 and item.opens_step:
+                for index in range(request.n):
+                    await send_part(self.send, encoder.role(index))
+            chunk = (
+                encoder.finish(item.index, item.finish_reason or "stop")
+                if item.piece is None
+                else encoder.piece(item.index, item.piece, item.finish_reason)
+            )
+            await send_part(self.send, chunk)
+
+        await send_start(self.send, 200, SSE, None)
+        if not await self.drive(emissions, emit):
+            return False
+        if request.include_usage:
+            await send_part(self.send, encoder.usage(self._usage(scripts)))
+        await self.send({"type": "http.response.body", "body": DONE, "more_body": False})
+        return True
+
+    async def complete(self, scripts: list[Script], emissions: tuple[Emission, ...]) -> bool:
+        """Whole JSON response after the simulated generation time; False if dropped."""
+        request = self.request
+        created = int(time.time())
+        usage = self._usage(scripts)
+        body = completion_body(
+            _completion_id(), created, request.model, scripts, usage, request.mode
+        )
+        if await self.drive(emissions, _ignore):
+            await send_whole(self.send, 200, body)
+            return True
+        await send_start(self.send, 200, b"application/json", len(body))
+        await send_part(self.send, body[: len(body) // 2])
+        return False
+
+    async def drive(
+        self, emissions: tuple[Emission, ...], emit: Callable[[Emission], Awaitable[None]]
+    ) -> bool:
+        """Admit, then pace and emit every emission; False if the fault drops the response."""
+        prompt = self.request.prompt_tokens
+        await self.state.admit(self.request_id, prompt)
+        generated = 0
+        for position, item in enumerate(emissions):
+            if item.opens_step:
+                await _pause(self.pacing.ttft if item.step == 0 else self.pacing.itl)
+                generated += item.step_tokens
+                await self.state.advance(self.request_id, prompt + generated, item.step_tokens)
+            if not await self._checkpoint(position):
+                return False
+            await emit(item)
+        return await self._checkpoint(len(emissions))
+
+    async def _checkpoint(self, position: int) -> bool:
+        """Apply the fault if it is due before emission ``position``; False means drop."""
+        if self.fault.mode is None or position != self.fault.at:
+            return True
+        if self.fault.mode == "drop":
+            return False
+        if self.pacing.stall > 0:
+            await asyncio.sleep(self.pacing.stall)
+        else:
+            await anyio.sleep_forever()
+        return True
+
+    def _usage(self, scripts: list[Script]) -> Usage:
+        return usage_for(scripts, self.request.mode, self.request.sim.reasoning_tokens)
+
+
+async def _pause(seconds: float) -> None:
+    """Simulated latency; zero means no sleep at all (each chunk is still its own message)."""
+    if seconds > 0:
+        await asyncio.sleep(seconds)
+
+
+async def _ignore(item: Emission) -> None:
+    """A whole response emits nothing until the end."""
+
+
+def _completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"

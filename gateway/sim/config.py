@@ -1,0 +1,59 @@
+"""Settings of one simulated vLLM server.
+
+Rules: times are milliseconds (``0`` means no delay at all); rates are probabilities drawn per
+request from a ``random.Random(seed)`` owned by the app's state; ``models`` maps every served
+model name to the way its reasoning reaches the client (see ``gateway.sim.script``). The first
+name is the one vLLM would use as the ``model_name`` label of its metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from gateway.sim.script import SimMode
+
+
+def _default_models() -> Mapping[str, SimMode]:
+    return MappingProxyType(
+        {
+            "deepseek-r1": "template",
+            "qwq-32b": "tags",
+            "deepseek-r1-parsed": "separated",
+            "deepseek-v3": "none",
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """How the simulator behaves; validated on construction."""
+
+    ttft_ms: float = 0
+    itl_ms: float = 0
+    kv_capacity_tokens: int = 65536
+    block_size: int = 16
+    models: Mapping[str, SimMode] = field(default_factory=_default_models)
+    seed: int = 0
+    error_rate: float = 0.0
+    drop_rate: float = 0.0
+    stall_ms: float = 0.0
+    max_model_len: int = 32768
+
+    def __post_init__(self) -> None:
+        if not self.models:
+            raise ValueError("SimConfig.models must name at least one model")
+        if self.block_size < 1 or self.kv_capacity_tokens < self.block_size:
+            raise ValueError("SimConfig needs block_size >= 1 and capacity >= one block")
+        if min(self.ttft_ms, self.itl_ms, self.stall_ms) < 0:
+            raise ValueError("SimConfig delays must be >= 0")
+        if min(self.error_rate, self.drop_rate) < 0 or self.error_rate + self.drop_rate > 1:
+            raise ValueError("SimConfig rates must be >= 0 and sum to at most 1")
+        if self.max_model_len < 1:
+            raise ValueError("SimConfig.max_model_len must be >= 1")
+
+    @property
+    def metrics_model_name(self) -> str:
+        """vLLM labels metrics with the first served model name."""
+        return next(iter(self.models))

@@ -1,0 +1,242 @@
+"""Parse and validate a chat completion request the way vLLM's OpenAI server does (sans-I/O).
+
+``parse_chat_request(body, config) -> ChatRequest`` or raises ``SimRequestError``, which
+renders vLLM's error shape ``{"error": {"message", "type", "param", "code"}}``.
+
+Rules (vLLM 0.1x behaviour where it has one):
+
+- ``model`` absent means the first served model; an unknown one is 404 ``NotFoundError``.
+- ``messages`` must be a non-empty list; contents are strings or lists of text parts.
+- ``max_tokens`` (or ``max_completion_tokens``) defaults to what the context has left;
+  prompt plus completion beyond ``max_model_len`` is 400 with vLLM's context message.
+- ``n`` >= 1; choice ``i`` uses seed ``seed + i``. The seed is the request's ``seed``, else
+  ``sim.seed``, else a stable hash of the message text (same prompt, same output).
+- The extra ``sim`` object scripts the simulator for tests; every field is optional:
+  ``chunks`` (strings, each one ``content`` token, or ``[channel, text]`` pairs that set the
+  channel explicitly), ``mode``, ``seed``, ``ttft_ms``, ``itl_ms``, ``stall_ms``, ``fail``
+  (``drop``/``error``/``stall``), ``fail_after`` (pieces), ``reasoning_tokens`` (int or null:
+  overrides ``usage.completion_tokens_details``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import orjson
+
+from gateway.sim.config import SimConfig
+from gateway.sim.script import Channel, Piece, SimMode, count_prompt_tokens, derive_seed
+from gateway.sim.state import FailMode
+
+ReasoningOverride = int | None | Literal["auto"]
+
+
+class SimRequestError(Exception):
+    """The client sent a request vLLM would refuse; carries the HTTP status and error type."""
+
+    def __init__(self, status: int, error_type: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.error_type = error_type
+        self.message = message
+        self.param = param
+
+    def body(self) -> bytes:
+        return error_body(self.message, self.error_type, self.param, self.status)
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """The ``sim`` extension object; ``None`` means "use the configured default"."""
+
+    chunks: tuple[Piece, ...] | None = None
+    mode: SimMode | None = None
+    seed: int | None = None
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    stall_ms: float | None = None
+    fail: FailMode | None = None
+    fail_after: int | None = None
+    reasoning_tokens: ReasoningOverride = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """A validated request with every default resolved."""
+
+    model: str
+    mode: SimMode
+    prompt_tokens: int
+    max_tokens: int
+    n: int
+    seed: int
+    stream: bool
+    include_usage: bool
+    sim: SimOptions
+
+
+def error_body(message: str, error_type: str, param: str | None, code: int) -> bytes:
+    """vLLM's error object."""
+    error = {"message": message, "type": error_type, "param": param, "code": code}
+    return orjson.dumps({"error": error})
+
+
+def parse_chat_request(body: bytes, config: SimConfig) -> ChatRequest:
+    """Validate ``body`` against ``config``; raise ``SimRequestError`` as vLLM would."""
+    data = _load_object(body)
+    model = _resolve_model(data.get("model"), config)
+    text = _prompt_text(data.get("messages"))
+    prompt_tokens = count_prompt_tokens(text)
+    sim = _parse_sim(data.get("sim"))
+    stream = _typed(data, "stream", bool, False)
+    options = data.get("stream_options")
+    return ChatRequest(
+        model=model,
+        mode=sim.mode or config.models[model],
+        prompt_tokens=prompt_tokens,
+        max_tokens=_max_tokens(data, prompt_tokens, config.max_model_len),
+        n=_positive(data, "n", 1),
+        seed=_seed(data, sim, text),
+        stream=stream,
+        include_usage=stream and isinstance(options, dict) and options.get("include_usage") is True,
+        sim=sim,
+    )
+
+
+def _bad(message: str, param: str | None = None) -> SimRequestError:
+    return SimRequestError(400, "BadRequestError", message, param)
+
+
+def _load_object(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise _bad(f"Invalid JSON body: {exc}") from None
+    if not isinstance(data, dict):
+        raise _bad("The request body must be a JSON object")
+    return data
+
+
+def _resolve_model(model: object, config: SimConfig) -> str:
+    if model is None:
+        return next(iter(config.models))
+    if not isinstance(model, str) or model not in config.models:
+        message = f"The model `{model}` does not exist."
+        raise SimRequestError(404, "NotFoundError", message, "model")
+    return model
+
+
+def _prompt_text(messages: object) -> str:
+    """All message text joined; what the simulator counts and hashes."""
+    if not isinstance(messages, list) or not messages:
+        raise _bad("Field required: 'messages' must be a non-empty list", "messages")
+    return "\n".join(_content_text(message) for message in messages)
+
+
+def _content_text(message: object) -> str:
+    if not isinstance(message, dict):
+        raise _bad("Each message must be an object", "messages")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    raise _bad("Message content must be a string or a list of parts", "messages")
+
+
+def _typed(data: dict[str, Any], key: str, kind: type[Any], default: Any) -> Any:
+    """``data[key]`` if present and not null, checked to be a ``kind`` (bool is not a number)."""
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise _bad(f"'{key}' must be of type {kind.__name__}", key)
+    return value
+
+
+def _positive(data: dict[str, Any], key: str, default: int | None) -> Any:
+    value = _typed(data, key, int, default)
+    if value is not None and value < 1:
+        raise _bad(f"'{key}' must be at least 1, got {value}", key)
+    return value
+
+
+def _max_tokens(data: dict[str, Any], prompt_tokens: int, max_model_len: int) -> int:
+    """The completion budget: as requested, else what the context has left."""
+    requested = _positive(data, "max_completion_tokens", None) or _positive(
+        data, "max_tokens", None
+    )
+    completion = max(1, max_model_len - prompt_tokens) if requested is None else int(requested)
+    if prompt_tokens + completion > max_model_len:
+        raise _bad(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + completion} tokens ({prompt_tokens} in the messages, "
+            f"{completion} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            "max_tokens",
+        )
+    return completion
+
+
+def _seed(data: dict[str, Any], sim: SimOptions, text: str) -> int:
+    seed = _typed(data, "seed", int, None)
+    if seed is not None:
+        return int(seed)
+    return sim.seed if sim.seed is not None else derive_seed(text)
+
+
+def _parse_sim(raw: object) -> SimOptions:
+    if raw is None:
+        return SimOptions()
+    if not isinstance(raw, dict):
+        raise _bad("'sim' must be an object", "sim")
+    return SimOptions(
+        chunks=_chunks(raw.get("chunks")),
+        mode=_choice(raw, "mode", get_args(SimMode)),
+        seed=_typed(raw, "seed", int, None),
+        ttft_ms=_delay(raw, "ttft_ms"),
+        itl_ms=_delay(raw, "itl_ms"),
+        stall_ms=_delay(raw, "stall_ms"),
+        fail=_choice(raw, "fail", get_args(FailMode)),
+        fail_after=_typed(raw, "fail_after", int, None),
+        reasoning_tokens=_typed(raw, "reasoning_tokens", int, None)
+        if "reasoning_tokens" in raw
+        else "auto",
+    )
+
+
+def _choice(raw: dict[str, Any], key: str, allowed: tuple[str, ...]) -> Any:
+    value = _typed(raw, key, str, None)
+    if value is not None and value not in allowed:
+        raise _bad(f"'sim.{key}' must be one of {', '.join(allowed)}", "sim")
+    return value
+
+
+def _delay(raw: dict[str, Any], key: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise _bad(f"'sim.{key}' must be a number >= 0", "sim")
+    return float(value)
+
+
+def _chunks(raw: object) -> tuple[Piece, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise _bad("'sim.chunks' must be a list", "sim")
+    return tuple(_chunk(item) for item in raw)
+
+
+def _chunk(item: object) -> Piece:
+    """A string is a content token; ``[channel, text]`` names the channel."""
+    if isinstance(item, str):
+        return Piece("content", item)
+    channels: tuple[Channel, ...] = ("content", "reasoning")
+    if isinstance(item, list) and len(item) == 2 and isinstance(item[1], str):
+        for channel in channels:
+            if item[0] == channel:
+                return Piece(channel, item[1])
+    raise _bad("'sim.chunks' items must be strings or [channel, text] pairs", "sim")
