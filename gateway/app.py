@@ -33,15 +33,21 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            app.state.tg = await _start(stack, settings, limiter or Unlimited(), sink or DiscardSink())
+            app.state.tg = await _start(
+                stack, settings, limiter or Unlimited(), sink or DiscardSink()
+            )
             yield
 
-    app = FastAPI(title="thinkgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="thinkgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
+    )
     app.add_middleware(RequestIdMiddleware)
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
-    app.add_api_route("/v1/chat/completions", chat.chat_completions, methods=["POST"], response_model=None)
+    app.add_api_route(
+        "/v1/chat/completions", chat.chat_completions, methods=["POST"], response_model=None
+    )
     app.add_api_route("/v1/models", chat.models, methods=["GET"], response_model=None)
     health.add_routes(app)
     admin.add_routes(app)

@@ -26,7 +26,6 @@ from gateway.errors import (
     GatewayError,
     RemoteProtocolError,
     RequestTooLarge,
-    UpstreamError,
     UpstreamProtocolError,
 )
 from gateway.exchange import Exchange

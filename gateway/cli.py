@@ -81,10 +81,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         asyncio.run(prepare_demo(settings))
     elif not settings.upstreams:
-        print("no upstream: pass --upstream URL, set THINKGATE_UPSTREAMS, or use --demo", file=sys.stderr)
+        print(
+            "no upstream: pass --upstream URL, set THINKGATE_UPSTREAMS, or use --demo",
+            file=sys.stderr,
+        )
         return 2
-    run: dict[str, Any] = {"host": settings.host, "port": settings.port, "loop": "uvloop",
-                           "http": "httptools", "access_log": False, "log_level": "info"}
+    run: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "access_log": False,
+        "log_level": "info",
+    }
     if args.workers == 1:
         from gateway.app import create_app
 
@@ -92,7 +101,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     # Workers are separate processes: they read their settings from the environment.
     for name, value in overrides.items():
-        os.environ[f"THINKGATE_{name.upper()}"] = ",".join(value) if isinstance(value, tuple) else str(value)
+        os.environ[f"THINKGATE_{name.upper()}"] = (
+            ",".join(value) if isinstance(value, tuple) else str(value)
+        )
     uvicorn.run("gateway.cli:app_from_env", factory=True, workers=args.workers, **run)
     return 0
 
@@ -111,15 +122,24 @@ def cmd_sim(args: argparse.Namespace) -> int:
     config = SimConfig(
         ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, kv_capacity_tokens=args.kv_capacity_tokens
     )
-    uvicorn.run(create_sim_app(config), host=args.host, port=args.port, loop="uvloop",
-                http="httptools", access_log=False, log_level="warning")
+    uvicorn.run(
+        create_sim_app(config),
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+    )
     return 0
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
     from gateway.keycli import create_key
 
-    secret, view = asyncio.run(create_key(Settings(), args.tenant, args.role, args.reasoning, args.rpm, args.tpm))
+    secret, view = asyncio.run(
+        create_key(Settings(), args.tenant, args.role, args.reasoning, args.rpm, args.tpm)
+    )
     print(f"created key {view} (the secret below is shown once; only its hash is stored)")
     print(secret)
     return 0
@@ -147,8 +167,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bench.loadgen import LoadSpec, report, run_load
 
     api_key = args.api_key or Settings().bench_key.get_secret_value()
-    spec = LoadSpec(url=args.url, api_key=api_key, model=args.model, concurrency=args.concurrency,
-                    duration_s=args.duration, max_tokens=args.max_tokens)
+    spec = LoadSpec(
+        url=args.url,
+        api_key=api_key,
+        model=args.model,
+        concurrency=args.concurrency,
+        duration_s=args.duration,
+        max_tokens=args.max_tokens,
+    )
     print(report(asyncio.run(run_load(spec))))
     return 0
 

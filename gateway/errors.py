@@ -86,7 +86,7 @@ class GatewayError(Exception):
 class ClientError(GatewayError):
     status = 400
     type = "invalid_request_error"
-    code = None
+    code: str | None = None
 
 
 class InvalidRequest(ClientError):

@@ -33,7 +33,9 @@ async def create_key(
     if not valid_tenant(tenant):
         raise SystemExit("tenant names are letters, digits, '.', '_' and '-' (at most 64)")
     async with open_store(settings) as store:
-        new, info = await store.create(tenant=tenant, role=role, reasoning=reasoning, rpm=rpm, tpm=tpm)
+        new, info = await store.create(
+            tenant=tenant, role=role, reasoning=reasoning, rpm=rpm, tpm=tpm
+        )
     return new.secret, f"{info.key_id} tenant={tenant} role={role} reasoning={reasoning}"
 
 

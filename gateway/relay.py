@@ -65,7 +65,9 @@ class ChoiceState:
     reasoning: list[str] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
 
-    def split(self, text: str | None, upstream_reasoning: str | None, final: bool) -> tuple[str, str]:
+    def split(
+        self, text: str | None, upstream_reasoning: str | None, final: bool
+    ) -> tuple[str, str]:
         """``(reasoning, content)`` of one delta or message."""
         if upstream_reasoning is not None:
             self.separated = True
@@ -110,7 +112,9 @@ class Rewriter:
             state = self.choices[index] = ChoiceState(ThinkSplitter(self.policy.parser))
         return state
 
-    def rewrite_fields(self, holder: dict[str, Any], state: ChoiceState, final: bool) -> dict[str, Any]:
+    def rewrite_fields(
+        self, holder: dict[str, Any], state: ChoiceState, final: bool
+    ) -> dict[str, Any]:
         """A copy of a delta/message with content split and reasoning placed per policy."""
         upstream_reasoning = holder.get("reasoning_content")
         if upstream_reasoning is None:

@@ -35,8 +35,9 @@ class BackgroundServer:
         self._sock.listen(2048)
         self._sock.setblocking(False)
         self.host, self.port = self._sock.getsockname()[:2]
+        # log_config=None: an embedded server must not reconfigure the process's logging.
         config = uvicorn.Config(
-            app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=2
+            app, log_config=None, lifespan="on", access_log=False, timeout_graceful_shutdown=2
         )
         self._server = _EmbeddedServer(config)
         self._task: asyncio.Task[None] | None = None

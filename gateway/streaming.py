@@ -24,8 +24,8 @@ class RelayResponse(Response):
         self.status_code = 200
         self.background = None
         self._body = body
-        self._headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-        self._headers += [(k.encode(), v.encode()) for k, v in headers.items()]
+        self._start_headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        self._start_headers += [(k.encode(), v.encode()) for k, v in headers.items()]
         self.disconnected = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -38,7 +38,7 @@ class RelayResponse(Response):
             group.cancel_scope.cancel()
 
     async def _stream(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self._headers})
+        await send({"type": "http.response.start", "status": 200, "headers": self._start_headers})
         try:
             async for chunk in self._body:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -19,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import httpx
@@ -38,6 +38,8 @@ from gateway.errors import (
 from gateway.relay import upstream_error
 from gateway.settings import Settings
 
+T = TypeVar("T")
+
 
 @dataclass(slots=True, eq=False)
 class Upstream:
@@ -53,7 +55,9 @@ def translate(exc: BaseException, *, started: bool) -> UpstreamError:
         if isinstance(exc, httpx.ConnectTimeout) and not started:
             return UpstreamConnectError("could not connect to the model server")
         return UpstreamTimeout("the model server did not answer in time")
-    if not started and isinstance(exc, httpx.ConnectError | aiohttp.ClientConnectionError | OSError):
+    if not started and isinstance(
+        exc, httpx.ConnectError | aiohttp.ClientConnectionError | OSError
+    ):
         return UpstreamConnectError("could not connect to the model server")
     if isinstance(exc, httpx.HTTPError | aiohttp.ClientError | OSError):
         return UpstreamProtocolError("the model server closed the connection unexpectedly")
@@ -180,7 +184,9 @@ class UpstreamPool:
         """POST a non-streaming request and return the decoded JSON body."""
         return await self._with_retry(candidates, lambda u: self._complete_once(u, body))
 
-    async def _with_retry(self, candidates: Sequence[Upstream], attempt: Any) -> Any:
+    async def _with_retry(
+        self, candidates: Sequence[Upstream], attempt: Callable[[Upstream], Awaitable[T]]
+    ) -> T:
         last: UpstreamError | None = None
         for upstream in candidates[:2]:
             try:
@@ -199,7 +205,9 @@ class UpstreamPool:
             async with asyncio.timeout(self._settings.first_token_timeout_s):
                 response = await self._send(upstream, body, stream=True)
                 if response.status_code >= 400:
-                    raise upstream_error(_json_or_none(await response.aread()), response.status_code)
+                    raise upstream_error(
+                        _json_or_none(await response.aread()), response.status_code
+                    )
                 rest = response.aiter_raw()
                 first = await anext(rest, b"")
             return Opened(upstream, response, first, rest)

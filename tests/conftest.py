@@ -30,7 +30,8 @@ async def postgres_url() -> AsyncIterator[str]:
     import asyncpg
 
     base = make_url(Settings().test_database_url)
-    dsn = f"postgresql://{base.username or 'postgres'}@{base.host}:{base.port or 5432}/{base.database}"
+    user, port = base.username or "postgres", base.port or 5432
+    dsn = f"postgresql://{user}@{base.host}:{port}/{base.database}"
     name = f"tg_test_{secrets.token_hex(6)}"
     try:
         admin = await asyncpg.connect(dsn, timeout=5)

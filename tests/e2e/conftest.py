@@ -62,8 +62,10 @@ async def stack_factory(tmp_path: Path) -> AsyncIterator[StackFactory]:
                 sim_app = create_sim_app(sim or SimConfig())
                 server = await exits.enter_async_context(BackgroundServer(sim_app))
                 upstreams.append(f"{server.url}/v1")
-            defaults = {"database_url": f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
-                        "models_cache_ttl_s": 0}
+            defaults = {
+                "database_url": f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
+                "models_cache_ttl_s": 0,
+            }
             settings = Settings(upstreams=tuple(upstreams), **{**defaults, **overrides})
             keys = await make_keys(settings)
             gateway = await exits.enter_async_context(BackgroundServer(create_app(settings)))

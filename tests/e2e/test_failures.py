@@ -28,10 +28,14 @@ async def post(stack: Stack, body: Any, key: str | None = "visible", **kw: Any) 
     headers = {"authorization": f"Bearer {stack.keys[key]}"} if key else {}
     async with httpx.AsyncClient(timeout=30) as client:
         content = body if isinstance(body, bytes) else orjson.dumps(body)
-        return await client.post(f"{stack.url}/chat/completions", content=content, headers=headers, **kw)
+        return await client.post(
+            f"{stack.url}/chat/completions", content=content, headers=headers, **kw
+        )
 
 
-def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+def assert_openai_error(
+    response: httpx.Response, status: int, code: str | None = None
+) -> dict[str, Any]:
     assert response.status_code == status, response.text
     assert response.headers["x-request-id"]
     error = response.json()["error"]
@@ -88,8 +92,10 @@ async def test_other_roles_on_v1_are_403(stack: Stack, key: str) -> None:
 
 async def test_client_key_on_admin_route_is_403(stack: Stack) -> None:
     async with httpx.AsyncClient() as client:
-        response = await client.get(f"{stack.root}/admin/v1/keys",
-                                    headers={"authorization": f"Bearer {stack.keys['visible']}"})
+        response = await client.get(
+            f"{stack.root}/admin/v1/keys",
+            headers={"authorization": f"Bearer {stack.keys['visible']}"},
+        )
     assert_openai_error(response, 403)
 
 
@@ -149,24 +155,34 @@ def dead_url() -> str:
 async def test_refused_upstream_is_502_and_the_other_upstream_serves(stack_factory: Any) -> None:
     doomed = BackgroundServer(create_sim_app(SimConfig()))
     async with doomed:
-        stack = await stack_factory(sim=SimConfig(), extra_upstreams=(f"{doomed.url}/v1",),
-                                    models_cache_ttl_s=60)
-        assert (await post(stack, {"model": "deepseek-r1", "messages": MESSAGES})).status_code == 200
+        stack = await stack_factory(
+            sim=SimConfig(), extra_upstreams=(f"{doomed.url}/v1",), models_cache_ttl_s=60
+        )
+        assert (
+            await post(stack, {"model": "deepseek-r1", "messages": MESSAGES})
+        ).status_code == 200
     alone = await stack_factory(extra_upstreams=(f"{doomed.url}/v1",), upstream_apps=[])
     assert (await post(alone, {"model": "deepseek-r1", "messages": MESSAGES})).status_code == 503
     # ``stack`` still lists the dead upstream in its cached catalogue, next to a healthy one:
     # every request still succeeds, through the retry when the dead one is tried first.
     for _ in range(6):
-        assert (await post(stack, {"model": "deepseek-r1", "messages": MESSAGES})).status_code == 200
+        assert (
+            await post(stack, {"model": "deepseek-r1", "messages": MESSAGES})
+        ).status_code == 200
 
 
 async def test_refused_upstream_alone_is_502(stack_factory: Any) -> None:
     doomed = BackgroundServer(create_sim_app(SimConfig()))
     async with doomed:
         stack = await stack_factory(extra_upstreams=(f"{doomed.url}/v1",), upstream_apps=[])
-        assert (await post(stack, {"model": "deepseek-r1", "messages": MESSAGES})).status_code == 200
-    assert_openai_error(await post(stack, {"model": "deepseek-r1", "messages": MESSAGES}), 502,
-                        "upstream_unreachable")
+        assert (
+            await post(stack, {"model": "deepseek-r1", "messages": MESSAGES})
+        ).status_code == 200
+    assert_openai_error(
+        await post(stack, {"model": "deepseek-r1", "messages": MESSAGES}),
+        502,
+        "upstream_unreachable",
+    )
     stream = {"model": "deepseek-r1", "messages": MESSAGES, "stream": True}
     assert_openai_error(await post(stack, stream), 502, "upstream_unreachable")
 
@@ -175,7 +191,9 @@ async def test_upstream_5xx_is_502_alone_and_retried_with_two(stack_factory: Any
     failing = create_sim_app(SimConfig(error_rate=1.0))
     alone = await stack_factory(upstream_apps=[failing])
     assert_openai_error(await post(alone, {"model": "deepseek-r1", "messages": MESSAGES}), 502)
-    both = await stack_factory(sim=SimConfig(), upstream_apps=[create_sim_app(SimConfig(error_rate=1.0))])
+    both = await stack_factory(
+        sim=SimConfig(), upstream_apps=[create_sim_app(SimConfig(error_rate=1.0))]
+    )
     for stream in (False, True, False, True):
         body = {"model": "deepseek-r1", "messages": MESSAGES, "stream": stream}
         assert (await post(both, body)).status_code == 200
@@ -190,7 +208,11 @@ async def test_timeout_before_the_first_token_is_504(stack_factory: Any) -> None
 
 async def test_upstream_4xx_is_relayed_with_its_message(stack_factory: Any) -> None:
     stack = await stack_factory(sim=SimConfig(max_model_len=64))
-    body = {"model": "deepseek-r1", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 10}
+    body = {
+        "model": "deepseek-r1",
+        "messages": [{"role": "user", "content": "x" * 400}],
+        "max_tokens": 10,
+    }
     async with sdk(stack) as client:
         with pytest.raises(openai.BadRequestError) as info:
             await client.chat.completions.create(**body)
@@ -201,15 +223,22 @@ async def test_upstream_4xx_is_relayed_with_its_message(stack_factory: Any) -> N
 
 
 async def test_upstream_drop_mid_stream_is_one_error_event(stack: Stack) -> None:
-    body = {"model": "deepseek-r1", "messages": MESSAGES, "stream": True,
-            "sim": {"fail": "drop", "fail_after": 5}}
+    body = {
+        "model": "deepseek-r1",
+        "messages": MESSAGES,
+        "stream": True,
+        "sim": {"fail": "drop", "fail_after": 5},
+    }
     response = await post(stack, body)
     assert response.status_code == 200
     assert_one_terminal_error(response.text, "upstream_protocol_error")
     async with sdk(stack) as client:
         stream = await client.chat.completions.create(
-            model="deepseek-r1", messages=MESSAGES, stream=True,
-            extra_body={"sim": {"fail": "drop", "fail_after": 5}})
+            model="deepseek-r1",
+            messages=MESSAGES,
+            stream=True,
+            extra_body={"sim": {"fail": "drop", "fail_after": 5}},
+        )
         with pytest.raises(openai.APIError):
             async for _ in stream:
                 pass
@@ -217,8 +246,12 @@ async def test_upstream_drop_mid_stream_is_one_error_event(stack: Stack) -> None
 
 async def test_upstream_stall_past_the_idle_timeout_is_one_error_event(stack_factory: Any) -> None:
     stack = await stack_factory(sim=SimConfig(), idle_timeout_s=0.3)
-    body = {"model": "deepseek-r1", "messages": MESSAGES, "stream": True,
-            "sim": {"fail": "stall", "fail_after": 5}}
+    body = {
+        "model": "deepseek-r1",
+        "messages": MESSAGES,
+        "stream": True,
+        "sim": {"fail": "stall", "fail_after": 5},
+    }
     response = await post(stack, body)
     assert_one_terminal_error(response.text, "upstream_timeout")
 
@@ -232,10 +265,21 @@ async def garbage_upstream(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": body})
         return
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"text/event-stream")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+    )
     good = {"choices": [{"index": 0, "delta": {"content": "r</think>ok"}, "finish_reason": None}]}
-    await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(good) + b"\n\n", "more_body": True})
+    await send(
+        {
+            "type": "http.response.body",
+            "body": b"data: " + orjson.dumps(good) + b"\n\n",
+            "more_body": True,
+        }
+    )
     await send({"type": "http.response.body", "body": b"data: {oops\n\n", "more_body": True})
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
@@ -251,20 +295,28 @@ async def test_malformed_sse_is_one_error_event_after_the_good_part(stack_factor
 
 
 @pytest.mark.parametrize("key", ["visible", "hidden"])
-async def test_client_disconnect_cancels_the_upstream_within_200ms(stack_factory: Any, key: str) -> None:
+async def test_client_disconnect_cancels_the_upstream_within_200ms(
+    stack_factory: Any, key: str
+) -> None:
     stack = await stack_factory(sim=SimConfig(itl_ms=20))
     assert stack.sim is not None
     body = {"model": "deepseek-r1", "messages": MESSAGES, "stream": True, "max_tokens": 2000}
-    async with httpx.AsyncClient(timeout=10) as client:
-        async with client.stream("POST", f"{stack.url}/chat/completions", json=body,
-                                 headers={"authorization": f"Bearer {stack.keys[key]}"}) as response:
-            assert response.status_code == 200
-            if key == "visible":
-                reader = response.aiter_bytes()
-                await anext(reader)
-            # hidden: the reasoning is withheld, so nothing arrives; the client leaves anyway
-            await stack.sim.sim.wait_for(lambda s: s.running == 1, timeout=5)
-            closed_at = time.monotonic()
+    async with (
+        httpx.AsyncClient(timeout=10) as client,
+        client.stream(
+            "POST",
+            f"{stack.url}/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {stack.keys[key]}"},
+        ) as response,
+    ):
+        assert response.status_code == 200
+        if key == "visible":
+            reader = response.aiter_bytes()
+            await anext(reader)
+        # hidden: the reasoning is withheld, so nothing arrives; the client leaves anyway
+        await stack.sim.sim.wait_for(lambda s: s.running == 1, timeout=5)
+        closed_at = time.monotonic()
     await stack.sim.sim.wait_for(lambda s: s.cancelled == 1, timeout=5)
     cancelled_at = stack.sim.sim.last_cancel_monotonic
     assert cancelled_at is not None

@@ -34,9 +34,14 @@ def collect(chunks: Any) -> tuple[str, str, list[Any]]:
 
 async def test_sync_sdk_streams_reasoning_and_content(stack: Stack) -> None:
     def run() -> tuple[str, str, list[Any]]:
-        with openai.OpenAI(base_url=stack.url, api_key=stack.keys["visible"], max_retries=0) as client:
-            return collect(client.chat.completions.create(
-                model="deepseek-r1", messages=MESSAGES, stream=True, max_tokens=400))
+        with openai.OpenAI(
+            base_url=stack.url, api_key=stack.keys["visible"], max_retries=0
+        ) as client:
+            return collect(
+                client.chat.completions.create(
+                    model="deepseek-r1", messages=MESSAGES, stream=True, max_tokens=400
+                )
+            )
 
     # The sync SDK blocks: it runs in a thread while this loop serves the gateway.
     reasoning, content, _ = await asyncio.to_thread(run)
@@ -46,16 +51,20 @@ async def test_sync_sdk_streams_reasoning_and_content(stack: Stack) -> None:
 
 
 async def test_async_sdk_stream_and_non_stream_agree(stack: Stack) -> None:
-    async with openai.AsyncOpenAI(base_url=stack.url, api_key=stack.keys["visible"], max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+        base_url=stack.url, api_key=stack.keys["visible"], max_retries=0
+    ) as client:
         stream = await client.chat.completions.create(
-            model="deepseek-r1", messages=MESSAGES, stream=True, seed=7, max_tokens=300)
+            model="deepseek-r1", messages=MESSAGES, stream=True, seed=7, max_tokens=300
+        )
         reasoning, content = [], []
         async for chunk in stream:
             if chunk.choices:
                 reasoning.append(reasoning_of(chunk.choices[0].delta) or "")
                 content.append(chunk.choices[0].delta.content or "")
         whole = await client.chat.completions.create(
-            model="deepseek-r1", messages=MESSAGES, seed=7, max_tokens=300)
+            model="deepseek-r1", messages=MESSAGES, seed=7, max_tokens=300
+        )
     message = whole.choices[0].message
     assert reasoning_of(message) == "".join(reasoning)
     assert message.content == "".join(content)
@@ -65,19 +74,30 @@ async def test_async_sdk_stream_and_non_stream_agree(stack: Stack) -> None:
 
 async def test_sync_sdk_non_streaming(stack: Stack) -> None:
     def run() -> Any:
-        with openai.OpenAI(base_url=stack.url, api_key=stack.keys["visible"], max_retries=0) as client:
-            return client.chat.completions.create(model="deepseek-r1", messages=MESSAGES, max_tokens=400)
+        with openai.OpenAI(
+            base_url=stack.url, api_key=stack.keys["visible"], max_retries=0
+        ) as client:
+            return client.chat.completions.create(
+                model="deepseek-r1", messages=MESSAGES, max_tokens=400
+            )
 
     whole = await asyncio.to_thread(run)
     assert whole.choices[0].message.content and reasoning_of(whole.choices[0].message)
     assert "</think>" not in whole.choices[0].message.content
 
 
-async def stream_texts(stack: Stack, key: str = "visible", **params: Any) -> tuple[str, str, list[Any]]:
-    async with openai.AsyncOpenAI(base_url=stack.url, api_key=stack.keys[key], max_retries=0) as client:
+async def stream_texts(
+    stack: Stack, key: str = "visible", **params: Any
+) -> tuple[str, str, list[Any]]:
+    async with openai.AsyncOpenAI(
+        base_url=stack.url, api_key=stack.keys[key], max_retries=0
+    ) as client:
         stream = await client.chat.completions.create(
-            model=params.pop("model", "deepseek-r1"), messages=params.pop("messages", MESSAGES),
-            stream=True, **params)
+            model=params.pop("model", "deepseek-r1"),
+            messages=params.pop("messages", MESSAGES),
+            stream=True,
+            **params,
+        )
         chunks = [chunk async for chunk in stream]
     reasoning = "".join(reasoning_of(c.choices[0].delta) or "" for c in chunks if c.choices)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -95,7 +115,9 @@ async def test_usage_is_forwarded_only_when_asked_and_counts_reasoning(stack: St
     sim = {"chunks": ["Let", " me", "</th", "ink>", "\n\nHi"]}
     _, _, without = await stream_texts(stack, extra_body={"sim": sim})
     assert all(c.usage is None for c in without)
-    _, _, chunks = await stream_texts(stack, extra_body={"sim": sim}, stream_options={"include_usage": True})
+    _, _, chunks = await stream_texts(
+        stack, extra_body={"sim": sim}, stream_options={"include_usage": True}
+    )
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == 5
     # one token per delta: "Let", " me" and the two halves of the tag are reasoning
@@ -107,18 +129,29 @@ async def test_hidden_key_never_receives_reasoning(stack: Stack) -> None:
     import httpx
 
     visible_reasoning, visible_content, _ = await stream_texts(stack, seed=3, max_tokens=300)
-    body = {"model": "deepseek-r1", "messages": MESSAGES, "stream": True, "seed": 3, "max_tokens": 300,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": "deepseek-r1",
+        "messages": MESSAGES,
+        "stream": True,
+        "seed": 3,
+        "max_tokens": 300,
+        "stream_options": {"include_usage": True},
+    }
     async with httpx.AsyncClient() as client:
-        response = await client.post(f"{stack.url}/chat/completions", json=body,
-                                     headers={"authorization": f"Bearer {stack.keys['hidden']}"})
+        response = await client.post(
+            f"{stack.url}/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {stack.keys['hidden']}"},
+        )
     raw = response.text
     assert visible_reasoning and visible_content
     assert "reasoning_content" not in raw.replace('"reasoning_tokens"', "")
     assert '"reasoning"' not in raw
     for i in range(0, len(visible_reasoning) - 16, 4):
         assert visible_reasoning[i : i + 16] not in raw
-    hidden_reasoning, hidden_content, _ = await stream_texts(stack, key="hidden", seed=3, max_tokens=300)
+    hidden_reasoning, hidden_content, _ = await stream_texts(
+        stack, key="hidden", seed=3, max_tokens=300
+    )
     assert hidden_reasoning == "" and hidden_content == visible_content
 
 
@@ -130,7 +163,8 @@ async def test_request_may_lower_its_own_visibility(stack: Stack, lower: dict[st
 
 async def test_request_cannot_raise_its_visibility(stack: Stack) -> None:
     reasoning, content, _ = await stream_texts(
-        stack, key="hidden", seed=5, max_tokens=300, extra_body={"include_reasoning": True})
+        stack, key="hidden", seed=5, max_tokens=300, extra_body={"include_reasoning": True}
+    )
     assert reasoning == "" and content
 
 
@@ -163,6 +197,8 @@ async def test_per_model_parser_override(stack_factory: Any) -> None:
 
 
 async def test_models_come_from_the_upstream(stack: Stack) -> None:
-    async with openai.AsyncOpenAI(base_url=stack.url, api_key=stack.keys["visible"], max_retries=0) as client:
+    async with openai.AsyncOpenAI(
+        base_url=stack.url, api_key=stack.keys["visible"], max_retries=0
+    ) as client:
         models = [m.id async for m in client.models.list()]
     assert {"deepseek-r1", "qwq-32b", "deepseek-r1-parsed", "deepseek-v3"} <= set(models)

@@ -51,7 +51,7 @@ async def test_cache_serves_within_ttl_and_reloads_after(sqlite_url: str) -> Non
     try:
         writer = KeyStore(engine, ttl=0)
         reader = KeyStore(engine, ttl=5, clock=lambda: now[0])
-        new, info = await writer.create(tenant="t", role="client")
+        _new, info = await writer.create(tenant="t", role="client")
         assert (await reader.get(info.key_id)) is not None
         await writer.revoke(info.key_id)  # another replica revokes
         cached = await reader.get(info.key_id)

@@ -29,13 +29,25 @@ def chunk(index: int = 0, finish: str | None = None, usage: Any = ..., **delta: 
 
 def usage_chunk(completion: int, reasoning: int | None = None) -> Event:
     details = {"reasoning_tokens": reasoning} if reasoning is not None else None
-    usage = {"prompt_tokens": 5, "completion_tokens": completion, "total_tokens": 5 + completion,
-             "completion_tokens_details": details}
-    return Event(orjson.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": usage}))
+    usage = {
+        "prompt_tokens": 5,
+        "completion_tokens": completion,
+        "total_tokens": 5 + completion,
+        "completion_tokens_details": details,
+    }
+    return Event(
+        orjson.dumps(
+            {"id": "chatcmpl-1", "object": "chat.completion.chunk", "choices": [], "usage": usage}
+        )
+    )
 
 
-def policy(parser: ReasoningParser = "deepseek_r1", show: bool = True,
-           field: ReasoningField = "reasoning_content", usage: bool = False) -> Policy:
+def policy(
+    parser: ReasoningParser = "deepseek_r1",
+    show: bool = True,
+    field: ReasoningField = "reasoning_content",
+    usage: bool = False,
+) -> Policy:
     return Policy(parser=parser, show_reasoning=show, reasoning_field=field, include_usage=usage)
 
 
@@ -62,7 +74,10 @@ R1_TOKENS = ["Let", " me", " think", ".\n", "</think>", "\n\n", "Blue", "."]
 
 def r1_events(tokens: list[str] = R1_TOKENS) -> list[Event]:
     events = [chunk(role="assistant", content="")]
-    events += [chunk(content=t, finish="stop" if i == len(tokens) - 1 else None) for i, t in enumerate(tokens)]
+    events += [
+        chunk(content=t, finish="stop" if i == len(tokens) - 1 else None)
+        for i, t in enumerate(tokens)
+    ]
     return [*events, usage_chunk(len(tokens)), Event(b"[DONE]")]
 
 
@@ -85,9 +100,14 @@ def test_hidden_policy_sends_no_byte_of_reasoning() -> None:
     assert joined(client_view(raw), "content") == "\n\nBlue."
 
 
-@pytest.mark.parametrize(("field", "keys"), [("reasoning_content", {"reasoning_content"}),
-                                             ("reasoning", {"reasoning"}),
-                                             ("both", {"reasoning", "reasoning_content"})])
+@pytest.mark.parametrize(
+    ("field", "keys"),
+    [
+        ("reasoning_content", {"reasoning_content"}),
+        ("reasoning", {"reasoning"}),
+        ("both", {"reasoning", "reasoning_content"}),
+    ],
+)
 def test_reasoning_field_setting(field: ReasoningField, keys: set[str]) -> None:
     chunks = run_stream(StreamRelay(policy(field=field)), r1_events())
     first = next(c["delta"] for ch in chunks for c in ch["choices"] if set(c["delta"]) & keys)
@@ -95,9 +115,14 @@ def test_reasoning_field_setting(field: ReasoningField, keys: set[str]) -> None:
 
 
 def test_upstream_separated_reasoning_is_used_not_text_split() -> None:
-    events = [chunk(role="assistant", content=""), chunk(reasoning="I reason"),
-              chunk(reasoning=" <think>literally"), chunk(content="Answer </think> verbatim", finish="stop"),
-              usage_chunk(4), Event(b"[DONE]")]
+    events = [
+        chunk(role="assistant", content=""),
+        chunk(reasoning="I reason"),
+        chunk(reasoning=" <think>literally"),
+        chunk(content="Answer </think> verbatim", finish="stop"),
+        usage_chunk(4),
+        Event(b"[DONE]"),
+    ]
     chunks = run_stream(StreamRelay(policy(field="reasoning_content")), events)
     assert joined(chunks, "reasoning_content") == "I reason <think>literally"
     assert joined(chunks, "content") == "Answer </think> verbatim"
@@ -112,22 +137,36 @@ def test_held_text_leaves_with_the_finish_chunk() -> None:
 
 
 def test_length_cut_inside_reasoning_has_no_content() -> None:
-    events = [chunk(content="still thin"), chunk(content="king </th", finish="length"), Event(b"[DONE]")]
+    events = [
+        chunk(content="still thin"),
+        chunk(content="king </th", finish="length"),
+        Event(b"[DONE]"),
+    ]
     chunks = run_stream(StreamRelay(policy()), events)
     assert joined(chunks, "reasoning_content") == "still thinking </th"
     assert joined(chunks, "content") is None
 
 
 def test_n_choices_keep_separate_state() -> None:
-    events = [chunk(0, content="a</th"), chunk(1, content="b"), chunk(0, content="ink>A"),
-              chunk(1, content="</think>B", finish="stop"), chunk(0, content="", finish="stop"), Event(b"[DONE]")]
+    events = [
+        chunk(0, content="a</th"),
+        chunk(1, content="b"),
+        chunk(0, content="ink>A"),
+        chunk(1, content="</think>B", finish="stop"),
+        chunk(0, content="", finish="stop"),
+        Event(b"[DONE]"),
+    ]
     chunks = run_stream(StreamRelay(policy()), events)
     assert (joined(chunks, "reasoning_content", 0), joined(chunks, "content", 0)) == ("a", "A")
     assert (joined(chunks, "reasoning_content", 1), joined(chunks, "content", 1)) == ("b", "B")
 
 
 def test_think_tags_parser_keeps_text_before_the_tag_as_content() -> None:
-    events = [chunk(content="pre <thi"), chunk(content="nk>r</think>post", finish="stop"), Event(b"[DONE]")]
+    events = [
+        chunk(content="pre <thi"),
+        chunk(content="nk>r</think>post", finish="stop"),
+        Event(b"[DONE]"),
+    ]
     chunks = run_stream(StreamRelay(policy(parser="think_tags")), events)
     assert (joined(chunks, "reasoning_content"), joined(chunks, "content")) == ("r", "pre post")
 
@@ -152,7 +191,12 @@ def test_upstream_reasoning_token_count_wins_when_reported() -> None:
 
 
 def test_merged_tokens_share_usage_by_characters() -> None:
-    events = [chunk(content="aaaa</think>"), chunk(content="bbbb", finish="stop"), usage_chunk(20), Event(b"[DONE]")]
+    events = [
+        chunk(content="aaaa</think>"),
+        chunk(content="bbbb", finish="stop"),
+        usage_chunk(20),
+        Event(b"[DONE]"),
+    ]
     relay = StreamRelay(policy(usage=True))
     run_stream(relay, events)
     assert relay.usage is not None
@@ -178,8 +222,16 @@ def test_done_is_reported_and_returned() -> None:
 
 
 def test_hidden_reasoning_drops_logprobs_that_would_spell_it() -> None:
-    body = {"choices": [{"index": 0, "delta": {"content": "secret"}, "logprobs": {"content": [{"token": "secret"}]},
-                         "finish_reason": None}]}
+    body = {
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": "secret"},
+                "logprobs": {"content": [{"token": "secret"}]},
+                "finish_reason": None,
+            }
+        ]
+    }
     relay = StreamRelay(policy(show=False))
     assert relay.feed(Event(orjson.dumps(body))) == b""
     body["choices"][0]["delta"] = {"content": "x</think>y"}
@@ -193,23 +245,41 @@ def test_garbage_event_is_a_remote_protocol_error(raw: bytes) -> None:
         StreamRelay(policy()).feed(Event(raw))
 
 
-@pytest.mark.parametrize("body", [{"error": {"message": "boom", "code": 500}},
-                                  {"object": "error", "message": "boom", "type": "x", "code": 400}])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"error": {"message": "boom", "code": 500}},
+        {"object": "error", "message": "boom", "type": "x", "code": 400},
+    ],
+)
 def test_upstream_error_event_becomes_an_upstream_error(body: dict[str, Any]) -> None:
     with pytest.raises(UpstreamStatusError, match="boom"):
         StreamRelay(policy()).feed(Event(orjson.dumps(body)))
 
 
 def completion(content: str | None, **message: Any) -> dict[str, Any]:
-    return {"id": "c", "object": "chat.completion", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": content, **message}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 10, "total_tokens": 13}}
+    return {
+        "id": "c",
+        "object": "chat.completion",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, **message},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 10, "total_tokens": 13},
+    }
 
 
 def test_non_streaming_is_the_same_split() -> None:
     body = rewrite_completion(Rewriter(policy()), completion("r1 reasoning\n</think>\n\nAnswer"))
     message = body["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": "\n\nAnswer", "reasoning_content": "r1 reasoning\n"}
+    assert message == {
+        "role": "assistant",
+        "content": "\n\nAnswer",
+        "reasoning_content": "r1 reasoning\n",
+    }
     assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 6
 
 
@@ -220,7 +290,12 @@ def test_non_streaming_hidden_and_reasoning_only() -> None:
 
 def test_non_streaming_upstream_separated() -> None:
     body = rewrite_completion(Rewriter(policy(field="both")), completion("A", reasoning="R"))
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": "A", "reasoning": "R", "reasoning_content": "R"}
+    assert body["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "A",
+        "reasoning": "R",
+        "reasoning_content": "R",
+    }
 
 
 def test_chunk_whose_choices_were_all_dropped_is_not_sent_even_with_null_usage() -> None:

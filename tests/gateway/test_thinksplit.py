@@ -3,6 +3,8 @@ chunkings, against an independent whole-string reference of the same rules."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,7 +32,7 @@ def reference(parser: ReasoningParser, text: str) -> tuple[str | None, str | Non
         head, sep, rest = text.partition("<think>")
         if not sep:
             return None, text or None
-        reasoning, sep2, tail = rest.partition("</think>")
+        reasoning, _, tail = rest.partition("</think>")
         return reasoning or None, (head + tail) or None
     reasoning, sep, tail = text.partition("</think>")
     reasoning = reasoning.replace("<think>", "", 1)
@@ -46,7 +48,12 @@ CASES: list[tuple[ReasoningParser, str, str | None, str | None]] = [
     ("deepseek_r1", "r</think>c</think>d<think>e", "r", "c</think>d<think>e"),
     ("deepseek_r1", "</think>answer", None, "answer"),
     ("deepseek_r1", "a<thinking>b</ think>c<THINK>", "a<thinking>b</ think>c<THINK>", None),
-    ("deepseek_r1", "x &lt;/think&gt; ＜/think＞ <\u200b/think>", "x &lt;/think&gt; ＜/think＞ <\u200b/think>", None),
+    (
+        "deepseek_r1",
+        "x &lt;/think&gt; ＜/think＞ <\u200b/think>",
+        "x &lt;/think&gt; ＜/think＞ <\u200b/think>",
+        None,
+    ),
     ("deepseek_r1", "ends with <", "ends with <", None),
     ("deepseek_r1", "ends with </thin", "ends with </thin", None),
     ("deepseek_r1", "a\r\nb</think>\r\nc", "a\r\nb", "\r\nc"),
@@ -66,18 +73,24 @@ CASES: list[tuple[ReasoningParser, str, str | None, str | None]] = [
 
 
 @pytest.mark.parametrize(("parser", "text", "reasoning", "content"), CASES)
-def test_rules_whole(parser: ReasoningParser, text: str, reasoning: str | None, content: str | None) -> None:
+def test_rules_whole(
+    parser: ReasoningParser, text: str, reasoning: str | None, content: str | None
+) -> None:
     assert run(parser, [text]) == (reasoning, content)
     assert reference(parser, text) == (reasoning, content)
 
 
 @pytest.mark.parametrize(("parser", "text", "reasoning", "content"), CASES)
-def test_rules_char_by_char(parser: ReasoningParser, text: str, reasoning: str | None, content: str | None) -> None:
+def test_rules_char_by_char(
+    parser: ReasoningParser, text: str, reasoning: str | None, content: str | None
+) -> None:
     assert run(parser, list(text)) == (reasoning, content)
 
 
 @pytest.mark.parametrize(("parser", "text", "reasoning", "content"), CASES)
-def test_rules_every_two_way_cut(parser: ReasoningParser, text: str, reasoning: str | None, content: str | None) -> None:
+def test_rules_every_two_way_cut(
+    parser: ReasoningParser, text: str, reasoning: str | None, content: str | None
+) -> None:
     for i in range(len(text) + 1):
         assert run(parser, [text[:i], text[i:]]) == (reasoning, content), i
 
@@ -119,7 +132,24 @@ def test_feed_after_close_is_a_local_error() -> None:
     assert s.close() == []
 
 
-ALPHABET = st.sampled_from(["<think>", "</think>", "<", "/", "think", ">", "a", " ", "\n", "\r\n", "é", "<thi", "nk>", "</th"])
+ALPHABET = st.sampled_from(
+    [
+        "<think>",
+        "</think>",
+        "<",
+        "/",
+        "think",
+        ">",
+        "a",
+        " ",
+        "\n",
+        "\r\n",
+        "é",
+        "<thi",
+        "nk>",
+        "</th",
+    ]
+)
 TEXTS = st.lists(ALPHABET, max_size=30).map("".join)
 PARSERS = st.sampled_from(["deepseek_r1", "think_tags", "none"])
 
@@ -129,19 +159,23 @@ def chunkings(draw: st.DrawFn) -> tuple[str, list[str]]:
     text = draw(TEXTS)
     cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=12)))
     bounds = [0, *cuts, len(text)]
-    return text, [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return text, [text[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 @settings(max_examples=400, deadline=None)
 @given(PARSERS, chunkings())
-def test_any_chunking_matches_the_whole_text_reference(parser: ReasoningParser, case: tuple[str, list[str]]) -> None:
+def test_any_chunking_matches_the_whole_text_reference(
+    parser: ReasoningParser, case: tuple[str, list[str]]
+) -> None:
     text, pieces = case
     assert run(parser, pieces) == reference(parser, text)
 
 
 @settings(max_examples=200, deadline=None)
 @given(PARSERS, chunkings())
-def test_output_is_the_input_minus_the_consumed_tags(parser: ReasoningParser, case: tuple[str, list[str]]) -> None:
+def test_output_is_the_input_minus_the_consumed_tags(
+    parser: ReasoningParser, case: tuple[str, list[str]]
+) -> None:
     text, pieces = case
     reasoning, content = run(parser, pieces)
     removed = len(text) - len(reasoning or "") - len(content or "")
@@ -150,7 +184,9 @@ def test_output_is_the_input_minus_the_consumed_tags(parser: ReasoningParser, ca
 
 @settings(max_examples=200, deadline=None)
 @given(PARSERS, TEXTS)
-def test_held_back_text_is_only_ever_a_proper_tag_prefix(parser: ReasoningParser, text: str) -> None:
+def test_held_back_text_is_only_ever_a_proper_tag_prefix(
+    parser: ReasoningParser, text: str
+) -> None:
     s = ThinkSplitter(parser)
     for ch in text:
         s.feed(ch)

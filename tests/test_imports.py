@@ -1,0 +1,41 @@
+"""Importing any module does nothing: no threads, files, output, sockets or loggers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+PROBE = r"""
+import importlib, logging, os, pkgutil, sys, threading
+before = (threading.active_count(), sorted(os.listdir(".")), dict(os.environ),
+          len(logging.getLogger().handlers))
+names = []
+for package in ("gateway", "audit", "ratelimit", "bench"):
+    module = importlib.import_module(package)
+    names.append(package)
+    for info in pkgutil.walk_packages(module.__path__, package + "."):
+        importlib.import_module(info.name)
+        names.append(info.name)
+after = (threading.active_count(), sorted(os.listdir(".")), dict(os.environ),
+         len(logging.getLogger().handlers))
+assert before == after, (before, after)
+sys.stderr.write(str(len(names)))
+"""
+
+
+def test_importing_every_module_has_no_side_effects(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    assert int(result.stderr) > 20  # it really imported the packages
+    assert list(tmp_path.iterdir()) == []
