@@ -45,6 +45,7 @@ def create_app(
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _internal_error)
     app.add_api_route(
         "/v1/chat/completions", chat.chat_completions, methods=["POST"], response_model=None
     )
@@ -101,6 +102,11 @@ async def _http_error(_request: Request, exc: HTTPException) -> Response:
     error = GatewayError(str(exc.detail), code=None)
     error.status, error.type = exc.status_code, "invalid_request_error"
     return _error_response(error)
+
+
+async def _internal_error(_request: Request, _exc: Exception) -> Response:
+    # Starlette logs the traceback; the client learns only that it was our fault.
+    return _error_response(GatewayError("The gateway failed to handle the request."))
 
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> Response:

@@ -13,6 +13,7 @@ HTTP error; after the response started, a failure yields exactly one SSE ``error
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ from gateway.streaming import RelayResponse
 from gateway.upstream import Opened
 
 T = TypeVar("T")
+log = logging.getLogger("thinkgate")
 
 
 class ClientGone(Exception):
@@ -86,7 +88,10 @@ async def complete(request: Request, state: AppState, ex: Exchange, candidates: 
     )
     ex.upstream = upstream.base_url
     ex.mark_first_token()
-    rewrite_completion(ex.rewriter, body)
+    try:
+        rewrite_completion(ex.rewriter, body)
+    except RemoteProtocolError as exc:
+        raise UpstreamProtocolError(str(exc)) from None
     ex.status = "ok"
     await ex.finish()
     return Response(orjson.dumps(body), media_type="application/json")
@@ -118,6 +123,11 @@ async def relay_stream(
     except asyncio.CancelledError:
         ex.disconnected()
         raise
+    except Exception:  # a bug of ours: the client still gets its one terminal error event
+        log.exception("relay failed (request %s)", ex.request_id)
+        error = GatewayError("The gateway failed while streaming.")
+        ex.fail(error)
+        yield encode_event("error", error.to_json()) + DONE_EVENT
     finally:
         with anyio.CancelScope(shield=True):
             await opened.aclose()

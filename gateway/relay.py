@@ -116,10 +116,15 @@ class Rewriter:
         self, holder: dict[str, Any], state: ChoiceState, final: bool
     ) -> dict[str, Any]:
         """A copy of a delta/message with content split and reasoning placed per policy."""
+        if not isinstance(holder, dict):
+            raise RemoteProtocolError("upstream sent a delta or message that is not an object")
         upstream_reasoning = holder.get("reasoning_content")
         if upstream_reasoning is None:
             upstream_reasoning = holder.get("reasoning")
-        reasoning, content = state.split(holder.get("content"), upstream_reasoning, final)
+        text = holder.get("content")
+        if not isinstance(text, str | None) or not isinstance(upstream_reasoning, str | None):
+            raise RemoteProtocolError("upstream sent text fields that are not strings")
+        reasoning, content = state.split(text, upstream_reasoning, final)
         state.record(reasoning, content)
         out = {k: v for k, v in holder.items() if k not in _TEXT_KEYS}
         if content:
@@ -182,9 +187,13 @@ class StreamRelay(Rewriter):
         choices = chunk.get("choices")
         if not choices:
             return False
+        if not isinstance(choices, list):
+            raise RemoteProtocolError("upstream chunk has 'choices' that is not a list")
         kept: list[dict[str, Any]] = []
         changed = False
         for choice in choices:
+            if not isinstance(choice, dict):
+                raise RemoteProtocolError("upstream chunk has a choice that is not an object")
             new = self._rewrite_choice(choice)
             changed = changed or new is not choice
             if new is not None:
@@ -223,7 +232,10 @@ class StreamRelay(Rewriter):
 
 def rewrite_completion(rewriter: Rewriter, body: dict[str, Any]) -> dict[str, Any]:
     """The non-streaming path: the same per-choice rewrite over whole messages."""
-    for choice in body.get("choices") or []:
+    choices = body.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise RemoteProtocolError("upstream response has malformed 'choices'")
+    for choice in choices:
         state = rewriter.choice(int(choice.get("index") or 0))
         state.finish_reason = choice.get("finish_reason")
         message = rewriter.rewrite_fields(choice.get("message") or {}, state, final=True)

@@ -24,7 +24,10 @@ class RelayResponse(Response):
         self.status_code = 200
         self.background = None
         self._body = body
-        self._start_headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        self._start_headers = [
+            (b"content-type", b"text/event-stream"),
+            (b"cache-control", b"no-cache"),
+        ]
         self._start_headers += [(k.encode(), v.encode()) for k, v in headers.items()]
         self.disconnected = False
 

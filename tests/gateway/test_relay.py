@@ -301,3 +301,24 @@ def test_non_streaming_upstream_separated() -> None:
 def test_chunk_whose_choices_were_all_dropped_is_not_sent_even_with_null_usage() -> None:
     relay = StreamRelay(policy(show=False, usage=True))
     assert relay.feed(chunk(content="hidden reasoning", usage=None)) == b""
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"choices": "nope"},
+        {"choices": [1]},
+        {"choices": [{"index": 0, "delta": "x"}]},
+        {"choices": [{"index": 0, "delta": {"content": 5}}]},
+        {"choices": [{"index": 0, "delta": {"reasoning": ["x"]}}]},
+    ],
+)
+def test_wrongly_shaped_chunks_are_remote_protocol_errors(body: dict[str, Any]) -> None:
+    with pytest.raises(RemoteProtocolError):
+        StreamRelay(policy()).feed(Event(orjson.dumps(body)))
+
+
+@pytest.mark.parametrize("choices", ["x", [1], [{"index": 0, "message": "m"}]])
+def test_wrongly_shaped_completions_are_remote_protocol_errors(choices: Any) -> None:
+    with pytest.raises(RemoteProtocolError):
+        rewrite_completion(Rewriter(policy()), {"choices": choices})
