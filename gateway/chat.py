@@ -12,7 +12,6 @@ HTTP error; after the response started, a failure yields exactly one SSE ``error
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -66,7 +65,14 @@ async def chat_completions(request: Request) -> Response | RelayResponse:
             opened = await until_disconnect(request, opening)
             ex.upstream = opened.upstream.base_url
             parser = SSEParser(state.settings.max_sse_event_bytes)
-            return RelayResponse(relay_stream(ex, opened, relay, parser), {})
+
+            async def cleanup(disconnected: bool) -> None:
+                await opened.aclose()
+                if disconnected and ex.status != "ok":
+                    ex.disconnected()
+                await ex.finish()
+
+            return RelayResponse(relay_stream(ex, opened, relay, parser), {}, cleanup)
         return await complete(request, state, ex, candidates)
     except GatewayError as exc:
         ex.fail(exc)
@@ -100,7 +106,9 @@ async def complete(request: Request, state: AppState, ex: Exchange, candidates: 
 async def relay_stream(
     ex: Exchange, opened: Opened, relay: StreamRelay, parser: SSEParser
 ) -> AsyncIterator[bytes]:
-    """The relay loop: upstream reads in, one client write per upstream read out."""
+    """The relay loop: upstream reads in, one client write per upstream read out. Closing the
+    upstream and the final ``finish`` belong to the response's cleanup, which also runs when
+    this generator is cancelled or never started."""
     try:
         async for raw in opened:
             out, error = _relay_read(relay, parser, raw)
@@ -120,18 +128,11 @@ async def relay_stream(
         error = exc if isinstance(exc, GatewayError) else UpstreamProtocolError(str(exc))
         ex.fail(error)
         yield encode_event("error", error.to_json()) + DONE_EVENT
-    except asyncio.CancelledError:
-        ex.disconnected()
-        raise
     except Exception:  # a bug of ours: the client still gets its one terminal error event
         log.exception("relay failed (request %s)", ex.request_id)
         error = GatewayError("The gateway failed while streaming.")
         ex.fail(error)
         yield encode_event("error", error.to_json()) + DONE_EVENT
-    finally:
-        with anyio.CancelScope(shield=True):
-            await opened.aclose()
-            await ex.finish()
 
 
 def _relay_read(

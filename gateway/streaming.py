@@ -2,13 +2,13 @@
 
 The body generator is cancelled the moment ``http.disconnect`` arrives, even while it waits
 on the upstream and sends nothing (a hidden-reasoning client may see no byte for minutes),
-so the upstream request is closed promptly: disconnects cancel, never poll. After the race,
-``on_disconnect`` tells the owner whether the client went away.
+so the upstream request is closed promptly: disconnects cancel, never poll. Whatever happens,
+``cleanup(disconnected)`` runs once at the end, shielded, even if the body never started.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import anyio
 from starlette.responses import Response
@@ -20,25 +20,37 @@ class RelayResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        body: AsyncIterator[bytes],
+        headers: Mapping[str, str],
+        cleanup: Callable[[bool], Awaitable[None]],
+    ) -> None:
         self.status_code = 200
         self.background = None
         self._body = body
+        self._cleanup = cleanup
         self._start_headers = [
             (b"content-type", b"text/event-stream"),
             (b"cache-control", b"no-cache"),
         ]
         self._start_headers += [(k.encode(), v.encode()) for k, v in headers.items()]
         self.disconnected = False
+        self._completed = False  # the whole body went out; a disconnect after it is normal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._watch, receive, group.cancel_scope)
-            try:
-                await self._stream(send)
-            except OSError:  # the server reports a closed connection this way (ASGI 2.4)
-                self.disconnected = True
-            group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._watch, receive, group.cancel_scope)
+                try:
+                    await self._stream(send)
+                except OSError:  # the server reports a closed connection this way (ASGI 2.4)
+                    self.disconnected = True
+                group.cancel_scope.cancel()
+        finally:
+            # Runs even when the body generator never started (its own ``finally`` would not).
+            with anyio.CancelScope(shield=True):
+                await self._cleanup(self.disconnected and not self._completed)
 
     async def _stream(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self._start_headers})
@@ -48,6 +60,7 @@ class RelayResponse(Response):
         finally:
             await self._aclose_body()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self._completed = True
 
     async def _aclose_body(self) -> None:
         aclose = getattr(self._body, "aclose", None)

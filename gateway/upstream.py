@@ -95,6 +95,7 @@ class Opened:
     response: httpx.Response
     first: bytes
     _rest: AsyncIterator[bytes] = field(repr=False)
+    _closed: bool = field(default=False, repr=False)
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._chunks()
@@ -108,6 +109,10 @@ class Opened:
             raise translate(exc, started=True) from exc
 
     async def aclose(self) -> None:
+        """Idempotent: release the upstream slot and the connection once."""
+        if self._closed:
+            return
+        self._closed = True
         self.upstream.in_flight -= 1
         await self.response.aclose()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from starlette.types import ASGIApp
 
 from gateway.app import create_app
 from gateway.keycli import open_store
+from gateway.ports import CompletionRecord, RecordSink
 from gateway.servers import BackgroundServer
 from gateway.settings import Settings
 from gateway.sim.app import SimApp, SimConfig, create_sim_app
@@ -42,6 +44,24 @@ async def make_keys(settings: Settings) -> dict[str, str]:
     return {name: new.secret for name, (new, _info) in made.items()}
 
 
+class RecordingSink:
+    """Collects records and lets a test wait, with a deadline, until some have arrived."""
+
+    def __init__(self) -> None:
+        self.records: list[CompletionRecord] = []
+        self._changed = asyncio.Condition()
+
+    async def submit(self, record: CompletionRecord) -> None:
+        async with self._changed:
+            self.records.append(record)
+            self._changed.notify_all()
+
+    async def wait_for(self, count: int, timeout: float = 5.0) -> list[CompletionRecord]:
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: len(self.records) >= count)
+        return self.records
+
+
 @pytest.fixture
 async def stack_factory(tmp_path: Path) -> AsyncIterator[StackFactory]:
     """``await stack_factory(sim=SimConfig(...), upstreams=[...], **settings)``."""
@@ -51,6 +71,7 @@ async def stack_factory(tmp_path: Path) -> AsyncIterator[StackFactory]:
             sim: SimConfig | None = None,
             upstream_apps: list[ASGIApp] | None = None,
             extra_upstreams: tuple[str, ...] = (),
+            sink: RecordSink | None = None,
             **overrides: Any,
         ) -> Stack:
             upstreams = list(extra_upstreams)
@@ -68,7 +89,9 @@ async def stack_factory(tmp_path: Path) -> AsyncIterator[StackFactory]:
             }
             settings = Settings(upstreams=tuple(upstreams), **{**defaults, **overrides})
             keys = await make_keys(settings)
-            gateway = await exits.enter_async_context(BackgroundServer(create_app(settings)))
+            gateway = await exits.enter_async_context(
+                BackgroundServer(create_app(settings, sink=sink))
+            )
             return Stack(url=f"{gateway.url}/v1", root=gateway.url, sim=sim_app, keys=keys)
 
         yield factory

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import aiohttp
@@ -58,7 +57,6 @@ def test_every_library_error_is_translated(cls: type[BaseException], started: bo
         (ConnectionRefusedError(), False, UpstreamConnectError),
         (httpx.ReadTimeout("idle"), True, UpstreamTimeout),
         (TimeoutError(), False, UpstreamTimeout),
-        (asyncio.TimeoutError(), True, UpstreamTimeout),
         (httpx.RemoteProtocolError("eof"), True, UpstreamProtocolError),
         (httpx.ReadError("reset"), True, UpstreamProtocolError),
         (ConnectionResetError(), True, UpstreamProtocolError),
