@@ -13,6 +13,7 @@ HTTP error; after the response started, a failure yields exactly one SSE ``error
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
@@ -31,7 +32,7 @@ from gateway.errors import (
 from gateway.exchange import Exchange
 from gateway.relay import Policy, Rewriter, StreamRelay, rewrite_completion
 from gateway.request import ChatRequest, parse_chat_request
-from gateway.sse import DONE_EVENT, SSEParser, encode_event
+from gateway.sse import DONE_EVENT, KEEPALIVE_COMMENT, SSEParser, encode_event
 from gateway.state import AppState
 from gateway.streaming import RelayResponse
 from gateway.upstream import Opened
@@ -72,7 +73,8 @@ async def chat_completions(request: Request) -> Response | RelayResponse:
                     ex.disconnected()
                 await ex.finish()
 
-            return RelayResponse(relay_stream(ex, opened, relay, parser), {}, cleanup)
+            body = relay_stream(ex, opened, relay, parser, state.settings.keepalive_s)
+            return RelayResponse(body, {}, cleanup)
         return await complete(request, state, ex, candidates)
     except GatewayError as exc:
         ex.fail(exc)
@@ -104,17 +106,22 @@ async def complete(request: Request, state: AppState, ex: Exchange, candidates: 
 
 
 async def relay_stream(
-    ex: Exchange, opened: Opened, relay: StreamRelay, parser: SSEParser
+    ex: Exchange, opened: Opened, relay: StreamRelay, parser: SSEParser, keepalive_s: float
 ) -> AsyncIterator[bytes]:
     """The relay loop: upstream reads in, one client write per upstream read out. Closing the
     upstream and the final ``finish`` belong to the response's cleanup, which also runs when
     this generator is cancelled or never started."""
+    last_sent = time.monotonic()
     try:
         async for raw in opened:
             out, error = _relay_read(relay, parser, raw)
             if out:
                 ex.mark_first_token()
                 yield out
+                last_sent = time.monotonic()
+            elif time.monotonic() - last_sent > keepalive_s:
+                yield KEEPALIVE_COMMENT  # upstream is busy with withheld reasoning
+                last_sent = time.monotonic()
             if error is not None:
                 raise error
             if relay.done:

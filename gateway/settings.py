@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(4 << 20, ge=1024)
     max_sse_event_bytes: int = Field(1 << 20, ge=1024)
     key_cache_ttl_s: float = Field(5.0, ge=0)
+    # While reasoning is withheld from a client it may see no byte for minutes; an SSE comment
+    # after this much silence keeps proxies and load balancers from closing the connection.
+    keepalive_s: float = Field(15.0, gt=0)
 
     bench_key: SecretStr = SecretStr("")  # the key ``thinkgate bench`` sends by default
 

@@ -56,8 +56,8 @@ class RecordingSink:
             self.records.append(record)
             self._changed.notify_all()
 
-    async def wait_for(self, count: int, timeout: float = 5.0) -> list[CompletionRecord]:
-        async with asyncio.timeout(timeout), self._changed:
+    async def wait_for(self, count: int) -> list[CompletionRecord]:
+        async with asyncio.timeout(5), self._changed:
             await self._changed.wait_for(lambda: len(self.records) >= count)
         return self.records
 

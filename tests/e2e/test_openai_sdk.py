@@ -202,3 +202,27 @@ async def test_models_come_from_the_upstream(stack: Stack) -> None:
     ) as client:
         models = [m.id async for m in client.models.list()]
     assert {"deepseek-r1", "qwq-32b", "deepseek-r1-parsed", "deepseek-v3"} <= set(models)
+
+
+async def test_withheld_reasoning_is_bridged_with_keepalive_comments(stack_factory: Any) -> None:
+    from gateway.sim.app import SimConfig
+
+    stack = await stack_factory(sim=SimConfig(itl_ms=5), keepalive_s=0.05)
+    reasoning, content, _ = await stream_texts(stack, key="hidden", seed=2, max_tokens=300)
+    assert reasoning == "" and content  # the SDK ignores the comments
+    import httpx
+
+    body = {
+        "model": "deepseek-r1",
+        "messages": MESSAGES,
+        "stream": True,
+        "seed": 2,
+        "max_tokens": 300,
+    }
+    async with httpx.AsyncClient() as client:
+        raw = await client.post(
+            f"{stack.url}/chat/completions",
+            json=body,
+            headers={"authorization": f"Bearer {stack.keys['hidden']}"},
+        )
+    assert ": keep-alive\n\n" in raw.text
