@@ -65,15 +65,24 @@ class ChoiceState:
     reasoning: list[str] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
 
-    def split(
+    def take(
         self, text: str | None, upstream_reasoning: str | None, final: bool
     ) -> tuple[str, str]:
-        """``(reasoning, content)`` of one delta or message."""
+        """``(reasoning, content)`` of one delta or message, counted and kept for the record."""
         if upstream_reasoning is not None:
             self.separated = True
         if self.separated:
-            return upstream_reasoning or "", text or ""
-        in_reasoning = self.splitter.state in _REASONING_STATES
+            reasoning, content, tag_only = upstream_reasoning or "", text or "", False
+        else:
+            was_reasoning = self.splitter.state in _REASONING_STATES
+            reasoning, content = self._split(text, final)
+            # A delta consumed whole by a tag (or held as a tag's prefix) inside reasoning is
+            # a reasoning token, as it is for the model.
+            tag_only = bool(text) and was_reasoning and not (reasoning or content)
+        self._count(reasoning, content, tag_only)
+        return reasoning, content
+
+    def _split(self, text: str | None, final: bool) -> tuple[str, str]:
         events = self.splitter.feed(text) if text else []
         if final:
             events += self.splitter.close()
@@ -82,19 +91,17 @@ class ChoiceState:
             return (piece, "") if isinstance(events[0], Reasoning) else ("", piece)
         reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
         content = "".join(e.text for e in events if not isinstance(e, Reasoning))
-        if text and in_reasoning and not reasoning:
-            self.reasoning_deltas += 1  # a tag token: counted as reasoning, like the model's own
-            self.deltas += 1
         return reasoning, content
 
-    def record(self, reasoning: str, content: str) -> None:
+    def _count(self, reasoning: str, content: str, tag_only: bool) -> None:
         self.last_had_reasoning = bool(reasoning)
         if reasoning:
             self.reasoning.append(reasoning)
-            self.reasoning_deltas += 1
         if content:
             self.content.append(content)
-        if reasoning or content:
+        if reasoning or tag_only:
+            self.reasoning_deltas += 1
+        if reasoning or content or tag_only:
             self.deltas += 1
 
 
@@ -124,8 +131,7 @@ class Rewriter:
         text = holder.get("content")
         if not isinstance(text, str | None) or not isinstance(upstream_reasoning, str | None):
             raise RemoteProtocolError("upstream sent text fields that are not strings")
-        reasoning, content = state.split(text, upstream_reasoning, final)
-        state.record(reasoning, content)
+        reasoning, content = state.take(text, upstream_reasoning, final)
         out = {k: v for k, v in holder.items() if k not in _TEXT_KEYS}
         if content:
             out["content"] = content
