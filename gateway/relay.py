@@ -18,7 +18,7 @@ Rules, per choice (state is kept per ``index``, so ``n > 1`` works):
 - An absent channel is absent: no ``"content": ""``; a choice left with an empty delta and no
   ``finish_reason`` is dropped, and so is a chunk left with no choices.
 - The gateway always asks the upstream for usage; the usage chunk reaches the client only if
-  it asked (``stream_options.include_usage``), and ``usage: null`` fields are stripped otherwise.
+  it asked (``stream_options.include_usage``). ``usage: null`` placeholders are left alone.
 - ``completion_tokens_details.reasoning_tokens``: the upstream's figure when it reports one
   above zero. Otherwise thinkgate counts: when every upstream delta carried one token (deltas ==
   ``completion_tokens``, vLLM's normal streaming) the reasoning deltas are the exact count (tag
@@ -42,6 +42,7 @@ from gateway.thinksplit import Reasoning, ReasoningParser, State, ThinkSplitter
 
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning")
 _REASONING_STATES = frozenset({State.R1_OPENING, State.R1_REASONING, State.REASONING})
+_UNCHANGED, _CHANGED, _DROPPED = object(), object(), object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,8 @@ class Rewriter:
     def rewrite_fields(
         self, holder: dict[str, Any], state: ChoiceState, final: bool
     ) -> dict[str, Any]:
-        """A copy of a delta/message with content split and reasoning placed per policy."""
+        """The delta/message with content split and reasoning placed per policy: ``holder``
+        itself when nothing changes, else a new dict."""
         if not isinstance(holder, dict):
             raise RemoteProtocolError("upstream sent a delta or message that is not an object")
         upstream_reasoning = holder.get("reasoning_content")
@@ -132,6 +134,9 @@ class Rewriter:
         if not isinstance(text, str | None) or not isinstance(upstream_reasoning, str | None):
             raise RemoteProtocolError("upstream sent text fields that are not strings")
         reasoning, content = state.take(text, upstream_reasoning, final)
+        shown = self.policy.show_reasoning and reasoning
+        if upstream_reasoning is None and not shown and (content or None) == text:
+            return holder  # the common case: nothing to place, remove or change
         out = {k: v for k, v in holder.items() if k not in _TEXT_KEYS}
         if content:
             out["content"] = content
@@ -195,44 +200,45 @@ class StreamRelay(Rewriter):
             return False
         if not isinstance(choices, list):
             raise RemoteProtocolError("upstream chunk has 'choices' that is not a list")
-        kept: list[dict[str, Any]] = []
         changed = False
+        kept: list[dict[str, Any]] = []
         for choice in choices:
             if not isinstance(choice, dict):
                 raise RemoteProtocolError("upstream chunk has a choice that is not an object")
-            new = self._rewrite_choice(choice)
-            changed = changed or new is not choice
-            if new is not None:
-                kept.append(new)
-        if changed:
+            outcome = self._rewrite_choice(choice)
+            changed = changed or outcome is not _UNCHANGED
+            if outcome is not _DROPPED:
+                kept.append(choice)
+        if len(kept) != len(choices):
             chunk["choices"] = kept
         return changed
 
-    def _rewrite_choice(self, choice: dict[str, Any]) -> dict[str, Any] | None:
+    def _rewrite_choice(self, choice: dict[str, Any]) -> object:
+        """Rewrite ``choice`` in place (the parsed chunk is ours); say what happened."""
         state = self.choice(int(choice.get("index") or 0))
         finish = choice.get("finish_reason")
         if finish is not None:
             state.finish_reason = finish
         delta = choice.get("delta") or {}
         new_delta = self.rewrite_fields(delta, state, final=finish is not None)
-        if new_delta == delta:
-            return choice
+        if new_delta is delta:
+            return _UNCHANGED
         if not new_delta and finish is None:
-            return None
-        new = {**choice, "delta": new_delta}
+            return _DROPPED
+        choice["delta"] = new_delta
         if choice.get("logprobs") and state.last_had_reasoning and not self.policy.show_reasoning:
-            new["logprobs"] = None  # they would spell out the hidden reasoning
-        return new
+            choice["logprobs"] = None  # they would spell out the hidden reasoning
+        return _CHANGED
 
     def _rewrite_usage(self, chunk: dict[str, Any]) -> bool:
         usage = chunk["usage"]
-        if usage is not None:
-            self.usage = self.fill_usage(usage)
+        if usage is None:
+            return False  # a null placeholder (OpenAI puts one in every chunk): left as it is
+        self.usage = self.fill_usage(usage)
         if self.policy.include_usage:
-            if usage is not None:
-                chunk["usage"] = self.usage
-            return usage is not None
-        del chunk["usage"]
+            chunk["usage"] = self.usage
+        else:
+            del chunk["usage"]
         return True
 
 

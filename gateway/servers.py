@@ -46,6 +46,11 @@ class BackgroundServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def open_connections(self) -> int:
+        """Client connections open right now (keep-alive ones included)."""
+        return len(self._server.server_state.connections)
+
     async def __aenter__(self) -> BackgroundServer:
         self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
         return self

@@ -17,7 +17,8 @@ OpenAI-compatible server sends:
   never sends a line end.
 
 Each byte is scanned once: complete lines are cut off the buffer with one ``rfind`` and split in
-C by ``bytes.splitlines`` (which, for bytes, breaks on exactly CR, LF and CRLF).
+C by ``bytes.splitlines`` (which, for bytes, breaks on exactly CR, LF and CRLF). When nothing is
+pending and the input has no CR, whole ``data:`` events are cut out with one ``split`` instead.
 """
 
 from __future__ import annotations
@@ -59,6 +60,29 @@ class SSEParser:
     def feed(self, chunk: bytes) -> list[Event]:
         if self._closed:
             raise LocalProtocolError("feed() after close()")
+        if self._buf or self._data or self._event is not None or self._skip_lf or b"\r" in chunk:
+            return self._feed_lines(chunk)
+        # The common case: nothing pending and LF line ends. Whole events are the blocks
+        # between blank lines; a lone ``data:`` line (what every OpenAI server sends) becomes
+        # an event without the line machinery; anything else takes the general path.
+        blocks = chunk.split(b"\n\n")
+        tail = blocks.pop()
+        events: list[Event] = []
+        for block in blocks:
+            if block[:6] == b"data: " and b"\n" not in block:
+                if len(block) - 6 > self._max_event:
+                    raise RemoteProtocolError(
+                        f"server-sent event larger than {self._max_event} bytes"
+                    )
+                events.append(Event(block[6:]))
+            elif block:
+                events += self._feed_lines(block + b"\n\n")
+        if tail:
+            events += self._feed_lines(tail)
+        return events
+
+    def _feed_lines(self, chunk: bytes) -> list[Event]:
+        """The general path: any line ends, partial lines and events across feeds."""
         if self._skip_lf and chunk:
             self._skip_lf = False
             if chunk[:1] == b"\n":

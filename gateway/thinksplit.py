@@ -32,7 +32,8 @@ is held (at most ``len("</think>") - 1`` characters), and released the moment it
 tag. Both tags start with ``<`` and contain no other ``<``, so that suffix can only start at the
 last ``<``: one ``rfind`` over the last seven characters finds it. Each call scans the held
 suffix (≤ 7 characters) plus the new text once, with ``str.find`` in C: O(chunk), never O(stream).
-At ``close()`` the held suffix is flushed as literal text of the current channel.
+At ``close()`` the held suffix is flushed as literal text of the current channel. A chunk with
+no ``<`` and nothing held cannot touch a tag and is passed through without scanning further.
 """
 
 from __future__ import annotations
@@ -107,6 +108,10 @@ class ThinkSplitter:
             raise LocalProtocolError("feed() after close()")
         if self.state is State.ANSWER:  # the hot path once reasoning is over
             return [Content(text)] if text else []
+        if not self._held and "<" not in text:  # the hot path inside reasoning: no tag can start
+            if not text:
+                return []
+            return [Reasoning(text) if _TRANSITIONS[self.state][0] else Content(text)]
         out: list[SplitEvent] = []
         buf = self._held + text
         self._held = ""

@@ -203,10 +203,10 @@ def test_merged_tokens_share_usage_by_characters() -> None:
     assert relay.usage["completion_tokens_details"]["reasoning_tokens"] == 10
 
 
-def test_null_usage_fields_are_stripped_when_not_requested() -> None:
-    relay = StreamRelay(policy())
-    out = relay.feed(chunk(content="x", usage=None))
-    assert b'"usage"' not in out
+def test_null_usage_placeholders_pass_untouched() -> None:
+    relay = StreamRelay(policy(parser="none"))
+    event = chunk(content="x", usage=None)
+    assert relay.feed(event) == b"data: " + event.data + b"\n\n"
 
 
 def test_unchanged_chunk_is_reframed_from_the_upstream_bytes() -> None:

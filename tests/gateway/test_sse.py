@@ -136,3 +136,15 @@ def test_any_chunking_gives_the_same_events(case: tuple[bytes, list[Event], list
     raw, events, pieces = case
     assert parse(pieces) == events
     assert parse([raw]) == events
+
+
+def test_whole_oversized_event_in_one_read_is_refused_too() -> None:
+    parser = SSEParser(max_event=64)
+    with pytest.raises(RemoteProtocolError):
+        parser.feed(b"data: " + b"x" * 65 + b"\n\n")
+
+
+def test_event_field_before_a_fast_path_block_is_kept() -> None:
+    parser = SSEParser()
+    assert parser.feed(b"event: error\n") == []
+    assert parser.feed(b"data: {}\n\n") == [Event(b"{}", "error")]
