@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import http.cookiejar
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -81,10 +82,32 @@ def create_client(settings: Settings) -> httpx.AsyncClient:
     if settings.http_transport == "aiohttp":
         from httpx_aiohttp import AiohttpTransport
 
-        transport = AiohttpTransport(limits=limits)
+        transport = AiohttpTransport(client=lambda: _aiohttp_session(settings))
     else:
         transport = httpx.AsyncHTTPTransport(limits=limits)
-    return httpx.AsyncClient(transport=transport, timeout=timeout, headers=headers)
+    client = httpx.AsyncClient(
+        transport=transport, timeout=timeout, headers=headers, trust_env=False
+    )
+    # One client serves every tenant: a cookie set by an upstream must never travel with
+    # another tenant's request.
+    client.cookies.jar.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
+    return client
+
+
+def _aiohttp_session(settings: Settings) -> aiohttp.ClientSession:
+    """The aiohttp session under httpx: no cookies, no proxies from the environment, and a
+    16 KiB read buffer per response (aiohttp's default 64 KiB, doubled by its flow control,
+    costs megabytes across a hundred streams that the client reads slower than vLLM writes)."""
+    connector = aiohttp.TCPConnector(
+        limit=settings.max_connections, keepalive_timeout=60
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+        read_bufsize=16 * 1024,
+        auto_decompress=False,
+    )
 
 
 @dataclass(slots=True)

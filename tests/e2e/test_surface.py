@@ -20,6 +20,7 @@ class RecordingUpstream:
 
     def __init__(self) -> None:
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[bytes, bytes]] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -34,6 +35,7 @@ class RecordingUpstream:
             if not message.get("more_body"):
                 break
         self.bodies.append(orjson.loads(raw))
+        self.headers.append(dict(scope["headers"]))
         message = {"role": "assistant", "content": "r</think>a"}
         choice = {"index": 0, "message": message, "finish_reason": "stop"}
         usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
@@ -46,7 +48,7 @@ class RecordingUpstream:
             {
                 "type": "http.response.start",
                 "status": 200,
-                "headers": [(b"content-type", b"application/json")],
+                "headers": [(b"content-type", b"application/json"), (b"set-cookie", b"route=a")],
             }
         )
         await send({"type": "http.response.body", "body": orjson.dumps(body)})
@@ -168,3 +170,16 @@ async def test_request_ids(stack: Stack) -> None:
         assert hostile.headers["x-request-id"].startswith("req_")
         error = await client.post(f"{stack.url}/chat/completions", content=b"{}")
         assert error.status_code == 401 and error.headers["x-request-id"].startswith("req_")
+
+
+async def test_upstream_cookies_never_travel_with_later_requests(stack_factory: Any) -> None:
+    for transport in ("aiohttp", "httpx"):
+        upstream = RecordingUpstream()
+        stack = await stack_factory(upstream_apps=[upstream], http_transport=transport)
+        for key in ("visible", "hidden"):
+            async with openai.AsyncOpenAI(
+                base_url=stack.url, api_key=stack.keys[key], max_retries=0
+            ) as c:
+                await c.chat.completions.create(model="m", messages=MESSAGES)
+        assert len(upstream.headers) == 2
+        assert all(b"cookie" not in h for h in upstream.headers), transport
