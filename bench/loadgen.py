@@ -1,0 +1,218 @@
+"""A lean load generator: C concurrent streaming chat completions, back to back, for S seconds.
+
+The client must never be the bottleneck (on a 2-core machine it shares the CPU with the
+simulator and the gateway): it speaks HTTP/1.1 itself on raw ``asyncio`` protocols
+(``bench.client``), which also defines what a chunk and an error are.
+
+Rules:
+
+- Each of the C workers owns one keep-alive connection and sends its next request as soon as
+  the previous response ended (a closed connection is reopened).
+- TTFT: from writing the request to the socket read that carried its first chunk. Inter-chunk
+  gap: between the reads that carried consecutive chunks of one request (0 when one read
+  carried both: the client saw them at the same moment).
+- Window: after ``warmup_s`` the counters start (``Meter.start``); ``duration_s`` later they
+  stop (``Meter.stop``) and every connection is aborted, as wrk does. Only samples inside the
+  window count: a TTFT whose first chunk came in it, a gap whose both ends are in it. The
+  abort at the end is not an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import ssl
+from dataclasses import dataclass
+from typing import Protocol
+from urllib.parse import urlsplit
+
+from bench.client import Connection, Recorder
+
+_RECONNECT_BACKOFF_S = 0.1  # a refused connection must not turn a worker into a busy loop
+_PROMPTS = 64  # distinct prompts (the simulator seeds its output from the prompt text)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    url: str  # OpenAI base URL, e.g. http://127.0.0.1:8080/v1
+    api_key: str
+    model: str = "deepseek-r1"
+    concurrency: int = 32
+    duration_s: float = 10.0  # the measured window
+    max_tokens: int = 256
+    warmup_s: float = 0.0  # load before the window, not counted
+
+
+@dataclass(frozen=True, slots=True)
+class Percentiles:
+    """Nearest-rank percentiles of ``n`` samples, in seconds (NaN when there is none)."""
+
+    n: int
+    p50: float
+    p99: float
+
+    @classmethod
+    def of(cls, samples: list[float]) -> Percentiles:
+        if not samples:
+            return cls(0, math.nan, math.nan)
+        ordered = sorted(samples)
+        return cls(len(ordered), _rank(ordered, 0.50), _rank(ordered, 0.99))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    spec: LoadSpec
+    elapsed_s: float
+    requests: int
+    chunks: int
+    errors: int
+    ttft: Percentiles
+    gap: Percentiles
+    first_error: str | None = None
+
+    @property
+    def chunks_per_s(self) -> float:
+        return self.chunks / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+class Meter(Protocol):
+    """Told when the measured window starts and stops (e.g. to read a process's CPU time)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+async def run_load(spec: LoadSpec, meter: Meter | None = None) -> LoadResult:
+    """Run the load described by ``spec``; ``meter`` brackets the measured window."""
+    if spec.concurrency < 1 or spec.duration_s <= 0 or spec.warmup_s < 0:
+        raise ValueError("LoadSpec needs concurrency >= 1, duration_s > 0, warmup_s >= 0")
+    target = _Target.parse(spec)
+    rec = Recorder()
+    workers = [
+        asyncio.create_task(_worker(target, rec, index)) for index in range(spec.concurrency)
+    ]
+    try:
+        await asyncio.sleep(spec.warmup_s)
+        rec.open_window()
+        if meter is not None:
+            meter.start()
+        await asyncio.sleep(spec.duration_s)
+        if meter is not None:
+            meter.stop()
+        elapsed = rec.close_window()
+    finally:
+        for task in workers:
+            task.cancel()
+        for conn in list(rec.connections):
+            conn.abort()
+        await asyncio.gather(*workers, return_exceptions=True)
+    return LoadResult(
+        spec=spec,
+        elapsed_s=elapsed,
+        requests=rec.requests,
+        chunks=rec.chunks,
+        errors=rec.errors,
+        ttft=Percentiles.of(rec.ttfts),
+        gap=Percentiles.of(rec.gaps),
+        first_error=rec.first_error,
+    )
+
+
+def report(result: LoadResult) -> str:
+    """A compact table of one run (times in milliseconds)."""
+    spec = result.spec
+    header = (
+        f"{'conc':>5} {'window s':>8} {'requests':>8} {'req/s':>8} {'chunks/s':>10} "
+        f"{'TTFT p50':>9} {'TTFT p99':>9} {'gap p50':>8} {'gap p99':>8} {'errors':>6}"
+    )
+    row = (
+        f"{spec.concurrency:>5} {result.elapsed_s:>8.2f} {result.requests:>8} "
+        f"{result.requests_per_s:>8.1f} {result.chunks_per_s:>10.0f} "
+        f"{_ms(result.ttft.p50):>9} {_ms(result.ttft.p99):>9} "
+        f"{_ms(result.gap.p50):>8} {_ms(result.gap.p99):>8} {result.errors:>6}"
+    )
+    lines = [f"{spec.url}  model={spec.model}  max_tokens={spec.max_tokens}", header, row]
+    if result.first_error:
+        lines.append(f"first error: {result.first_error}")
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{seconds * 1000:.2f}"
+
+
+def _rank(ordered: list[float], q: float) -> float:
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+# -- targets and workers ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    host: str
+    port: int
+    tls: bool
+    requests: tuple[bytes, ...]  # ready-to-send requests, cycled through
+
+    @classmethod
+    def parse(cls, spec: LoadSpec) -> _Target:
+        parts = urlsplit(spec.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http(s) URL: {spec.url!r}")
+        tls = parts.scheme == "https"
+        port = parts.port or (443 if tls else 80)
+        path = parts.path.rstrip("/") + "/chat/completions"
+        host = parts.netloc.rpartition("@")[2]
+        requests = tuple(_request(spec, host, path, n) for n in range(_PROMPTS))
+        return cls(parts.hostname, port, tls, requests)
+
+
+def _request(spec: LoadSpec, host: str, path: str, n: int) -> bytes:
+    body = json.dumps(
+        {
+            "model": spec.model,
+            "messages": [{"role": "user", "content": f"Question {n}: explain it step by step."}],
+            "stream": True,
+            "max_tokens": spec.max_tokens,
+            "stream_options": {"include_usage": True},
+        },
+        separators=(",", ":"),
+    ).encode()
+    auth = f"Authorization: Bearer {spec.api_key}\r\n" if spec.api_key else ""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Accept: text/event-stream\r\n{auth}Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def _worker(target: _Target, rec: Recorder, index: int) -> None:
+    loop = asyncio.get_running_loop()
+    conn: Connection | None = None
+    sent = index
+    while True:
+        if conn is None or conn.closed:
+            try:
+                _, conn = await loop.create_connection(
+                    lambda: Connection(rec), target.host, target.port, ssl=_ssl(target)
+                )
+            except OSError as exc:
+                rec.error(f"connect: {exc}")
+                await asyncio.sleep(_RECONNECT_BACKOFF_S)
+                continue
+        await conn.send(target.requests[sent % len(target.requests)])
+        sent += 1
+
+
+def _ssl(target: _Target) -> ssl.SSLContext | None:
+    return ssl.create_default_context() if target.tls else None
+
+
+# -- one connection: HTTP/1.1 response parsing and SSE event scanning ---------------------------

@@ -1,0 +1,104 @@
+"""Micro-benchmarks of the sans-I/O chunk path, in-process, with ``timeit``.
+
+Each case is one call on one typical chunk: a 5-character token, and the ~220-byte event vLLM
+sends for it. A case's figure is the best of several repeats (the least disturbed by other
+processes on a shared machine) divided by the number of calls; ``json.loads`` of the same
+payload is measured alongside as the yardstick the others are quoted against.
+"""
+
+from __future__ import annotations
+
+import json
+import timeit
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+
+from gateway.relay import Policy, StreamRelay
+from gateway.sse import Event, SSEParser
+from gateway.thinksplit import ThinkSplitter
+
+TOKEN = " user"  # a typical token: 4-6 characters
+PAYLOAD = (
+    b'{"id":"chatcmpl-86407dbf951146a6a5253bb2276245e3","object":"chat.completion.chunk",'
+    b'"created":1796011202,"model":"deepseek-r1","choices":[{"index":0,"delta":'
+    b'{"content":" user"},"logprobs":null,"finish_reason":null}],"usage":null}'
+)
+EVENT_BYTES = b"data: " + PAYLOAD + b"\n\n"
+_END_OF_REASONING = PAYLOAD.replace(b'" user"', b'"\\n</think>\\n\\n"')
+
+
+@dataclass(frozen=True, slots=True)
+class MicroResult:
+    name: str
+    us_per_call: float
+    calls: int
+
+
+def run_micro(calls: int = 200_000, repeat: int = 5) -> list[MicroResult]:
+    """Every case, in the order they are reported; ``json.loads`` first (the baseline)."""
+    return [_measure(name, make(), calls, repeat) for name, make in _CASES]
+
+
+def _measure(name: str, fn: Callable[[], object], calls: int, repeat: int) -> MicroResult:
+    best = min(timeit.repeat(fn, number=calls, repeat=repeat))
+    return MicroResult(name, best / calls * 1e6, calls)
+
+
+def _json_loads() -> Callable[[], object]:
+    return lambda: json.loads(PAYLOAD)
+
+
+def _orjson_loads() -> Callable[[], object]:
+    return lambda: orjson.loads(PAYLOAD)
+
+
+def _splitter_reasoning() -> Callable[[], object]:
+    splitter = ThinkSplitter("deepseek_r1")  # inside the template-opened reasoning block
+    return lambda: splitter.feed(TOKEN)
+
+
+def _splitter_answer() -> Callable[[], object]:
+    splitter = ThinkSplitter("deepseek_r1")
+    splitter.feed("reasoning\n</think>\n\n")
+    return lambda: splitter.feed(TOKEN)
+
+
+def _sse_parser() -> Callable[[], object]:
+    parser = SSEParser()
+    return lambda: parser.feed(EVENT_BYTES)
+
+
+def _relay(show_reasoning: bool, answer: bool) -> Callable[[], Callable[[], object]]:
+    def make() -> Callable[[], object]:
+        relay = StreamRelay(Policy("deepseek_r1", show_reasoning, "reasoning_content"))
+        if answer:
+            relay.feed(Event(_END_OF_REASONING))
+        event = Event(PAYLOAD)
+        return lambda: relay.feed(event)
+
+    return make
+
+
+def _parse_and_relay() -> Callable[[], object]:
+    parser = SSEParser()
+    relay = StreamRelay(Policy("deepseek_r1", True, "reasoning_content"))
+
+    def step() -> object:
+        return [relay.feed(event) for event in parser.feed(EVENT_BYTES)]
+
+    return step
+
+
+_CASES: list[tuple[str, Callable[[], Callable[[], object]]]] = [
+    ("json.loads (baseline)", _json_loads),
+    ("orjson.loads", _orjson_loads),
+    ("ThinkSplitter.feed, reasoning", _splitter_reasoning),
+    ("ThinkSplitter.feed, answer", _splitter_answer),
+    ("SSEParser.feed, one event", _sse_parser),
+    ("StreamRelay.feed, reasoning shown", _relay(show_reasoning=True, answer=False)),
+    ("StreamRelay.feed, reasoning hidden", _relay(show_reasoning=False, answer=False)),
+    ("StreamRelay.feed, answer", _relay(show_reasoning=True, answer=True)),
+    ("SSEParser + StreamRelay, reasoning", _parse_and_relay),
+]

@@ -1,0 +1,76 @@
+"""``bench.loadgen`` against an in-process simulator on a real socket (functional, not timed)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bench.loadgen import LoadSpec, report, run_load
+from gateway.servers import BackgroundServer
+from gateway.sim import SimConfig, create_sim_app
+
+
+class CountingMeter:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def start(self) -> None:
+        self.calls.append("start")
+
+    def stop(self) -> None:
+        self.calls.append("stop")
+
+
+@pytest.fixture
+async def sim_url() -> AsyncIterator[str]:
+    async with BackgroundServer(create_sim_app(SimConfig(ttft_ms=2, itl_ms=1))) as server:
+        yield server.url + "/v1"
+
+
+async def test_counts_requests_chunks_and_ordered_percentiles(sim_url: str) -> None:
+    meter = CountingMeter()
+    spec = LoadSpec(url=sim_url, api_key="unused", concurrency=2, duration_s=1.0, max_tokens=16)
+
+    result = await run_load(spec, meter)
+
+    assert meter.calls == ["start", "stop"]
+    assert result.errors == 0, result.first_error
+    assert result.requests >= 2
+    # every completed request streamed at least one chunk (max_tokens caps it at 16)
+    assert result.chunks >= result.requests
+    assert result.chunks <= 16 * (result.requests + spec.concurrency)
+    assert result.ttft.n > 0 and result.gap.n > 0
+    assert 0 < result.ttft.p50 <= result.ttft.p99
+    assert 0 <= result.gap.p50 <= result.gap.p99
+    assert result.chunks_per_s > 0 and result.requests_per_s > 0
+    assert 0.9 <= result.elapsed_s < 5.0
+
+
+async def test_report_is_a_compact_table(sim_url: str) -> None:
+    spec = LoadSpec(url=sim_url, api_key="", concurrency=2, duration_s=0.5, max_tokens=8)
+
+    text = report(await run_load(spec))
+
+    lines = text.splitlines()
+    assert len(lines) == 3
+    assert "chunks/s" in lines[1] and "TTFT p50" in lines[1]
+    assert lines[2].split()[0] == "2"
+
+
+async def test_server_errors_are_counted_not_completed() -> None:
+    app = create_sim_app(SimConfig(error_rate=1.0))
+    async with BackgroundServer(app) as server:
+        spec = LoadSpec(server.url + "/v1", "unused", concurrency=2, duration_s=0.5, max_tokens=8)
+        result = await run_load(spec)
+
+    assert result.requests == 0 and result.chunks == 0
+    assert result.errors > 0
+    assert result.first_error == "HTTP 500"
+
+
+async def test_rejects_a_spec_it_cannot_run() -> None:
+    with pytest.raises(ValueError, match="concurrency"):
+        await run_load(LoadSpec("http://127.0.0.1:9/v1", "", concurrency=0))
+    with pytest.raises(ValueError, match="http"):
+        await run_load(LoadSpec("ftp://example/v1", ""))
