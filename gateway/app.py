@@ -6,6 +6,7 @@ registry, and in demo mode the embedded simulator). Nothing happens at import ti
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -18,8 +19,8 @@ from starlette.responses import Response
 from gateway import admin, chat, health
 from gateway.db import create_engine, create_schema
 from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.frontdoor import FrontDoor, error_response
 from gateway.keystore import KeyStore
-from gateway.middleware import RequestIdMiddleware
 from gateway.ports import DiscardSink, Limiter, RecordSink, Unlimited
 from gateway.servers import BackgroundServer
 from gateway.settings import Settings
@@ -28,20 +29,34 @@ from gateway.upstream import UpstreamPool, create_client
 
 
 def create_app(
-    settings: Settings, *, limiter: Limiter | None = None, sink: RecordSink | None = None
-) -> FastAPI:
+    settings: Settings,
+    *,
+    limiter: Limiter | None = None,
+    sink: RecordSink | None = None,
+    freeze_gc: bool = False,
+) -> FrontDoor:
+    """The gateway as an ASGI app. ``freeze_gc`` (for the process that serves, not for tests):
+    after start-up, move every object alive into the GC's permanent generation, so the
+    collector stops rescanning the framework's hundreds of thousands of long-lived objects."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            app.state.tg = await _start(
-                stack, settings, limiter or Unlimited(), sink or DiscardSink()
-            )
+            limits, records = limiter or Unlimited(), sink or DiscardSink()
+            app.state.tg = await _start(stack, settings, limits, records)
+            if freeze_gc:
+                gc.collect()
+                gc.freeze()
             yield
 
     app = FastAPI(
-        title="thinkgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None
+        title="thinkgate",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
-    app.add_middleware(RequestIdMiddleware)
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
@@ -52,7 +67,7 @@ def create_app(
     app.add_api_route("/v1/models", chat.models, methods=["GET"], response_model=None)
     health.add_routes(app)
     admin.add_routes(app)
-    return app
+    return FrontDoor(app, {("POST", "/v1/chat/completions"): chat.chat_completions})
 
 
 async def _start(
@@ -83,34 +98,25 @@ async def _start(
     )
 
 
-def _error_response(error: GatewayError) -> Response:
-    return Response(
-        error.to_json(),
-        status_code=error.status,
-        media_type="application/json",
-        headers=error.headers(),
-    )
-
-
 async def _gateway_error(_request: Request, exc: GatewayError) -> Response:
-    return _error_response(exc)
+    return error_response(exc)
 
 
 async def _http_error(_request: Request, exc: HTTPException) -> Response:
     if exc.status_code == 404:
-        return _error_response(NotFound("Unknown route.", code="unknown_route"))
+        return error_response(NotFound("Unknown route.", code="unknown_route"))
     error = GatewayError(str(exc.detail), code=None)
     error.status, error.type = exc.status_code, "invalid_request_error"
-    return _error_response(error)
+    return error_response(error)
 
 
 async def _internal_error(_request: Request, _exc: Exception) -> Response:
     # Starlette logs the traceback; the client learns only that it was our fault.
-    return _error_response(GatewayError("The gateway failed to handle the request."))
+    return error_response(GatewayError("The gateway failed to handle the request."))
 
 
 async def _validation_error(_request: Request, exc: RequestValidationError) -> Response:
     first = exc.errors()[0] if exc.errors() else {}
     loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
     param = ".".join(loc) or None
-    return _error_response(InvalidRequest(f"Invalid value for '{param}'.", param=param))
+    return error_response(InvalidRequest(f"Invalid value for '{param}'.", param=param))

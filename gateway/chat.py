@@ -12,12 +12,11 @@ HTTP error; after the response started, a failure yields exactly one SSE ``error
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator
 
-import anyio
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -34,18 +33,13 @@ from gateway.relay import Policy, Rewriter, StreamRelay, rewrite_completion
 from gateway.request import ChatRequest, parse_chat_request
 from gateway.sse import DONE_EVENT, KEEPALIVE_COMMENT, SSEParser, encode_event
 from gateway.state import AppState
-from gateway.streaming import RelayResponse
-from gateway.upstream import Opened
+from gateway.streaming import DisconnectWatcher, RelayResponse
+from gateway.upstream import Opened, Upstream
 
-T = TypeVar("T")
 log = logging.getLogger("thinkgate")
 
 
-class ClientGone(Exception):
-    """The client disconnected before the response started."""
-
-
-async def chat_completions(request: Request) -> Response | RelayResponse:
+async def chat_completions(request: Request) -> Response:
     state: AppState = request.app.state.tg
     raw = await read_body(request, state.settings.max_body_bytes)
     key = await authenticate(state.keys, request.headers.get("authorization"), "client")
@@ -60,40 +54,51 @@ async def chat_completions(request: Request) -> Response | RelayResponse:
     )
     relay = StreamRelay(policy) if chat.stream else Rewriter(policy)
     ex = Exchange(request.state.request_id, key, chat, relay, admission, state.limiter, state.sink)
+    watcher = DisconnectWatcher(request.receive)
+    streaming = False
     try:
         if isinstance(relay, StreamRelay):
-            opening = state.upstreams.open_stream(candidates, chat.upstream_body)
-            opened = await until_disconnect(request, opening)
-            ex.upstream = opened.upstream.base_url
-            parser = SSEParser(state.settings.max_sse_event_bytes)
-
-            async def cleanup(disconnected: bool) -> None:
-                await opened.aclose()
-                if disconnected and ex.status != "ok":
-                    ex.disconnected()
-                await ex.finish()
-
-            body = relay_stream(ex, opened, relay, parser, state.settings.keepalive_s)
-            return RelayResponse(body, {}, cleanup)
-        return await complete(request, state, ex, candidates)
+            response = await open_relay(state, ex, relay, candidates, watcher)
+            streaming = True  # the response owns the watcher and the cleanup from here
+            return response
+        return await complete(state, ex, candidates)
     except GatewayError as exc:
         ex.fail(exc)
-        await ex.finish()
         raise
-    except ClientGone:
+    except asyncio.CancelledError as exc:
+        watcher.claim(exc)
         ex.disconnected()
-        await ex.finish()
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
-    except BaseException:
-        ex.disconnected()
+    finally:
+        if not streaming:
+            watcher.stop()
+            await ex.finish()
+
+
+async def open_relay(
+    state: AppState,
+    ex: Exchange,
+    relay: StreamRelay,
+    candidates: list[Upstream],
+    watcher: DisconnectWatcher,
+) -> RelayResponse:
+    """Open the upstream stream (status and first bytes checked) and wrap it for the client."""
+    opened = await state.upstreams.open_stream(candidates, ex.chat.upstream_body)
+    ex.upstream = opened.upstream.base_url
+
+    async def cleanup(disconnected: bool) -> None:
+        await opened.aclose()
+        if disconnected and ex.status != "ok":
+            ex.disconnected()
         await ex.finish()
-        raise
+
+    parser = SSEParser(state.settings.max_sse_event_bytes)
+    body = relay_stream(ex, opened, relay, parser, state.settings.keepalive_s)
+    return RelayResponse(body, watcher, cleanup)
 
 
-async def complete(request: Request, state: AppState, ex: Exchange, candidates: Any) -> Response:
-    upstream, body = await until_disconnect(
-        request, state.upstreams.complete(candidates, ex.chat.upstream_body)
-    )
+async def complete(state: AppState, ex: Exchange, candidates: list[Upstream]) -> Response:
+    upstream, body = await state.upstreams.complete(candidates, ex.chat.upstream_body)
     ex.upstream = upstream.base_url
     ex.mark_first_token()
     try:
@@ -184,30 +189,3 @@ def estimate_tokens(chat: ChatRequest, state: AppState) -> int:
     """OpenAI's reservation rule: prompt estimate (bytes / 4) + max_tokens, per choice."""
     prompt = len(orjson.dumps(chat.messages)) // 4
     return prompt + chat.n * (chat.max_tokens or state.settings.default_max_tokens)
-
-
-async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Run ``work``, cancelling it if the client disconnects first (the body is read by now)."""
-    outcome: list[T] = []
-    failure: list[Exception] = []
-
-    async def run(group: anyio.abc.TaskGroup) -> None:
-        try:
-            outcome.append(await work)
-        except Exception as exc:  # re-raised below, outside the task group
-            failure.append(exc)
-        group.cancel_scope.cancel()
-
-    async def watch(group: anyio.abc.TaskGroup) -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        group.cancel_scope.cancel()
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(run, group)
-        group.start_soon(watch, group)
-    if failure:
-        raise failure[0]
-    if not outcome:
-        raise ClientGone
-    return outcome[0]

@@ -97,7 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers == 1:
         from gateway.app import create_app
 
-        uvicorn.run(create_app(settings), **run)
+        uvicorn.run(create_app(settings, freeze_gc=True), **run)
         return 0
     # Workers are separate processes: they read their settings from the environment.
     for name, value in overrides.items():
@@ -111,7 +111,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def app_from_env() -> Any:
     from gateway.app import create_app
 
-    return create_app(Settings())
+    return create_app(Settings(), freeze_gc=True)
 
 
 def cmd_sim(args: argparse.Namespace) -> int:

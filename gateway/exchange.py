@@ -1,16 +1,17 @@
 """One chat completion's life in the shell: timing, outcome, and the single ``finish``.
 
 ``finish`` settles the rate limit and hands the record to the ledger exactly once, however the
-request ended (completed, upstream error, client disconnect). It runs shielded from
-cancellation, so a client that goes away cannot make a completion vanish from the ledger.
+request ended (completed, upstream error, client disconnect). It runs as its own task, shielded
+from its callers' cancellation, so a client that goes away cannot make a completion vanish
+from the ledger.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-
-import anyio
 
 from gateway.errors import GatewayError
 from gateway.keys import KeyInfo
@@ -35,7 +36,7 @@ class Exchange:
     status: Status = "error"
     error_code: str | None = None
     client_disconnected: bool = False
-    _finished: bool = False
+    _finishing: asyncio.Future[None] | None = None
 
     def mark_first_token(self) -> None:
         if self.first_token_at is None:
@@ -49,15 +50,18 @@ class Exchange:
         self.client_disconnected = True
         self.status = "client_disconnected"
 
-    async def finish(self) -> None:
-        if self._finished:
-            return
-        self._finished = True
-        with anyio.CancelScope(shield=True):
-            record = self._record()
-            used = int((record.usage or {}).get("total_tokens") or 0)
-            await self.limiter.settle(self.admission, used or self.admission.reserved_tokens)
-            await self.sink.submit(record)
+    def finish(self) -> Awaitable[None]:
+        """Settle and record, once: every caller awaits the same shielded task, so neither a
+        second call nor a cancelled caller can repeat or interrupt it."""
+        if self._finishing is None:
+            self._finishing = asyncio.ensure_future(self._settle_and_record())
+        return asyncio.shield(self._finishing)
+
+    async def _settle_and_record(self) -> None:
+        record = self._record()
+        used = int((record.usage or {}).get("total_tokens") or 0)
+        await self.limiter.settle(self.admission, used or self.admission.reserved_tokens)
+        await self.sink.submit(record)
 
     def _record(self) -> CompletionRecord:
         choices = [self.rewriter.choices[i] for i in sorted(self.rewriter.choices)]

@@ -98,9 +98,7 @@ def _aiohttp_session(settings: Settings) -> aiohttp.ClientSession:
     """The aiohttp session under httpx: no cookies, no proxies from the environment, and a
     16 KiB read buffer per response (aiohttp's default 64 KiB, doubled by its flow control,
     costs megabytes across a hundred streams that the client reads slower than vLLM writes)."""
-    connector = aiohttp.TCPConnector(
-        limit=settings.max_connections, keepalive_timeout=60
-    )
+    connector = aiohttp.TCPConnector(limit=settings.max_connections, keepalive_timeout=60)
     return aiohttp.ClientSession(
         connector=connector,
         cookie_jar=aiohttp.DummyCookieJar(),

@@ -1,0 +1,85 @@
+"""The ASGI entry point: ``x-request-id`` on every response, and a direct lane for the hot route.
+
+FastAPI serves every route, but each middleware of its stack (error handling, telemetry, body
+limit, exception handlers) wraps ``send`` again, a function call per streamed chunk, and routes
+every request through dependency machinery the chat route does not use. The front door
+dispatches ``POST /v1/chat/completions`` straight to its handler and renders its errors here;
+everything else (and lifespan) goes through FastAPI, where the route is also registered so the
+OpenAPI document describes it.
+
+A client-supplied request id is kept when it is short and plain (so callers can correlate
+their logs), otherwise a fresh one is made; handlers find it in ``scope["state"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import GatewayError
+
+Handler = Callable[[Request], Awaitable[Response]]
+log = logging.getLogger("thinkgate")
+_SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+def error_response(error: GatewayError) -> Response:
+    return Response(
+        error.to_json(),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers(),
+    )
+
+
+class FrontDoor:
+    def __init__(self, framework: ASGIApp, lanes: Mapping[tuple[str, str], Handler]) -> None:
+        self.framework = framework
+        self.lanes = lanes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.framework(scope, receive, send)
+            return
+        request_id = _incoming(scope) or b"req_" + secrets.token_hex(12).encode()
+        scope.setdefault("state", {})["request_id"] = request_id.decode()
+        handler = self.lanes.get((scope["method"], scope["path"]))
+        if handler is None:
+            await self.framework(scope, receive, _with_id(send, request_id))
+            return
+        scope["app"] = self.framework
+        response = await _handle(handler, Request(scope, receive))
+        response.raw_headers.append((b"x-request-id", request_id))
+        await response(scope, receive, send)
+
+
+async def _handle(handler: Handler, request: Request) -> Response:
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        return error_response(exc)
+    except Exception:
+        log.exception("unhandled error (request %s)", request.state.request_id)
+        return error_response(GatewayError("The gateway failed to handle the request."))
+
+
+def _with_id(send: Send, request_id: bytes) -> Send:
+    async def send_with_id(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), (b"x-request-id", request_id)]
+        await send(message)
+
+    return send_with_id
+
+
+def _incoming(scope: Scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            return value if _SAFE_ID.fullmatch(value) else None
+    return None
