@@ -43,6 +43,11 @@ from gateway.thinksplit import Reasoning, ReasoningParser, State, ThinkSplitter
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning")
 _REASONING_STATES = frozenset({State.R1_OPENING, State.R1_REASONING, State.REASONING})
 _UNCHANGED, _CHANGED, _DROPPED = object(), object(), object()
+_CONTENT_KEY = b'"delta":{"content":'
+_RENAMES = {
+    "reasoning_content": b'"delta":{"reasoning_content":',
+    "reasoning": b'"delta":{"reasoning":',
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,11 @@ class ChoiceState:
     last_had_reasoning: bool = False
     reasoning: list[str] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
+
+    def plain_reasoning(self, text: str) -> bool:
+        """True when all of ``text`` is certainly reasoning: the splitter is inside reasoning,
+        holds nothing, and ``text`` has no ``<`` that could start a tag."""
+        return self.splitter.state in _REASONING_STATES and self.splitter.idle and "<" not in text
 
     def take(
         self, text: str | None, upstream_reasoning: str | None, final: bool
@@ -174,6 +184,7 @@ class StreamRelay(Rewriter):
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self.done = False
+        self._rename_to = _RENAMES.get(policy.reasoning_field)
 
     def feed(self, event: Event) -> bytes:
         if event.is_done:
@@ -187,12 +198,48 @@ class StreamRelay(Rewriter):
             raise RemoteProtocolError("upstream sent an event that is not a JSON object")
         if event.event == "error" or "error" in chunk or chunk.get("object") == "error":
             raise upstream_error(chunk, 502)
+        fast = self._fast_path(chunk, event.data)
+        if fast is not None:
+            return fast
         changed = self._rewrite_choices(chunk)
         if "usage" in chunk:
             changed = self._rewrite_usage(chunk) or changed
         if not chunk.get("choices") and chunk.get("usage") is None:
             return b""  # every choice was dropped and there is no usage to report
         return encode_data(orjson.dumps(chunk) if changed else event.data)
+
+    def _fast_path(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
+        """The hot path: a one-choice chunk whose delta is only ``content``, either all answer
+        (relayed as it came) or all reasoning (dropped for a key that must not see it, else the
+        same bytes with the key renamed, not re-encoded); ``None`` means the general path.
+
+        Renaming bytes is safe: compact JSON cannot hold ``"delta":{"content":`` inside a
+        string (quotes there are escaped), and the pattern must occur exactly once."""
+        choices = chunk.get("choices")
+        if type(choices) is not list or len(choices) != 1 or chunk.get("usage") is not None:
+            return None
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("finish_reason") is not None:
+            return None
+        delta = choice.get("delta")
+        if type(delta) is not dict or len(delta) != 1:
+            return None
+        text = delta.get("content")
+        state = self.choices.get(choice.get("index") or 0)
+        if type(text) is not str or not text or state is None or state.separated:
+            return None
+        if state.splitter.state is State.ANSWER:
+            state.take(text, None, final=False)
+            return encode_data(raw)
+        if not state.plain_reasoning(text):
+            return None
+        if not self.policy.show_reasoning:
+            state.take(text, None, final=False)
+            return b""  # withheld: the whole chunk was reasoning
+        if self._rename_to is None or raw.count(_CONTENT_KEY) != 1:
+            return None
+        state.take(text, None, final=False)
+        return encode_data(raw.replace(_CONTENT_KEY, self._rename_to))
 
     def _rewrite_choices(self, chunk: dict[str, Any]) -> bool:
         choices = chunk.get("choices")

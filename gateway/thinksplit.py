@@ -99,6 +99,11 @@ class ThinkSplitter:
         self._closed = False
 
     @property
+    def idle(self) -> bool:
+        """Nothing is held back."""
+        return not self._held
+
+    @property
     def reasoning_ended(self) -> bool:
         """True once the output is in the answer (always true for ``none``)."""
         return self.state is State.ANSWER

@@ -6,6 +6,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.errors import RemoteProtocolError, UpstreamStatusError
 from gateway.relay import Policy, Rewriter, StreamRelay, rewrite_completion
@@ -322,3 +324,52 @@ def test_wrongly_shaped_chunks_are_remote_protocol_errors(body: dict[str, Any]) 
 def test_wrongly_shaped_completions_are_remote_protocol_errors(choices: Any) -> None:
     with pytest.raises(RemoteProtocolError):
         rewrite_completion(Rewriter(policy()), {"choices": choices})
+
+
+class GeneralPathOnly(StreamRelay):
+    """The relay without its fast path: the reference the fast path must agree with."""
+
+    def _fast_path(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
+        return None
+
+
+TOKENS = st.sampled_from(
+    ["Let", " me", "<", "</th", "ink>", "</think>", "<think>", "\n\n", "é", "a<b"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tokens=st.lists(TOKENS, max_size=25),
+    parser=st.sampled_from(["deepseek_r1", "think_tags", "none"]),
+    show=st.booleans(),
+    field=st.sampled_from(["reasoning_content", "reasoning", "both"]),
+)
+def test_fast_path_agrees_with_the_general_path(
+    tokens: list[str], parser: ReasoningParser, show: bool, field: ReasoningField
+) -> None:
+    events = [chunk(role="assistant", content="")]
+    events += [
+        chunk(content=t, finish="stop" if i == len(tokens) - 1 else None)
+        for i, t in enumerate(tokens)
+    ]
+    events += [usage_chunk(len(tokens)), Event(b"[DONE]")]
+    fast, general = (
+        StreamRelay(policy(parser, show, field, True)),
+        GeneralPathOnly(policy(parser, show, field, True)),
+    )
+    assert client_view(b"".join(fast.feed(e) for e in events)) == client_view(
+        b"".join(general.feed(e) for e in events)
+    )
+    assert fast.usage == general.usage
+    assert [c.reasoning for c in fast.choices.values()] == [
+        c.reasoning for c in general.choices.values()
+    ]
+
+
+def test_renamed_reasoning_chunk_keeps_every_other_byte() -> None:
+    relay = StreamRelay(policy())
+    relay.feed(chunk(role="assistant", content=""))
+    event = chunk(content=" user")
+    out = relay.feed(event)
+    assert out == b"data: " + event.data.replace(b'{"content":', b'{"reasoning_content":') + b"\n\n"
