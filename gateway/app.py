@@ -1,5 +1,5 @@
 """The app factory. ``create_app(settings)`` builds a FastAPI app whose lifespan owns every
-dependency (HTTP client pool, database engine, key store, limiter, ledger sink, metrics
+dependency (upstream connection pool, database engine, key store, limiter, ledger sink, metrics
 registry, and in demo mode the embedded simulator). Nothing happens at import time.
 """
 
@@ -25,7 +25,7 @@ from gateway.ports import DiscardSink, Limiter, RecordSink, Unlimited
 from gateway.servers import BackgroundServer
 from gateway.settings import Settings
 from gateway.state import AppState
-from gateway.upstream import UpstreamPool, create_client
+from gateway.upstream import UpstreamPool, create_transport
 
 
 def create_app(
@@ -79,8 +79,8 @@ async def _start(
         demo_sim = create_sim_app(SimConfig(ttft_ms=300, itl_ms=15))
         sim = await stack.enter_async_context(BackgroundServer(demo_sim))
         settings = settings.model_copy(update={"upstreams": (f"{sim.url}/v1",)})
-    client = create_client(settings)
-    stack.push_async_callback(client.aclose)
+    transport = create_transport(settings)
+    stack.push_async_callback(transport.aclose)
     engine = create_engine(settings.database_url)
     stack.push_async_callback(engine.dispose)
     await create_schema(engine)
@@ -88,8 +88,8 @@ async def _start(
     ProcessCollector(registry=registry)
     return AppState(
         settings=settings,
-        client=client,
-        upstreams=UpstreamPool(client, settings),
+        transport=transport,
+        upstreams=UpstreamPool(transport, settings),
         engine=engine,
         keys=KeyStore(engine, ttl=settings.key_cache_ttl_s),
         limiter=limiter,

@@ -152,16 +152,16 @@ def _relay_read(
 ) -> tuple[bytes, GatewayError | RemoteProtocolError | None]:
     """Everything due to the client for one upstream read (``[DONE]`` held back), and the
     error that cut it short, if any: the good events before a bad one still go out."""
-    out = b""
+    out: list[bytes] = []
     try:
         for event in parser.feed(raw):
             data = relay.feed(event)
             if relay.done:
                 break
-            out += data
+            out.append(data)
     except (GatewayError, RemoteProtocolError) as exc:
-        return out, exc
-    return out, None
+        return b"".join(out), exc
+    return b"".join(out), None
 
 
 async def models(request: Request) -> Response:
@@ -187,5 +187,5 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 def estimate_tokens(chat: ChatRequest, state: AppState) -> int:
     """OpenAI's reservation rule: prompt estimate (bytes / 4) + max_tokens, per choice."""
-    prompt = len(orjson.dumps(chat.messages)) // 4
+    prompt = len(chat.upstream_body) // 4
     return prompt + chat.n * (chat.max_tokens or state.settings.default_max_tokens)

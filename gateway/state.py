@@ -17,7 +17,7 @@ from gateway.upstream import UpstreamPool
 @dataclass(frozen=True, slots=True)
 class AppState:
     settings: Settings
-    client: httpx.AsyncClient
+    transport: httpx.AsyncBaseTransport
     upstreams: UpstreamPool
     engine: AsyncEngine
     keys: KeyStore

@@ -1,8 +1,12 @@
-"""Upstream model servers: the pooled HTTP client, routing, retries and the model catalogue.
+"""Upstream model servers: the pooled HTTP transport, routing, retries and the model catalogue.
 
-- One ``httpx.AsyncClient`` per app (created in the lifespan), HTTP/1.1 keep-alive. Its
-  transport is aiohttp's (``httpx-aiohttp``) by default: measured in ``bench/RESULTS.md``, it
-  costs a fraction of httpx's own pool per streamed chunk at high concurrency.
+- One httpx transport per app (created in the lifespan), HTTP/1.1 keep-alive: aiohttp's
+  (``httpx-aiohttp``) by default, httpx's own pool as the alternative; measured in
+  ``bench/RESULTS.md``, aiohttp's costs a third of the CPU per streamed chunk.
+- Requests are ``httpx.Request`` objects handed straight to the transport, without
+  ``httpx.AsyncClient``: the client's per-request work (URL merging, cookie jar, auth and
+  redirect flows) was a third of a request's CPU, and a gateway wants none of it. An upstream's
+  cookies and redirects are never followed; its body streams as the transport yields it.
 - Routing: among the upstreams that serve the model, the one with the fewest requests in
   flight (ties broken round-robin), since long reasoning streams make request counts a better
   load signal than connection counts.
@@ -17,7 +21,6 @@
 from __future__ import annotations
 
 import asyncio
-import http.cookiejar
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -46,6 +49,12 @@ T = TypeVar("T")
 class Upstream:
     base_url: str
     in_flight: int = 0
+    chat_url: httpx.URL = field(init=False)
+    models_url: httpx.URL = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.chat_url = httpx.URL(f"{self.base_url}/chat/completions")
+        self.models_url = httpx.URL(f"{self.base_url}/models")
 
 
 def translate(exc: BaseException, *, started: bool) -> UpstreamError:
@@ -65,33 +74,15 @@ def translate(exc: BaseException, *, started: bool) -> UpstreamError:
     raise exc
 
 
-def create_client(settings: Settings) -> httpx.AsyncClient:
-    limits = httpx.Limits(
-        max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections
-    )
-    timeout = httpx.Timeout(
-        connect=settings.connect_timeout_s,
-        read=settings.idle_timeout_s,
-        write=settings.idle_timeout_s,
-        pool=settings.connect_timeout_s,
-    )
-    headers = {}
-    if settings.upstream_api_key.get_secret_value():
-        headers["authorization"] = f"Bearer {settings.upstream_api_key.get_secret_value()}"
-    transport: httpx.AsyncBaseTransport
+def create_transport(settings: Settings) -> httpx.AsyncBaseTransport:
     if settings.http_transport == "aiohttp":
         from httpx_aiohttp import AiohttpTransport
 
-        transport = AiohttpTransport(client=lambda: _aiohttp_session(settings))
-    else:
-        transport = httpx.AsyncHTTPTransport(limits=limits)
-    client = httpx.AsyncClient(
-        transport=transport, timeout=timeout, headers=headers, trust_env=False
+        return AiohttpTransport(client=lambda: _aiohttp_session(settings))
+    limits = httpx.Limits(
+        max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections
     )
-    # One client serves every tenant: a cookie set by an upstream must never travel with
-    # another tenant's request.
-    client.cookies.jar.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
-    return client
+    return httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
 
 
 def _aiohttp_session(settings: Settings) -> aiohttp.ClientSession:
@@ -139,9 +130,15 @@ class Opened:
 
 
 class UpstreamPool:
-    def __init__(self, client: httpx.AsyncClient, settings: Settings) -> None:
-        self._client = client
+    def __init__(self, transport: httpx.AsyncBaseTransport, settings: Settings) -> None:
+        self._transport = transport
         self._settings = settings
+        self._headers = [(b"content-type", b"application/json"), (b"accept", b"*/*")]
+        if settings.upstream_api_key.get_secret_value():
+            token = settings.upstream_api_key.get_secret_value()
+            self._headers.append((b"authorization", f"Bearer {token}".encode()))
+        connect, idle = settings.connect_timeout_s, settings.idle_timeout_s
+        self._timeouts = {"connect": connect, "read": idle, "write": idle, "pool": connect}
         self.upstreams = [Upstream(u) for u in settings.upstreams]
         self._rr = itertools.count()
         self._catalogue: dict[str, list[Upstream]] = {}
@@ -189,10 +186,10 @@ class UpstreamPool:
 
     async def _fetch_models(self, upstream: Upstream) -> list[dict[str, Any]]:
         try:
-            response = await self._client.get(
-                f"{upstream.base_url}/models", timeout=self._settings.connect_timeout_s
-            )
-            body = orjson.loads(response.content) if response.status_code == 200 else {}
+            async with asyncio.timeout(self._settings.connect_timeout_s):
+                response = await self._send("GET", upstream.models_url, b"")
+                raw = await response.aread()
+            body = orjson.loads(raw) if response.status_code == 200 else {}
         except (httpx.HTTPError, aiohttp.ClientError, OSError, orjson.JSONDecodeError):
             return []
         data = body.get("data") if isinstance(body, dict) else None
@@ -229,12 +226,14 @@ class UpstreamPool:
         response: httpx.Response | None = None
         try:
             async with asyncio.timeout(self._settings.first_token_timeout_s):
-                response = await self._send(upstream, body, stream=True)
+                response = await self._send("POST", upstream.chat_url, body)
                 if response.status_code >= 400:
                     raise upstream_error(
                         _json_or_none(await response.aread()), response.status_code
                     )
-                rest = response.aiter_raw()
+                stream = response.stream
+                assert isinstance(stream, httpx.AsyncByteStream)  # an async transport's
+                rest = aiter(stream)
                 first = await anext(rest, b"")
             return Opened(upstream, response, first, rest)
         except BaseException as exc:
@@ -249,8 +248,8 @@ class UpstreamPool:
         upstream.in_flight += 1
         try:
             async with asyncio.timeout(self._settings.first_token_timeout_s):
-                response = await self._send(upstream, body, stream=False)
-            decoded = _json_or_none(response.content)
+                response = await self._send("POST", upstream.chat_url, body)
+                decoded = _json_or_none(await response.aread())
             if response.status_code >= 400:
                 raise upstream_error(decoded, response.status_code)
             if not isinstance(decoded, dict):
@@ -261,14 +260,16 @@ class UpstreamPool:
         finally:
             upstream.in_flight -= 1
 
-    async def _send(self, upstream: Upstream, body: bytes, *, stream: bool) -> httpx.Response:
-        request = self._client.build_request(
-            "POST",
-            f"{upstream.base_url}/chat/completions",
+    async def _send(self, method: str, url: httpx.URL, body: bytes) -> httpx.Response:
+        """The response with its status and headers; the body is still to be read."""
+        request = httpx.Request(
+            method,
+            url,
+            headers=self._headers,
             content=body,
-            headers={"content-type": "application/json"},
+            extensions={"timeout": self._timeouts},
         )
-        return await self._client.send(request, stream=stream)
+        return await self._transport.handle_async_request(request)
 
 
 def _json_or_none(raw: bytes) -> Any:
