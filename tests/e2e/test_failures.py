@@ -222,14 +222,14 @@ async def test_upstream_4xx_is_relayed_with_its_message(stack_factory: Any) -> N
 # -- failures after streaming began ------------------------------------------------------------
 
 
+def faulty_stream(fail: str) -> dict[str, Any]:
+    """A streaming request that makes the simulator fail after five pieces."""
+    sim = {"fail": fail, "fail_after": 5}
+    return {"model": "deepseek-r1", "messages": MESSAGES, "stream": True, "sim": sim}
+
+
 async def test_upstream_drop_mid_stream_is_one_error_event(stack: Stack) -> None:
-    body = {
-        "model": "deepseek-r1",
-        "messages": MESSAGES,
-        "stream": True,
-        "sim": {"fail": "drop", "fail_after": 5},
-    }
-    response = await post(stack, body)
+    response = await post(stack, faulty_stream("drop"))
     assert response.status_code == 200
     assert_one_terminal_error(response.text, "upstream_protocol_error")
     async with sdk(stack) as client:
@@ -246,13 +246,7 @@ async def test_upstream_drop_mid_stream_is_one_error_event(stack: Stack) -> None
 
 async def test_upstream_stall_past_the_idle_timeout_is_one_error_event(stack_factory: Any) -> None:
     stack = await stack_factory(sim=SimConfig(), idle_timeout_s=0.3)
-    body = {
-        "model": "deepseek-r1",
-        "messages": MESSAGES,
-        "stream": True,
-        "sim": {"fail": "stall", "fail_after": 5},
-    }
-    response = await post(stack, body)
+    response = await post(stack, faulty_stream("stall"))
     assert_one_terminal_error(response.text, "upstream_timeout")
 
 
