@@ -43,10 +43,14 @@ from gateway.thinksplit import Reasoning, ReasoningParser, State, ThinkSplitter
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning")
 _REASONING_STATES = frozenset({State.R1_OPENING, State.R1_REASONING, State.REASONING})
 _UNCHANGED, _CHANGED, _DROPPED = object(), object(), object()
-_CONTENT_KEY = b'"delta":{"content":'
-_RENAMES = {
+_DELTA_KEYS = {
+    "content": b'"delta":{"content":',
     "reasoning_content": b'"delta":{"reasoning_content":',
     "reasoning": b'"delta":{"reasoning":',
+}
+_RENAMES = {
+    "reasoning_content": _DELTA_KEYS["reasoning_content"],
+    "reasoning": _DELTA_KEYS["reasoning"],
 }
 
 
@@ -209,12 +213,36 @@ class StreamRelay(Rewriter):
         return encode_data(orjson.dumps(chunk) if changed else event.data)
 
     def _fast_path(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
-        """The hot path: a one-choice chunk whose delta is only ``content``, either all answer
-        (relayed as it came) or all reasoning (dropped for a key that must not see it, else the
-        same bytes with the key renamed, not re-encoded); ``None`` means the general path.
+        """The hot path: a one-choice chunk whose delta is a single text field that is all
+        answer (relayed as it came) or all reasoning (dropped for a key that must not see it,
+        else the same bytes with the key renamed when the field differs, not re-encoded);
+        ``None`` sends the chunk down the general path.
 
         Renaming bytes is safe: compact JSON cannot hold ``"delta":{"content":`` inside a
         string (quotes there are escaped), and the pattern must occur exactly once."""
+        single = self._single_text_delta(chunk)
+        if single is None:
+            return None
+        state, field, text = single
+        if field == "content":
+            if state.separated or state.splitter.state is State.ANSWER:
+                state.take(text, None, final=False)
+                return encode_data(raw)
+            if not state.plain_reasoning(text):
+                return None
+        elif field not in _RENAMES:
+            return None
+        out = self._reasoning_out(raw, _DELTA_KEYS[field])
+        if out is not None:  # recorded only when the fast path really takes the chunk
+            if field == "content":
+                state.take(text, None, final=False)
+            else:
+                state.take(None, text, final=False)
+        return out
+
+    def _single_text_delta(self, chunk: dict[str, Any]) -> tuple[ChoiceState, str, str] | None:
+        """``(state, field, text)`` when ``chunk`` is one known choice whose delta is a single
+        non-empty text field, with no finish reason and no usage; else ``None``."""
         choices = chunk.get("choices")
         if type(choices) is not list or len(choices) != 1 or chunk.get("usage") is not None:
             return None
@@ -224,22 +252,21 @@ class StreamRelay(Rewriter):
         delta = choice.get("delta")
         if type(delta) is not dict or len(delta) != 1:
             return None
-        text = delta.get("content")
+        ((field, text),) = delta.items()
         state = self.choices.get(choice.get("index") or 0)
-        if type(text) is not str or not text or state is None or state.separated:
+        if type(text) is not str or not text or state is None:
             return None
-        if state.splitter.state is State.ANSWER:
-            state.take(text, None, final=False)
-            return encode_data(raw)
-        if not state.plain_reasoning(text):
-            return None
+        return state, field, text
+
+    def _reasoning_out(self, raw: bytes, pattern: bytes) -> bytes | None:
+        """A chunk that is all reasoning as this client must see it; ``None``: general path."""
         if not self.policy.show_reasoning:
-            state.take(text, None, final=False)
             return b""  # withheld: the whole chunk was reasoning
-        if self._rename_to is None or raw.count(_CONTENT_KEY) != 1:
-            return None
-        state.take(text, None, final=False)
-        return encode_data(raw.replace(_CONTENT_KEY, self._rename_to))
+        if self._rename_to is None or raw.count(pattern) != 1:
+            return None  # both fields wanted, or an unusual encoding: the general path
+        if pattern == self._rename_to:
+            return encode_data(raw)
+        return encode_data(raw.replace(pattern, self._rename_to))
 
     def _rewrite_choices(self, chunk: dict[str, Any]) -> bool:
         choices = chunk.get("choices")

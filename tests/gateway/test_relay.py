@@ -338,32 +338,33 @@ TOKENS = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None)
+FIELDS = st.sampled_from(["content", "content", "reasoning", "reasoning_content"])
+
+
+@settings(max_examples=400, deadline=None)
 @given(
-    tokens=st.lists(TOKENS, max_size=25),
+    tokens=st.lists(st.tuples(FIELDS, TOKENS), max_size=25),
     parser=st.sampled_from(["deepseek_r1", "think_tags", "none"]),
     show=st.booleans(),
     field=st.sampled_from(["reasoning_content", "reasoning", "both"]),
 )
 def test_fast_path_agrees_with_the_general_path(
-    tokens: list[str], parser: ReasoningParser, show: bool, field: ReasoningField
+    tokens: list[tuple[str, str]], parser: ReasoningParser, show: bool, field: ReasoningField
 ) -> None:
+    last = len(tokens) - 1
     events = [chunk(role="assistant", content="")]
     events += [
-        chunk(content=t, finish="stop" if i == len(tokens) - 1 else None)
-        for i, t in enumerate(tokens)
+        chunk(finish="stop" if i == last else None, **{f: t}) for i, (f, t) in enumerate(tokens)
     ]
     events += [usage_chunk(len(tokens)), Event(b"[DONE]")]
-    fast, general = (
-        StreamRelay(policy(parser, show, field, True)),
-        GeneralPathOnly(policy(parser, show, field, True)),
-    )
+    fast = StreamRelay(policy(parser, show, field, True))
+    general = GeneralPathOnly(policy(parser, show, field, True))
     assert client_view(b"".join(fast.feed(e) for e in events)) == client_view(
         b"".join(general.feed(e) for e in events)
     )
     assert fast.usage == general.usage
-    assert [c.reasoning for c in fast.choices.values()] == [
-        c.reasoning for c in general.choices.values()
+    assert [(c.reasoning, c.content) for c in fast.choices.values()] == [
+        (c.reasoning, c.content) for c in general.choices.values()
     ]
 
 
