@@ -51,6 +51,7 @@ async def chat_completions(request: Request) -> Response:
         show_reasoning=key.reasoning == "visible" and chat.wants_reasoning,
         reasoning_field=state.settings.reasoning_field,
         include_usage=chat.include_usage,
+        repair_leak=chat.stream and chat.has_stop,
     )
     relay = StreamRelay(policy) if chat.stream else Rewriter(policy)
     ex = Exchange(request.state.request_id, key, chat, relay, admission, state.limiter, state.sink)

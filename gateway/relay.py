@@ -7,11 +7,10 @@ per-choice code, so the two can never disagree.
 
 Rules, per choice (state is kept per ``index``, so ``n > 1`` works):
 
-- A choice whose upstream already separates reasoning (``reasoning`` or ``reasoning_content``
-  in a delta or message, as vLLM does with ``--reasoning-parser``) is *separated*: its reasoning
-  field is used and its content passes verbatim. Otherwise ``content`` goes through the
-  ``ThinkSplitter`` of the model's parser; a chunk with ``finish_reason`` closes the splitter so
-  held-back text leaves with it.
+- Each choice's text is split by its ``ChoiceState`` (``gateway.choice``): ``content`` through
+  the model's parser, or, once the upstream separates reasoning itself (vLLM with
+  ``--reasoning-parser``), its reasoning field, repaired for vLLM's known defects. A chunk with
+  ``finish_reason`` closes the choice so held-back text leaves with it.
 - Reasoning goes to the client only when the policy shows it, in ``reasoning_content``,
   ``reasoning`` or both (``REASONING_FIELD``). A hidden policy removes every byte of it,
   including ``logprobs`` of chunks that carried reasoning (they would spell it out).
@@ -30,18 +29,18 @@ Unchanged chunks are re-framed from the upstream's bytes without re-encoding the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from gateway.choice import ChoiceState
 from gateway.errors import RemoteProtocolError, UpstreamStatusError
 from gateway.settings import ReasoningField
 from gateway.sse import DONE_EVENT, Event, encode_data
-from gateway.thinksplit import Reasoning, ReasoningParser, State, ThinkSplitter
+from gateway.thinksplit import ReasoningParser, State, ThinkSplitter
 
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning")
-_REASONING_STATES = frozenset({State.R1_OPENING, State.R1_REASONING, State.REASONING})
 _UNCHANGED, _CHANGED, _DROPPED = object(), object(), object()
 _DELTA_KEYS = {
     "content": b'"delta":{"content":',
@@ -60,64 +59,7 @@ class Policy:
     show_reasoning: bool
     reasoning_field: ReasoningField
     include_usage: bool = False
-
-
-@dataclass(slots=True)
-class ChoiceState:
-    """What one choice has produced so far."""
-
-    splitter: ThinkSplitter
-    separated: bool = False
-    finish_reason: str | None = None
-    deltas: int = 0
-    reasoning_deltas: int = 0
-    last_had_reasoning: bool = False
-    reasoning: list[str] = field(default_factory=list)
-    content: list[str] = field(default_factory=list)
-
-    def plain_reasoning(self, text: str) -> bool:
-        """True when all of ``text`` is certainly reasoning: the splitter is inside reasoning,
-        holds nothing, and ``text`` has no ``<`` that could start a tag."""
-        return self.splitter.state in _REASONING_STATES and self.splitter.idle and "<" not in text
-
-    def take(
-        self, text: str | None, upstream_reasoning: str | None, final: bool
-    ) -> tuple[str, str]:
-        """``(reasoning, content)`` of one delta or message, counted and kept for the record."""
-        if upstream_reasoning is not None:
-            self.separated = True
-        if self.separated:
-            reasoning, content, tag_only = upstream_reasoning or "", text or "", False
-        else:
-            was_reasoning = self.splitter.state in _REASONING_STATES
-            reasoning, content = self._split(text, final)
-            # A delta consumed whole by a tag (or held as a tag's prefix) inside reasoning is
-            # a reasoning token, as it is for the model.
-            tag_only = bool(text) and was_reasoning and not (reasoning or content)
-        self._count(reasoning, content, tag_only)
-        return reasoning, content
-
-    def _split(self, text: str | None, final: bool) -> tuple[str, str]:
-        events = self.splitter.feed(text) if text else []
-        if final:
-            events += self.splitter.close()
-        if len(events) == 1:  # the common case: one channel
-            piece = events[0].text
-            return (piece, "") if isinstance(events[0], Reasoning) else ("", piece)
-        reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
-        content = "".join(e.text for e in events if not isinstance(e, Reasoning))
-        return reasoning, content
-
-    def _count(self, reasoning: str, content: str, tag_only: bool) -> None:
-        self.last_had_reasoning = bool(reasoning)
-        if reasoning:
-            self.reasoning.append(reasoning)
-        if content:
-            self.content.append(content)
-        if reasoning or tag_only:
-            self.reasoning_deltas += 1
-        if reasoning or content or tag_only:
-            self.deltas += 1
+    repair_leak: bool = False  # streamed with ``stop``: see gateway.choice (vLLM #51641)
 
 
 class Rewriter:
@@ -131,7 +73,8 @@ class Rewriter:
     def choice(self, index: int) -> ChoiceState:
         state = self.choices.get(index)
         if state is None:
-            state = self.choices[index] = ChoiceState(ThinkSplitter(self.policy.parser))
+            splitter = ThinkSplitter(self.policy.parser)
+            state = self.choices[index] = ChoiceState(splitter, self.policy.repair_leak)
         return state
 
     def rewrite_fields(
@@ -225,12 +168,14 @@ class StreamRelay(Rewriter):
             return None
         state, field, text = single
         if field == "content":
+            if not (state.quiet and state.splitter.idle):
+                return None  # something is held back and must go out first
             if state.separated or state.splitter.state is State.ANSWER:
                 state.take(text, None, final=False)
                 return encode_data(raw)
             if not state.plain_reasoning(text):
                 return None
-        elif field not in _RENAMES:
+        elif field not in _RENAMES or not (state.separated and state.plain_reasoning(text)):
             return None
         out = self._reasoning_out(raw, _DELTA_KEYS[field])
         if out is not None:  # recorded only when the fast path really takes the chunk

@@ -64,6 +64,7 @@ class ChatRequest:
     wants_reasoning: bool  # false when the request lowered its own visibility
     max_tokens: int | None
     n: int
+    has_stop: bool
     messages: list[Any]
     upstream_body: bytes
 
@@ -95,6 +96,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         wants_reasoning=wants_reasoning,
         max_tokens=checked.max_completion_tokens or checked.max_tokens,
         n=checked.n,
+        has_stop=bool(body.get("stop")),
         messages=body["messages"],
         upstream_body=orjson.dumps(body),
     )

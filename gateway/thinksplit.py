@@ -98,6 +98,14 @@ class ThinkSplitter:
         self._held = ""
         self._closed = False
 
+    @classmethod
+    def inside_reasoning(cls) -> ThinkSplitter:
+        """For reasoning text whose block was opened and its ``<think>`` removed upstream (a
+        reasoning field): only ``</think>`` is a tag; a ``<think>`` in it is literal."""
+        splitter = cls("deepseek_r1")
+        splitter.state = State.R1_REASONING
+        return splitter
+
     @property
     def idle(self) -> bool:
         """Nothing is held back."""
@@ -122,6 +130,14 @@ class ThinkSplitter:
         self._held = ""
         while buf:
             buf = self._step(buf, out)
+        return out
+
+    def release(self) -> list[SplitEvent]:
+        """Give up waiting on held text: it is literal text of the current channel. For a
+        caller that knows no tag can continue it (the upstream moved on to another field)."""
+        out: list[SplitEvent] = []
+        _emit(out, _TRANSITIONS[self.state][0], self._held)
+        self._held = ""
         return out
 
     def close(self) -> list[SplitEvent]:

@@ -1,0 +1,131 @@
+"""One choice of a completion: its text split into reasoning and content, counted (sans-I/O).
+
+``ChoiceState.take(content, upstream_reasoning, final) -> (reasoning, content)`` is called once
+per delta (or once per whole message) and keeps what the choice produced for the record.
+
+Rules:
+
+- A choice is *text-split* until its upstream sends a reasoning field (``reasoning`` or
+  ``reasoning_content``, as vLLM does with ``--reasoning-parser``); from then on it is
+  *separated*. Text-split content goes through the ``ThinkSplitter`` of the model's parser.
+- Separated choices still guard against two upstream defects, both seen in real vLLM 0.32:
+
+  1. vLLM's parser finds ``</think>`` by token id, so a tag the model *spelled* across several
+     tokens stays in the reasoning field, and the answer after it too. Reasoning text of a
+     separated choice therefore goes through a splitter that looks for ``</think>`` only (the
+     block's ``<think>`` was removed upstream): what follows a spelled ``</think>`` is content.
+  2. With ``stop`` strings, streaming loses the text just before ``</think>`` and leaks the
+     tag's tail (``"hink>"``, ``"k>"``) into the first content (vllm-project/vllm#51641).
+     When the request has ``stop`` (``repair_leak``), a first content after reasoning that
+     starts with a tail of ``</think>`` of at least two characters has it removed; the text
+     vLLM lost is lost. Each repair is counted in ``leaks_repaired``.
+
+- Counting: a delta is a reasoning token when it carried reasoning or was consumed whole by a
+  tag inside reasoning (the tag is a reasoning token for the model too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.thinksplit import Reasoning, SplitEvent, State, ThinkSplitter
+
+_REASONING_STATES = frozenset({State.R1_OPENING, State.R1_REASONING, State.REASONING})
+_TAIL = "</think>"
+# Tails of ``</think>`` that can leak (two characters or more: a lone ">" is too often real).
+_LEAKS = tuple(_TAIL[i:] for i in range(len(_TAIL) - 1))
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    splitter: ThinkSplitter
+    repair_leak: bool = False
+    separated: bool = False
+    finish_reason: str | None = None
+    deltas: int = 0
+    reasoning_deltas: int = 0
+    last_had_reasoning: bool = False
+    leaks_repaired: int = 0
+    reasoning: list[str] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    _leak_held: str = ""
+    _leak_armed: bool = False
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing is pending a decision: the fast path may take this choice's chunks."""
+        return not self._leak_armed
+
+    def plain_reasoning(self, text: str) -> bool:
+        """True when all of ``text`` is certainly reasoning: the splitter is inside reasoning,
+        holds nothing, and ``text`` has no ``<`` that could start a tag."""
+        return self.splitter.state in _REASONING_STATES and self.splitter.idle and "<" not in text
+
+    def take(
+        self, text: str | None, upstream_reasoning: str | None, final: bool
+    ) -> tuple[str, str]:
+        """``(reasoning, content)`` of one delta or message, counted and kept for the record."""
+        if upstream_reasoning is not None and not self.separated:
+            self._become_separated()
+        was_reasoning = self.splitter.state in _REASONING_STATES
+        fed = upstream_reasoning if self.separated else text
+        events = self.splitter.feed(fed) if fed else []
+        extra = ""
+        if self.separated and text:
+            events += self.splitter.release()
+            extra = self._repair(text)
+        if final:
+            events += self.splitter.close()
+            extra += self._flush_leak()
+        reasoning, content = _join(events)
+        content += extra
+        # A delta consumed whole by a tag (or held as a tag's prefix) inside reasoning.
+        tag_only = bool(fed) and was_reasoning and not (reasoning or content)
+        self._count(reasoning, content, tag_only)
+        return reasoning, content
+
+    def _become_separated(self) -> None:
+        self.separated = True
+        self.splitter = ThinkSplitter.inside_reasoning()
+        self._leak_armed = self.repair_leak
+
+    def _repair(self, text: str) -> str:
+        """The first content after separated reasoning, without a leaked tag tail."""
+        if not self._leak_armed or self.splitter.reasoning_ended:
+            self._leak_armed = False  # a spelled </think> was found by our own splitter
+            return text
+        held = self._leak_held + text
+        for leak in _LEAKS:
+            if held.startswith(leak):
+                self._leak_armed, self._leak_held = False, ""
+                self.leaks_repaired += 1
+                return held[len(leak) :]
+        if any(leak.startswith(held) for leak in _LEAKS):
+            self._leak_held = held  # could still become a leaked tail: wait for more
+            return ""
+        self._leak_armed, self._leak_held = False, ""
+        return held
+
+    def _flush_leak(self) -> str:
+        held, self._leak_held, self._leak_armed = self._leak_held, "", False
+        return held
+
+    def _count(self, reasoning: str, content: str, tag_only: bool) -> None:
+        self.last_had_reasoning = bool(reasoning)
+        if reasoning:
+            self.reasoning.append(reasoning)
+        if content:
+            self.content.append(content)
+        if reasoning or tag_only:
+            self.reasoning_deltas += 1
+        if reasoning or content or tag_only:
+            self.deltas += 1
+
+
+def _join(events: list[SplitEvent]) -> tuple[str, str]:
+    if len(events) == 1:  # the common case: one channel
+        piece = events[0].text
+        return (piece, "") if isinstance(events[0], Reasoning) else ("", piece)
+    reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
+    content = "".join(e.text for e in events if not isinstance(e, Reasoning))
+    return reasoning, content
