@@ -14,11 +14,14 @@ Rules:
      tokens stays in the reasoning field, and the answer after it too. Reasoning text of a
      separated choice therefore goes through a splitter that looks for ``</think>`` only (the
      block's ``<think>`` was removed upstream): what follows a spelled ``</think>`` is content.
-  2. With ``stop`` strings, streaming loses the text just before ``</think>`` and leaks the
-     tag's tail (``"hink>"``, ``"k>"``) into the first content (vllm-project/vllm#51641).
-     When the request has ``stop`` (``repair_leak``), a first content after reasoning that
-     starts with a tail of ``</think>`` of at least two characters has it removed; the text
-     vLLM lost is lost. Each repair is counted in ``leaks_repaired``.
+  2. With ``stop`` strings, streaming garbles the boundary (vllm-project/vllm#51641): the
+     reasoning may end in a piece of the tag (``"…42.\n</thi"``) and the first content may
+     start with a piece of it (``"k>"``, ``"hink>"``, ``"\n</think>"``, even a lone ``">"``),
+     and text in between may be lost. When the request has ``stop`` (``repair_leak``): a tag
+     prefix that ends the reasoning field is dropped, and the first content loses a leading
+     ``\n?`` + tail of ``</think>`` when a newline follows it (R1's answer starts with one, so
+     a quote such as ``"> text"`` is left alone). Lost text stays lost. Each repair is
+     counted in ``leaks_repaired``.
 
 - Counting: a delta is a reasoning token when it carried reasoning or was consumed whole by a
   tag inside reasoning (the tag is a reasoning token for the model too).
@@ -31,9 +34,12 @@ from dataclasses import dataclass, field
 from gateway.thinksplit import Reasoning, SplitEvent, State, ThinkSplitter
 
 _REASONING_STATES = frozenset({State.R1_OPENING, State.R1_REASONING, State.REASONING})
-_TAIL = "</think>"
-# Tails of ``</think>`` that can leak (two characters or more: a lone ">" is too often real).
-_LEAKS = tuple(_TAIL[i:] for i in range(len(_TAIL) - 1))
+_TAG = "</think>"
+# What #51641 leaves at the start of content: a tail of the tag, maybe after a newline; each
+# counts as a leak only when the answer's newline follows it.
+_LEAKS = tuple(
+    sorted({p + _TAG[i:] for i in range(len(_TAG)) for p in ("", "\n")}, key=len, reverse=True)
+)
 
 
 @dataclass(slots=True)
@@ -72,6 +78,8 @@ class ChoiceState:
         events = self.splitter.feed(fed) if fed else []
         extra = ""
         if self.separated and text:
+            if self._leak_armed:
+                self.splitter.drop_held()  # a tag prefix ending the reasoning (#51641)
             events += self.splitter.release()
             extra = self._repair(text)
         if final:
@@ -90,21 +98,19 @@ class ChoiceState:
         self._leak_armed = self.repair_leak
 
     def _repair(self, text: str) -> str:
-        """The first content after separated reasoning, without a leaked tag tail."""
+        """The first content after separated reasoning, without what #51641 leaked into it."""
         if not self._leak_armed or self.splitter.reasoning_ended:
             self._leak_armed = False  # a spelled </think> was found by our own splitter
             return text
         held = self._leak_held + text
-        for leak in _LEAKS:
-            if held.startswith(leak):
-                self._leak_armed, self._leak_held = False, ""
-                self.leaks_repaired += 1
-                return held[len(leak) :]
-        if any(leak.startswith(held) for leak in _LEAKS):
-            self._leak_held = held  # could still become a leaked tail: wait for more
+        stripped = strip_leaked_tag(held, final=False)
+        if stripped is None:
+            self._leak_held = held  # could still be a leaked tail: wait for more
             return ""
         self._leak_armed, self._leak_held = False, ""
-        return held
+        if stripped != held:
+            self.leaks_repaired += 1
+        return stripped
 
     def _flush_leak(self) -> str:
         held, self._leak_held, self._leak_armed = self._leak_held, "", False
@@ -129,3 +135,14 @@ def _join(events: list[SplitEvent]) -> tuple[str, str]:
     reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
     content = "".join(e.text for e in events if not isinstance(e, Reasoning))
     return reasoning, content
+
+
+def strip_leaked_tag(text: str, *, final: bool) -> str | None:
+    """``text`` without a leading leaked tag piece (see rule 2), or ``None`` while more text
+    could still decide it."""
+    for leak in _LEAKS:
+        if text.startswith(leak + "\n"):
+            return text[len(leak) :]
+    if not final and any((leak + "\n").startswith(text) for leak in _LEAKS):
+        return None
+    return text

@@ -132,6 +132,11 @@ class ThinkSplitter:
             buf = self._step(buf, out)
         return out
 
+    def drop_held(self) -> str:
+        """Forget the held text (a caller that knows it was a damaged tag); return it."""
+        held, self._held = self._held, ""
+        return held
+
     def release(self) -> list[SplitEvent]:
         """Give up waiting on held text: it is literal text of the current channel. For a
         caller that knows no tag can continue it (the upstream moved on to another field)."""

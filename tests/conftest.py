@@ -17,6 +17,14 @@ from sqlalchemy.engine import make_url
 from gateway.settings import Settings
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--no-vllm",
+        action="store_true",
+        help="skip the real-vLLM suite (tests/integration_vllm), e.g. for a quick local run",
+    )
+
+
 def _unavailable(service: str, exc: BaseException) -> None:
     message = f"{service} is not reachable ({type(exc).__name__}); start it or see .ci/run"
     if os.environ.get("CI"):

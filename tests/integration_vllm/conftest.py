@@ -1,0 +1,182 @@
+"""Real vLLM (CPU build) with a tiny model built here, for the whole session.
+
+Two servers start side by side from the same tiny model (``tinymodel.py``):
+
+- ``parsed``: ``--reasoning-parser deepseek_r1``, served as ``tiny-r1-parsed``: reasoning arrives
+  in ``delta.reasoning``, as production deployments run it;
+- ``raw``: no reasoning parser, served as ``tiny-r1`` and ``tiny-r1-tags``: the tags arrive
+  inside ``content`` and thinkgate's own splitter does the work (``tiny-r1-tags`` is configured
+  with the ``think_tags`` parser in the gateway).
+
+The vLLM environment is ``.venv-vllm`` (``make vllm``, which ``make test`` runs). Without it,
+or with ``pytest --no-vllm``, these tests skip with the reason; under ``CI`` a missing
+environment fails them instead. Each server runs in its own process group with its own
+``TMPDIR`` and is torn down whole at the end of the session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+START_TIMEOUT_S = 240
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    url: str  # OpenAI base URL, ending in /v1
+    root: str
+    models: tuple[str, ...]
+    log: Path
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    path: Path
+    think_id: int
+    end_think_id: int
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.vllm)
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> TinyModel:
+    if pytestconfig.getoption("--no-vllm"):
+        pytest.skip("real-vLLM suite disabled with --no-vllm")
+    if not VLLM_PYTHON.exists():
+        _unavailable("the vLLM environment .venv-vllm is missing: run `make vllm`")
+    out = tmp_path_factory.mktemp("tiny-r1")
+    subprocess.run(
+        [str(VLLM_PYTHON), str(Path(__file__).with_name("tinymodel.py")), str(out)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    ids = json.loads((out / "tokens.json").read_text())
+    return TinyModel(out, ids["<think>"], ids["</think>"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def _start(
+    model: TinyModel, workdir: Path, names: tuple[str, ...], parser: bool
+) -> tuple[subprocess.Popen[bytes], VllmServer]:
+    port = _free_port()
+    tmp = workdir / f"tmp-{port}"
+    tmp.mkdir()
+    log = workdir / f"vllm-{port}.log"
+    args = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model.path),
+        "--served-model-name",
+        *names,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--kv-cache-memory-bytes",
+        "64M",
+        "--enforce-eager",
+        "--max-model-len",
+        "512",
+        "--dtype",
+        "float32",
+        "--max-num-seqs",
+        "2",
+        "--structured-outputs-config",
+        '{"enable_in_reasoning": true}',
+    ]
+    if parser:
+        args += ["--reasoning-parser", "deepseek_r1"]
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(workdir),
+        "TMPDIR": str(tmp),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    root = f"http://127.0.0.1:{port}"
+    return proc, VllmServer(f"{root}/v1", root, names, log)
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], server: VllmServer) -> None:
+    """Wait, with a deadline, until the server answers /health (or has died)."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = server.log.read_text(errors="replace")[-3000:]
+            pytest.fail(f"vLLM exited with {proc.returncode} during start-up:\n{tail}")
+        try:
+            if httpx.get(f"{server.root}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)  # polling another process's readiness, bounded by the deadline
+    pytest.fail(f"vLLM did not answer /health within {START_TIMEOUT_S} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(
+    tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, VllmServer]]:
+    workdir = tmp_path_factory.mktemp("vllm")
+    started = [
+        _start(tiny_model, workdir, ("tiny-r1-parsed",), parser=True),
+        _start(tiny_model, workdir, ("tiny-r1", "tiny-r1-tags"), parser=False),
+    ]
+    try:
+        for proc, server in started:
+            _wait_healthy(proc, server)
+        yield {"parsed": started[0][1], "raw": started[1][1]}
+    finally:
+        for proc, _ in started:
+            _stop(proc)
+        sys.stderr.flush()

@@ -1,0 +1,308 @@
+"""thinkgate in front of real vLLM 0.32 (CPU) with a tiny reasoning model, driven by the real
+OpenAI SDK. Random weights make noise, so the text is pinned with ``structured_outputs`` (a
+literal regex, applied inside reasoning too); the chunking is vLLM's own, so assertions are on
+joined text."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.app import create_app
+from gateway.servers import BackgroundServer
+from gateway.settings import Settings
+from ratelimit.engine_metrics import parse_engine_metrics
+from tests.e2e.conftest import RecordingSink, make_keys
+from tests.integration_vllm.conftest import TinyModel, VllmServer
+
+QUESTION = [{"role": "user", "content": "What is 6 times 7?"}]
+REASONING = "The user asks for 6 times 7. That is 42.\n"
+ANSWER = "\n\nThe answer is 42."
+REGEX = r"The user asks for 6 times 7\. That is 42\.\n</think>\n\nThe answer is 42\."
+TAGS_REGEX = r"<think>\n" + REGEX  # for the explicit-tags parser: the output opens the block
+MODELS = ("tiny-r1-parsed", "tiny-r1")  # vLLM's reasoning parser / thinkgate's splitter
+
+
+class Gateway:
+    def __init__(self, url: str, keys: dict[str, str], sink: RecordingSink, model: TinyModel):
+        self.url, self.keys, self.sink, self.model = url, keys, sink, model
+
+    def sdk(self, key: str = "visible") -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.url, api_key=self.keys[key], max_retries=0)
+
+    def pinned(self, regex: str = REGEX, *, spelled: bool = False, **extra: Any) -> dict[str, Any]:
+        """Request fields that pin the output; ``spelled`` forbids the one-token tags, so the
+        model spells them across several tokens (and chunks)."""
+        bias = -100 if spelled else 100
+        body = {
+            "structured_outputs": {"regex": regex},
+            "logit_bias": {str(self.model.think_id): bias, str(self.model.end_think_id): bias},
+        }
+        return {**body, **extra}
+
+
+@pytest.fixture
+async def gateway(
+    vllm_servers: dict[str, VllmServer], tiny_model: TinyModel, tmp_path: Any
+) -> AsyncIterator[Gateway]:
+    settings = Settings(
+        upstreams=(vllm_servers["parsed"].url, vllm_servers["raw"].url),
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
+        models={"tiny-r1-tags": {"reasoning_parser": "think_tags"}},
+        first_token_timeout_s=60,
+    )
+    keys = await make_keys(settings)
+    sink = RecordingSink()
+    async with BackgroundServer(create_app(settings, sink=sink)) as server:
+        yield Gateway(f"{server.url}/v1", keys, sink, tiny_model)
+
+
+async def stream(
+    gw: Gateway, model: str, key: str = "visible", **params: Any
+) -> tuple[str, str, list[Any]]:
+    async with gw.sdk(key) as client:
+        chunks = [
+            c
+            async for c in await client.chat.completions.create(
+                model=model, messages=params.pop("messages", QUESTION), stream=True, **params
+            )
+        ]
+    reasoning = "".join(
+        (c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+        for c in chunks
+        if c.choices
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return reasoning, content, chunks
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("spelled", [False, True], ids=["tag-one-token", "tag-spelled"])
+async def test_streamed_reasoning_and_answer(gateway: Gateway, model: str, spelled: bool) -> None:
+    reasoning, content, chunks = await stream(
+        gateway, model, max_tokens=100, extra_body=gateway.pinned(spelled=spelled)
+    )
+    assert (reasoning, content) == (REASONING, ANSWER)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_non_streamed_reasoning_and_answer(gateway: Gateway, model: str) -> None:
+    async with gateway.sdk() as client:
+        whole = await client.chat.completions.create(
+            model=model, messages=QUESTION, max_tokens=100, extra_body=gateway.pinned()
+        )
+    message = whole.choices[0].message
+    assert ((message.model_extra or {}).get("reasoning_content"), message.content) == (
+        REASONING,
+        ANSWER,
+    )
+    assert "reasoning" not in (message.model_extra or {})
+    assert whole.usage is not None and whole.usage.completion_tokens_details is not None
+    assert (
+        0
+        < (whole.usage.completion_tokens_details.reasoning_tokens or 0)
+        < whole.usage.completion_tokens
+    )
+
+
+async def test_explicit_tags_parser(gateway: Gateway) -> None:
+    reasoning, content, _ = await stream(
+        gateway, "tiny-r1-tags", max_tokens=100, extra_body=gateway.pinned(TAGS_REGEX)
+    )
+    assert (reasoning, content) == ("\n" + REASONING, ANSWER)
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_hidden_key_and_lowered_visibility_get_no_reasoning(
+    gateway: Gateway, model: str
+) -> None:
+    for key, extra in (("hidden", {}), ("visible", {"include_reasoning": False})):
+        body = {
+            "model": model,
+            "messages": QUESTION,
+            "stream": True,
+            "max_tokens": 100,
+            **gateway.pinned(**extra),
+        }
+        async with httpx.AsyncClient(timeout=60) as client:
+            raw = (
+                await client.post(
+                    f"{gateway.url}/chat/completions",
+                    json=body,
+                    headers={"authorization": f"Bearer {gateway.keys[key]}"},
+                )
+            ).text
+        assert "reasoning" not in raw
+        content = "".join(
+            choice["delta"].get("content") or ""
+            for line in raw.splitlines()
+            if line.startswith("data: {")
+            for choice in json.loads(line[6:])["choices"]
+        )
+        assert content == ANSWER
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_max_tokens_cut_inside_reasoning(gateway: Gateway, model: str) -> None:
+    reasoning, content, chunks = await stream(
+        gateway, model, max_tokens=6, extra_body=gateway.pinned()
+    )
+    assert reasoning and REASONING.startswith(reasoning) and content == ""
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_two_choices(gateway: Gateway, model: str) -> None:
+    _, _, chunks = await stream(gateway, model, n=2, max_tokens=100, extra_body=gateway.pinned())
+    texts: dict[int, list[str]] = {0: [], 1: []}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index].append(choice.delta.content or "")
+    assert {i: "".join(t) for i, t in texts.items()} == {0: ANSWER, 1: ANSWER}
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_usage_reasoning_tokens_filled_when_vllm_reports_zero(
+    gateway: Gateway, model: str
+) -> None:
+    _, _, chunks = await stream(
+        gateway,
+        model,
+        max_tokens=100,
+        extra_body=gateway.pinned(),
+        stream_options={"include_usage": True},
+    )
+    usage = chunks[-1].usage
+    assert usage is not None and usage.completion_tokens_details is not None
+    reasoning_tokens = usage.completion_tokens_details.reasoning_tokens or 0
+    # vLLM reports 0 when the template opened the block; thinkgate counts: the pinned
+    # reasoning is about two dozen tokens and the answer about ten.
+    assert 10 < reasoning_tokens < usage.completion_tokens
+
+
+async def test_stop_strings_with_vllms_reasoning_parser_do_not_leak_tag_fragments(
+    gateway: Gateway,
+) -> None:
+    # vllm-project/vllm#51641: with any stop string, streaming garbles the reasoning/content
+    # boundary (how depends on vLLM's chunking, so several tries and stop lengths); thinkgate
+    # removes the tag pieces. Text vLLM lost before the tag stays lost.
+    for stop, expected in ((["Xy"], ANSWER), (["Xyz"], ANSWER), (["answer"], "\n\nThe ")):
+        for _ in range(3):
+            reasoning, content, _ = await stream(
+                gateway, "tiny-r1-parsed", max_tokens=100, extra_body=gateway.pinned(stop=stop)
+            )
+            assert content == expected
+            assert REASONING.startswith(reasoning)
+
+
+async def test_models_come_from_both_servers(gateway: Gateway) -> None:
+    async with gateway.sdk() as client:
+        ids = {m.id async for m in client.models.list()}
+    assert {"tiny-r1", "tiny-r1-tags", "tiny-r1-parsed"} <= ids
+
+
+async def test_vllm_400_reaches_the_client_with_vllms_message(gateway: Gateway) -> None:
+    too_long = [{"role": "user", "content": "times " * 600}]
+    async with gateway.sdk() as client:
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.chat.completions.create(model="tiny-r1", messages=too_long, max_tokens=10)
+    assert "context length" in info.value.message or "maximum" in info.value.message
+
+
+async def metrics(server: VllmServer) -> dict[str, float]:
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{server.root}/metrics")).text
+    generated = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:generation_tokens_total")
+    )
+    snap = parse_engine_metrics(text)
+    return {
+        "generated": generated,
+        "running": snap.requests_running or 0,
+        "waiting": snap.requests_waiting or 0,
+    }
+
+
+async def wait_metric(server: VllmServer, name: str, ok: Any) -> float:
+    """Poll another process's metrics until ``ok(value)``, for at most 20 s."""
+    async with asyncio.timeout(20):
+        while True:
+            value = (await metrics(server)).get(name, 0.0)
+            if ok(value):
+                return value
+            await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("key", ["visible", "hidden"])
+async def test_client_disconnect_aborts_the_vllm_request(
+    gateway: Gateway, vllm_servers: dict[str, VllmServer], key: str
+) -> None:
+    # vLLM 0.32 does not count aborts in request_success_total{finished_reason="abort"};
+    # the proof is that the request (ignore_eos) stopped generating before its max_tokens.
+    # The gateway answers only once vLLM produced a first token, so the client leaves at once.
+    server = vllm_servers["parsed"]
+    before = (await metrics(server))["generated"]
+    body = {
+        "model": "tiny-r1-parsed",
+        "messages": QUESTION,
+        "stream": True,
+        "max_tokens": 490,
+        "ignore_eos": True,
+    }
+    headers = {"authorization": f"Bearer {gateway.keys[key]}"}
+    async with (
+        httpx.AsyncClient(timeout=60) as client,
+        client.stream("POST", f"{gateway.url}/chat/completions", json=body, headers=headers) as r,
+    ):
+        assert r.status_code == 200
+    (record,) = await gateway.sink.wait_for(1)
+    assert record.status == "client_disconnected"
+    await wait_metric(server, "running", lambda v: v == 0)
+    generated = (await metrics(server))["generated"] - before
+    assert 0 < generated < 490
+
+
+async def test_kv_metrics_of_the_real_server_parse(
+    gateway: Gateway, vllm_servers: dict[str, VllmServer]
+) -> None:
+    server = vllm_servers["raw"]
+    async with httpx.AsyncClient() as client:
+        snap = parse_engine_metrics((await client.get(f"{server.root}/metrics")).text)
+    assert snap.block_size and snap.kv_capacity_tokens
+    assert snap.kv_capacity_tokens % snap.block_size == 0 and snap.kv_capacity_tokens >= 4096
+    assert snap.kv_usage is not None and 0 <= snap.kv_usage <= 1
+    # --max-num-seqs 2: with twelve concurrent requests, ten wait at first, for seconds
+    body = {"model": "tiny-r1", "messages": QUESTION, "max_tokens": 480}
+    most_waiting, most_used = 0.0, 0.0
+    async with gateway.sdk() as sdk, httpx.AsyncClient() as client:
+        extra = {"ignore_eos": True}
+        calls = asyncio.gather(
+            *(sdk.chat.completions.create(**body, extra_body=extra) for _ in range(12))
+        )
+        while not calls.done():  # sample the server's own view while the burst runs
+            now = parse_engine_metrics((await client.get(f"{server.root}/metrics")).text)
+            most_waiting = max(most_waiting, now.requests_waiting or 0)
+            most_used = max(most_used, now.kv_usage or 0)
+            await asyncio.wait([calls], timeout=0.02)
+        await calls
+    assert most_waiting >= 1, (most_waiting, most_used)
+    assert 0 < most_used <= 1
+
+
+async def test_records_hold_what_vllm_produced(gateway: Gateway) -> None:
+    for model in MODELS:
+        await stream(gateway, model, max_tokens=100, extra_body=gateway.pinned())
+    records = await gateway.sink.wait_for(2)
+    for record in records:
+        assert record.status == "ok"
+        assert (record.reasoning, record.content) == ((REASONING,), (ANSWER,))
+        assert record.upstream is not None and record.usage is not None
