@@ -1,8 +1,11 @@
 """A built-in vLLM simulator: OpenAI-compatible chat completions with scripted reasoning output.
 
 ``create_sim_app(SimConfig(...))`` returns an ASGI app whose ``state.sim`` (a ``SimState``)
-exposes live counters and ``wait_for``. The text it generates is planned by the sans-I/O
-``gateway.sim.script``; KV accounting lives in ``gateway.sim.kv``.
+exposes live counters and ``wait_for``. It reproduces vLLM 0.32's observable behaviour, each
+rule in the sans-I/O module that implements it: the generated text (``gateway.sim.script``), stop
+strings and ``max_tokens`` (``stops``), the deepseek_r1 reasoning parser (``reasoning``), streamed
+deltas, merged tokens and vllm-project/vllm#51641 (``deltas``), the bytes on the wire (``wire``),
+KV accounting (``kv``) and the Prometheus metrics (``metrics``).
 """
 
 from gateway.sim.app import SimApp, create_sim_app

@@ -5,18 +5,23 @@ disconnect while: (stream: send headers) → wait for KV admission → for each 
 (TTFT, then ITL), grow the KV reservation, emit → trailer. ``finally``: the state learns how the
 request ended (shielded, so a cancelled task still frees its blocks).
 
-Streamed and whole responses walk the same ``interleave`` schedule through ``_Run.drive``: same
-pacing, same KV growth, same fault points; only what ``emit`` does differs.
+Streamed and whole responses walk an ``interleave`` schedule (``gateway.sim.deltas``) through
+``_Run.drive``: same pacing, same KV growth, same fault points; only what ``emit`` does differs.
+A stream's schedule merges ``sim.merge`` tokens per delta and, in ``separated`` mode with stop
+strings, garbles the reasoning/content boundary as vLLM 0.32 does (vllm-project/vllm#51641); a
+whole response is scheduled token by token and is never garbled (vLLM's non-streaming path is
+correct). A step sleeps TTFT (first) or ITL, plus ITL for each further token it decodes.
 
 Faults (``sim.fail`` or the configured rates):
 
 - ``error``: HTTP 500 with vLLM's error object before any byte of a body.
-- ``drop``: after ``fail_after`` pieces (default: half) the response is cut off abruptly: the
-  handler raises ``SimulatedDrop`` after part of the body went out, so the server aborts the
-  connection (uvicorn closes the transport: no terminating chunk, no ``[DONE]``; the client
-  sees an incomplete read). A whole response is cut inside its ``content-length``.
-- ``stall``: after ``fail_after`` pieces nothing is sent for ``stall_ms`` (forever if 0), then
-  the response goes on; a disconnect during the stall still cancels it at once.
+- ``drop``: after ``fail_after`` emissions (deltas, so pieces unless merged; default: half)
+  the response is cut off abruptly: the handler raises ``SimulatedDrop`` after part of the
+  body went out, so the server aborts the connection (uvicorn closes the transport: no
+  terminating chunk, no ``[DONE]``; the client sees an incomplete read). A whole response is
+  cut inside its ``content-length``.
+- ``stall``: after ``fail_after`` emissions nothing is sent for ``stall_ms`` (forever if 0),
+  then the response goes on; a disconnect during the stall still cancels it at once.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from starlette.types import Receive, Send
 
 from gateway.sim.asgi import race_disconnect, send_part, send_start, send_whole
 from gateway.sim.config import SimConfig
+from gateway.sim.deltas import Emission, interleave, leak_width
 from gateway.sim.request import ChatRequest, error_body
-from gateway.sim.script import Emission, Script, build_script, interleave
+from gateway.sim.script import Script, build_script
 from gateway.sim.state import FailMode, Outcome, SimState
 from gateway.sim.wire import DONE, ChunkEncoder, Usage, completion_body, usage_for
 
@@ -66,7 +72,7 @@ async def serve_chat(
 ) -> None:
     """Answer one validated chat request."""
     scripts = _plan(request)
-    emissions = interleave(scripts)
+    emissions = _schedule(request, scripts)
     fault = _fault(request, state, len(emissions))
     if fault.mode == "error":
         await state.count_failure()
@@ -82,7 +88,8 @@ async def serve_chat(
         outcome = "cancelled" if finished is None else "completed" if finished else "failed"
     finally:
         with anyio.CancelScope(shield=True):
-            await state.close_request(request_id, outcome)
+            reasons = [script.finish_reason for script in scripts]
+            await state.close_request(request_id, outcome, reasons)
     if outcome == "failed":
         raise SimulatedDrop(f"simulated drop after {fault.at} pieces")
 
@@ -95,9 +102,18 @@ def _plan(request: ChatRequest) -> list[Script]:
             prompt_tokens=request.prompt_tokens,
             max_tokens=request.max_tokens,
             chunks=request.sim.chunks,
+            stops=request.stops,
         )
         for index in range(request.n)
     ]
+
+
+def _schedule(request: ChatRequest, scripts: list[Script]) -> tuple[Emission, ...]:
+    """Streams merge tokens and suffer vLLM #51641; whole responses go token by token."""
+    if not request.stream:
+        return interleave(scripts)
+    leak = leak_width(request.stops) if request.mode == "separated" else 0
+    return interleave(scripts, merge=request.sim.merge, leak=leak)
 
 
 def _fault(request: ChatRequest, state: SimState, emissions: int) -> Fault:
@@ -143,16 +159,19 @@ class _Run:
             _completion_id(), int(time.time()), request.model, request.include_usage
         )
 
+        finals = [
+            encoder.finish(index, script.finish_reason, script.stop_reason)
+            for index, script in enumerate(scripts)
+        ]
+
         async def emit(item: Emission) -> None:
             if item.step == 0 and item.opens_step:
                 for index in range(request.n):
                     await send_part(self.send, encoder.role(index))
-            chunk = (
-                encoder.finish(item.index, item.finish_reason or "stop")
-                if item.piece is None
-                else encoder.piece(item.index, item.piece, item.finish_reason)
-            )
-            await send_part(self.send, chunk)
+            if item.delta is not None and item.delta.text:
+                await send_part(self.send, encoder.delta(item.index, item.delta))
+            if item.finish_reason is not None:
+                await send_part(self.send, finals[item.index])
 
         await send_start(self.send, 200, SSE, None)
         if not await self.drive(emissions, emit):
@@ -186,13 +205,18 @@ class _Run:
         generated = 0
         for position, item in enumerate(emissions):
             if item.opens_step:
-                await _pause(self.pacing.ttft if item.step == 0 else self.pacing.itl)
+                await _pause(self._step_time(item))
                 generated += item.step_tokens
                 await self.state.advance(self.request_id, prompt + generated, item.step_tokens)
             if not await self._checkpoint(position):
                 return False
             await emit(item)
         return await self._checkpoint(len(emissions))
+
+    def _step_time(self, item: Emission) -> float:
+        """TTFT or ITL for the step's first token, ITL for each further one."""
+        first = self.pacing.ttft if item.step == 0 else self.pacing.itl
+        return first + self.pacing.itl * max(item.step_decodes - 1, 0)
 
     async def _checkpoint(self, position: int) -> bool:
         """Apply the fault if it is due before emission ``position``; False means drop."""

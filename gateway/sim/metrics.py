@@ -4,6 +4,11 @@ Written by hand in the Prometheus text format 0.0.4, as ``prometheus_client`` wo
 vLLM's metrics (counter families are typed under their name without ``_total``); no global
 registry is involved, so two apps in one process never share a metric.
 
+``vllm:request_success_total{engine,finished_reason,model_name}`` counts finished sequences by
+reason (``stop``, ``length``, ``abort``) as vLLM 0.32 does: the ``abort`` series is exported but
+stays 0, because vLLM 0.32 does not count client aborts there (the simulator counts them in
+``SimState.cancelled`` only).
+
 ``vllm:cache_config_info`` carries ``num_gpu_blocks = capacity // block_size + 1``: vLLM
 reserves one null block, so ``(num_gpu_blocks - 1) * block_size`` is the usable capacity.
 """
@@ -31,6 +36,8 @@ def render_metrics(config: SimConfig, state: SimState) -> bytes:
         *_counter("num_preemptions", labels, state.preemptions_total, "Cumulative preemptions."),
         *_counter("prompt_tokens", labels, state.prompt_tokens_total, "Prefill tokens processed."),
         *_counter("generation_tokens", labels, state.generation_tokens_total, "Generation tokens."),
+        *_family("request_success", "counter", "Count of successfully processed requests."),
+        *_success_samples(config, state),
     ]
     return ("\n".join(lines) + "\n").encode()
 
@@ -41,6 +48,15 @@ def _family(name: str, kind: str, help_text: str) -> tuple[str, str]:
 
 def _counter(name: str, labels: str, value: int, help_text: str) -> tuple[str, str, str]:
     return (*_family(name, "counter", help_text), f"vllm:{name}_total{{{labels}}} {float(value)!r}")
+
+
+def _success_samples(config: SimConfig, state: SimState) -> list[str]:
+    model = _escape(config.metrics_model_name)
+    return [
+        f'vllm:request_success_total{{engine="0",finished_reason="{reason}",model_name="{model}"}}'
+        f" {float(count)!r}"
+        for reason, count in state.finished.items()
+    ]
 
 
 def _cache_labels(config: SimConfig) -> str:

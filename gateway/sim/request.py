@@ -3,19 +3,23 @@
 ``parse_chat_request(body, config) -> ChatRequest`` or raises ``SimRequestError``, which
 renders vLLM's error shape ``{"error": {"message", "type", "param", "code"}}``.
 
-Rules (vLLM 0.1x behaviour where it has one):
+Rules (vLLM 0.32 behaviour where it has one):
 
 - ``model`` absent means the first served model; an unknown one is 404 ``NotFoundError``.
 - ``messages`` must be a non-empty list; contents are strings or lists of text parts.
 - ``max_tokens`` (or ``max_completion_tokens``) defaults to what the context has left;
   prompt plus completion beyond ``max_model_len`` is 400 with vLLM's context message.
+- ``stop`` is null, a string or a list of strings (else 400); empty strings are dropped.
+  How stops end a choice: ``gateway.sim.stops``; what they do to a separated stream:
+  ``gateway.sim.deltas`` (vLLM #51641).
 - ``n`` >= 1; choice ``i`` uses seed ``seed + i``. The seed is the request's ``seed``, else
   ``sim.seed``, else a stable hash of the message text (same prompt, same output).
 - The extra ``sim`` object scripts the simulator for tests; every field is optional:
   ``chunks`` (strings, each one ``content`` token, or ``[channel, text]`` pairs that set the
   channel explicitly), ``mode``, ``seed``, ``ttft_ms``, ``itl_ms``, ``stall_ms``, ``fail``
-  (``drop``/``error``/``stall``), ``fail_after`` (pieces), ``reasoning_tokens`` (int or null:
-  overrides ``usage.completion_tokens_details``).
+  (``drop``/``error``/``stall``), ``fail_after`` (emissions), ``reasoning_tokens`` (int or null:
+  overrides ``usage.completion_tokens_details``), ``merge`` (int >= 1, default 1: tokens
+  per streamed delta, as vLLM under load sends them; see ``gateway.sim.deltas``).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class SimOptions:
     fail: FailMode | None = None
     fail_after: int | None = None
     reasoning_tokens: ReasoningOverride = "auto"
+    merge: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,7 @@ class ChatRequest:
     seed: int
     stream: bool
     include_usage: bool
+    stops: tuple[str, ...]
     sim: SimOptions
 
 
@@ -100,6 +106,7 @@ def parse_chat_request(body: bytes, config: SimConfig) -> ChatRequest:
         seed=_seed(data, sim, text),
         stream=stream,
         include_usage=stream and isinstance(options, dict) and options.get("include_usage") is True,
+        stops=_stops(data.get("stop")),
         sim=sim,
     )
 
@@ -203,7 +210,17 @@ def _parse_sim(raw: object) -> SimOptions:
         reasoning_tokens=_typed(raw, "reasoning_tokens", int, None)
         if "reasoning_tokens" in raw
         else "auto",
+        merge=_positive(raw, "merge", 1),
     )
+
+
+def _stops(raw: object) -> tuple[str, ...]:
+    """vLLM's ``stop``: one string or a list of them."""
+    if raw is None or isinstance(raw, str):
+        return (raw,) if raw else ()
+    if isinstance(raw, list) and all(isinstance(stop, str) for stop in raw):
+        return tuple(stop for stop in raw if stop)
+    raise _bad("'stop' must be a string or a list of strings", "stop")
 
 
 def _choice(raw: dict[str, Any], key: str, allowed: tuple[str, ...]) -> Any:

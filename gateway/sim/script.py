@@ -1,27 +1,34 @@
 """What the simulated model says: a deterministic plan of tokens (sans-I/O).
 
-``build_script(mode, seed, prompt_tokens=..., max_tokens=...)`` returns a ``Script``: a tuple of
-``Piece(channel, text)``, one piece per token, plus the token counts and the finish reason.
+``build_script(mode, seed, prompt_tokens=..., max_tokens=..., stops=...)`` returns a ``Script``
+(``gateway.sim.pieces``): a tuple of ``Piece(channel, text)``, one piece per token, plus the
+token counts, the finish reason and where the ``</think>`` tag starts.
 
 Rules:
 
 - Determinism: everything is drawn from one ``random.Random(seed)``: first the texts (an R1-style
   reasoning monologue and an answer, from small built-in word lists), then the tokenisation. The
   same seed always gives the same pieces; the process-global ``random`` is never touched.
-- Modes (how the raw model output reaches the client, per vLLM)::
+- Modes (how the raw model output reaches the client, per vLLM 0.32)::
 
     template   content: reasoning + "\\n</think>\\n\\n" + answer    (R1: the template opened it)
     tags       content: "<think>\\n" + reasoning + "\\n</think>\\n\\n" + answer
-    separated  reasoning: reasoning; content: answer   (vLLM --reasoning-parser deepseek_r1:
-               the tags and the newlines around them produce no delta)
+    separated  reasoning: reasoning; content: answer   (vLLM --reasoning-parser deepseek_r1;
+               the model wrote reasoning + "</think>" + answer, the tag's fate is decided by
+               ``gateway.sim.reasoning``: one token sends no delta, a spelled one turns the
+               whole answer into reasoning)
     none       content: answer
 
 - Tokenisation: text is cut into words with their leading space (``" the"``), then into pieces
   of 1-6 characters. A tag is a special token: one piece half the time, otherwise cut at one or
   two random points (``"</th" "ink>"``, ``"<" "/think" ">"``), so splitters see both shapes.
-- ``max_tokens``: at most that many pieces are kept; if pieces were cut (possibly inside the
-  reasoning) ``finish_reason`` is ``"length"``, else ``"stop"``.
-- Scripted chunks (tests) replace the generated pieces verbatim, one chunk per token.
+  The tag's cut is drawn after the answer's tokens, so the reasoning and answer pieces of a
+  seed are the same in every mode.
+- Stop strings and ``max_tokens`` end the generation as ``gateway.sim.stops`` states
+  (``finish_reason`` ``"stop"`` or ``"length"``); then, in ``separated`` mode only, the
+  parser assigns channels. Generation applies stops to the raw text, tags included.
+- Scripted chunks (tests) replace the generated pieces verbatim, one chunk per token (and in
+  ``separated`` mode go through the parser too).
 - Prompt tokens are ``max(1, characters // 4)``; the default seed is a stable hash of the
   prompt text (``blake2b``, not ``hash()``, which is salted per process).
 """
@@ -34,14 +41,34 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Literal
 
-SimMode = Literal["template", "tags", "separated", "none"]
-Channel = Literal["content", "reasoning"]
-FinishReason = Literal["stop", "length"]
+from gateway.sim.pieces import (
+    CLOSE_TAG,
+    OPEN_TAG,
+    Channel,
+    FinishReason,
+    Piece,
+    Script,
+    SimMode,
+    find_tag,
+)
+from gateway.sim.reasoning import separate
+from gateway.sim.stops import end_generation
 
-OPEN_TAG = "<think>"
-CLOSE_TAG = "</think>"
+__all__ = [
+    "CLOSE_TAG",
+    "OPEN_TAG",
+    "Channel",
+    "Composition",
+    "FinishReason",
+    "Piece",
+    "Script",
+    "SimMode",
+    "build_script",
+    "compose",
+    "count_prompt_tokens",
+    "derive_seed",
+]
 
 _TOPICS = (
     "prime numbers",
@@ -90,75 +117,11 @@ _WORD = re.compile(r" ?\w+| ?[^\w\s]+|\s+")
 
 
 @dataclass(frozen=True, slots=True)
-class Piece:
-    """One token of output and the delta field it travels in."""
-
-    channel: Channel
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
 class Composition:
     """The untokenised texts a seed produces."""
 
     reasoning: str
     answer: str
-
-
-@dataclass(frozen=True, slots=True)
-class Script:
-    """Everything one choice will emit, in order; one piece is one completion token."""
-
-    pieces: tuple[Piece, ...]
-    prompt_tokens: int
-    finish_reason: FinishReason
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.pieces)
-
-    @property
-    def reasoning_tokens(self) -> int:
-        return sum(1 for piece in self.pieces if piece.channel == "reasoning")
-
-    def text(self, channel: Channel) -> str | None:
-        """The joined text of one channel, or ``None`` if it has no piece at all."""
-        parts = [piece.text for piece in self.pieces if piece.channel == channel]
-        return "".join(parts) if parts else None
-
-
-@dataclass(frozen=True, slots=True)
-class Emission:
-    """One streamed event of a response: a token of choice ``index`` at decode ``step``.
-
-    ``piece`` is ``None`` only for a choice without any token (it still needs its finish
-    chunk). The first emission of a step (``opens_step``) carries ``step_tokens``, the number
-    of tokens decoded in that step (0 on the others): there the simulated clock and the KV
-    cache move.
-    """
-
-    step: int
-    index: int
-    piece: Piece | None
-    finish_reason: FinishReason | None
-    opens_step: bool
-    step_tokens: int
-
-
-def interleave(scripts: Sequence[Script]) -> tuple[Emission, ...]:
-    """Round-robin the choices token by token, as vLLM decodes ``n`` sequences in lockstep."""
-    longest = max((len(script.pieces) for script in scripts), default=0)
-    emissions: list[Emission] = []
-    for step in range(max(longest, 1)):
-        row = [(i, s) for i, s in enumerate(scripts) if step < max(len(s.pieces), 1)]
-        tokens = sum(1 for _, script in row if script.pieces)
-        for position, (index, script) in enumerate(row):
-            piece = script.pieces[step] if script.pieces else None
-            last = step >= len(script.pieces) - 1
-            finish = script.finish_reason if last else None
-            opens = position == 0
-            emissions.append(Emission(step, index, piece, finish, opens, tokens if opens else 0))
-    return tuple(emissions)
 
 
 def count_prompt_tokens(text: str) -> int:
@@ -184,16 +147,19 @@ def build_script(
     prompt_tokens: int,
     max_tokens: int | None = None,
     chunks: Sequence[Piece] | None = None,
+    stops: Sequence[str] = (),
 ) -> Script:
-    """Plan one choice: scripted ``chunks`` verbatim, else text generated from ``seed``."""
+    """Plan one choice: scripted ``chunks`` verbatim, else text generated from ``seed``;
+    then end it at a stop string or ``max_tokens`` and, in ``separated`` mode, parse it."""
     if chunks is not None:
-        pieces = list(chunks)
+        planned = list(chunks)
     else:
         rng = random.Random(seed)
-        pieces = _render(mode, _compose(rng), rng)
-    if max_tokens is not None and len(pieces) > max_tokens:
-        return Script(tuple(pieces[:max_tokens]), prompt_tokens, "length")
-    return Script(tuple(pieces), prompt_tokens, "stop")
+        planned = _render(mode, _compose(rng), rng)
+    ending = end_generation(planned, stops, max_tokens)
+    tag_at = find_tag(ending.pieces)
+    pieces = separate(ending.pieces, tag_at) if mode == "separated" else ending.pieces
+    return Script(pieces, prompt_tokens, ending.finish_reason, ending.stop_reason, tag_at)
 
 
 def _compose(rng: random.Random) -> Composition:
@@ -216,7 +182,8 @@ def _render(mode: SimMode, text: Composition, rng: random.Random) -> list[Piece]
     reasoning = list(_tokenize(text.reasoning, rng))
     answer = list(_tokenize(text.answer, rng))
     if mode == "separated":
-        return _on("reasoning", reasoning) + _on("content", answer)
+        tag = _split_tag(CLOSE_TAG, rng)
+        return _on("reasoning", reasoning + tag) + _on("content", answer)
     if mode == "none":
         return _on("content", answer)
     closing = ["\n", *_split_tag(CLOSE_TAG, rng), "\n\n"]

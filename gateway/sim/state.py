@@ -9,6 +9,11 @@ Rules:
   preempts by recompute): it frees its blocks and goes back to the *front* of the queue.
 - A request ends exactly once, as ``completed``, ``cancelled`` (the client went away) or
   ``failed`` (an injected fault); ending frees whatever it holds, queued or running.
+- ``finished`` counts finished sequences by finish reason, like vLLM 0.32's
+  ``vllm:request_success_total``: one per choice (vLLM runs ``n`` choices as ``n`` engine
+  requests) of a completed request. vLLM 0.32 does not count client aborts there, so
+  ``"abort"`` stays 0: a cancelled request is counted in ``cancelled`` only, a failed one
+  (an injected fault) in ``failed`` only.
 - Counters only grow, except the gauges ``running``, ``waiting`` and ``kv_tokens_in_use``,
   which are derived from the queue and the KV blocks, so they cannot drift.
 """
@@ -19,14 +24,16 @@ import asyncio
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 from gateway.sim.config import SimConfig
 from gateway.sim.kv import KvBlocks
+from gateway.sim.pieces import FinishReason
 
 FailMode = Literal["drop", "error", "stall"]
 Outcome = Literal["completed", "cancelled", "failed"]
+SuccessReason = Literal["stop", "length", "abort"]
 
 
 class SimState:
@@ -38,6 +45,7 @@ class SimState:
         self.completed = 0
         self.cancelled = 0
         self.failed = 0
+        self.finished: dict[SuccessReason, int] = {"stop": 0, "length": 0, "abort": 0}
         self.last_cancel_monotonic: float | None = None
         self.preemptions_total = 0
         self.prompt_tokens_total = 0
@@ -104,12 +112,17 @@ class SimState:
             self.preemptions_total += 1
             await self._wait_admitted(request_id, tokens, front=True)
 
-    async def close_request(self, request_id: int, outcome: Outcome) -> None:
-        """End the request: free its blocks and count how it ended."""
+    async def close_request(
+        self, request_id: int, outcome: Outcome, finish_reasons: Iterable[FinishReason] = ()
+    ) -> None:
+        """End the request: free its blocks and count how it (and, if completed, each of its
+        choices) ended."""
         async with self._changed:
             self.kv.release(request_id)
             if outcome == "completed":
                 self.completed += 1
+                for reason in finish_reasons:
+                    self.finished[reason] += 1
             elif outcome == "failed":
                 self.failed += 1
             else:

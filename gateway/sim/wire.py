@@ -1,19 +1,33 @@
 """Bytes of vLLM's OpenAI-compatible chat API (sans-I/O, built for speed).
 
 Streaming chunks are assembled from bytes prepared once per response (the envelope with id,
-created and model) plus ``orjson.dumps`` of the piece text: no dict and no model per chunk.
+created and model) plus ``orjson.dumps`` of the delta text: no dict and no model per chunk.
 The result is byte-for-byte what ``orjson.dumps`` of the whole chunk object would give.
 
-Wire rules (vLLM 0.1x, OpenAI chat completions reference):
+Wire rules (vLLM 0.32, OpenAI chat completions reference):
 
 - Each event is ``data: <json>\\n\\n``; the stream ends with ``data: [DONE]\\n\\n``.
-- The first chunk of a choice has ``delta {"role": "assistant", "content": ""}``; then one
-  chunk per token, ``delta {"content": t}`` or ``{"reasoning": t}`` (vLLM's field name when a
-  reasoning parser runs); the chunk of the last token carries ``finish_reason``.
+- The first chunk of a choice has ``delta {"role": "assistant", "content": ""}`` and, at the
+  top level after ``choices``, ``"prompt_token_ids": null``. Then one chunk per delta,
+  ``delta {"content": t}`` or ``{"reasoning": t}`` (vLLM's field name when a reasoning parser
+  runs), with ``finish_reason: null``. Every streamed choice object ends in ``"token_ids": null``.
+- The finish reason travels in a separate final chunk per choice, after its last delta:
+  ``{"index": i, "delta": {"content": ""}, "logprobs": null, "finish_reason": "stop"|"length",
+  "stop_reason": <the stop string or null>, "token_ids": null}``, in every mode.
 - With ``stream_options.include_usage`` every chunk has ``"usage": null`` and a last chunk
-  with ``"choices": []`` carries the usage.
-- ``completion_tokens_details`` is ``{"reasoning_tokens": R}`` only when reasoning was parsed
-  out (``separated`` mode), ``null`` otherwise, unless the request's ``sim`` overrides it.
+  with ``"choices": []`` carries the usage and ``"system_fingerprint"`` (the only chunk
+  where vLLM sends it).
+- Usage details: without a reasoning parser (``template``, ``tags``, ``none``) a streamed
+  usage has no ``completion_tokens_details`` key, a whole one has it ``null`` (and
+  ``prompt_tokens_details`` ``null``). With ``--reasoning-parser deepseek_r1`` and a template
+  that opened the think block (``separated``) vLLM reports ``{"reasoning_tokens": 0}``: a
+  vLLM bug the gateway works around. The request's ``sim.reasoning_tokens`` overrides the
+  count (``null``: as without a parser).
+- A whole response: each choice has ``"stop_reason"`` and ``"token_ids": null``; the message
+  has ``refusal``, ``annotations``, ``audio``, ``function_call`` (all ``null``) and
+  ``reasoning`` (the parsed text, ``null`` when there is none, explicitly so without a
+  parser); the top level has ``service_tier``, ``prompt_logprobs``, ``prompt_token_ids``,
+  ``kv_transfer_params`` (``null``) and ``system_fingerprint``.
 """
 
 from __future__ import annotations
@@ -25,44 +39,58 @@ from typing import Any
 
 import orjson
 
+from gateway.sim.deltas import Delta
+from gateway.sim.pieces import Channel, FinishReason, Script, SimMode
 from gateway.sim.request import ReasoningOverride
-from gateway.sim.script import FinishReason, Piece, Script, SimMode
 
 DONE = b"data: [DONE]\n\n"
-_FINISH: Mapping[FinishReason | None, bytes] = MappingProxyType(
-    {None: b"null", "stop": b'"stop"', "length": b'"length"'}
+SYSTEM_FINGERPRINT = "vllm-0.32.0-sim"
+_FINISH: Mapping[FinishReason, bytes] = MappingProxyType({"stop": b'"stop"', "length": b'"length"'})
+_DELTA: Mapping[Channel, bytes] = MappingProxyType(
+    {"content": b'{"content":', "reasoning": b'{"reasoning":'}
 )
+_OPEN_CHOICE = b'{"index":%d,"delta":'
+_OPEN_CHOICE_END = b',"logprobs":null,"finish_reason":null,"token_ids":null}'
+_ROLE = b'{"role":"assistant","content":""}'
+_FINGERPRINT = b',"system_fingerprint":' + orjson.dumps(SYSTEM_FINGERPRINT)
 
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts of one response (all choices; the prompt counted once)."""
+    """Token counts of one response (all choices; the prompt counted once).
+
+    ``reasoning_tokens`` ``None`` means vLLM sends no ``completion_tokens_details``.
+    """
 
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int | None
 
-    def to_dict(self) -> dict[str, Any]:
-        details = (
-            None if self.reasoning_tokens is None else {"reasoning_tokens": self.reasoning_tokens}
-        )
-        return {
+    def to_dict(self, *, streamed: bool) -> dict[str, Any]:
+        usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "completion_tokens_details": details,
         }
+        details = (
+            None if self.reasoning_tokens is None else {"reasoning_tokens": self.reasoning_tokens}
+        )
+        if not streamed:
+            usage["prompt_tokens_details"] = None
+            usage["completion_tokens_details"] = details
+        elif details is not None:
+            usage["completion_tokens_details"] = details
+        return usage
 
 
 def usage_for(
     scripts: Sequence[Script], mode: SimMode, override: ReasoningOverride = "auto"
 ) -> Usage:
-    """Usage as vLLM reports it; ``override`` replaces the reasoning count unless ``"auto"``."""
-    reasoning: int | None = sum(script.reasoning_tokens for script in scripts)
+    """Usage as vLLM 0.32 reports it: 0 reasoning tokens with its parser (its bug), no count
+    without one; ``override`` replaces that unless ``"auto"``."""
+    reasoning: int | None = 0 if mode == "separated" else None
     if override != "auto":
         reasoning = override
-    elif mode != "separated":
-        reasoning = None
     completion = sum(script.completion_tokens for script in scripts)
     return Usage(scripts[0].prompt_tokens if scripts else 0, completion, reasoning)
 
@@ -70,7 +98,7 @@ def usage_for(
 class ChunkEncoder:
     """Encodes the events of one streamed response."""
 
-    __slots__ = ("_close", "_open")
+    __slots__ = ("_close", "_open", "_role_close")
 
     def __init__(self, completion_id: str, created: int, model: str, include_usage: bool):
         envelope = {
@@ -80,37 +108,48 @@ class ChunkEncoder:
             "model": model,
         }
         self._open = b"data: " + orjson.dumps(envelope)[:-1] + b',"choices":['
-        self._close = b'],"usage":null}\n\n' if include_usage else b"]}\n\n"
+        usage = b',"usage":null' if include_usage else b""
+        self._close = b"]" + usage + b"}\n\n"
+        self._role_close = b'],"prompt_token_ids":null' + usage + b"}\n\n"
 
     def role(self, index: int) -> bytes:
         """The first chunk of choice ``index``."""
-        return self._choice(index, b'{"role":"assistant","content":""}', None)
+        choice = _OPEN_CHOICE % index + _ROLE + _OPEN_CHOICE_END
+        return self._open + choice + self._role_close
 
-    def piece(self, index: int, piece: Piece, finish_reason: FinishReason | None) -> bytes:
-        """One token of choice ``index``; the last one carries ``finish_reason``."""
-        delta = b'{"' + piece.channel.encode() + b'":' + orjson.dumps(piece.text) + b"}"
-        return self._choice(index, delta, finish_reason)
-
-    def finish(self, index: int, finish_reason: FinishReason) -> bytes:
-        """The closing chunk of a choice that produced no token at all."""
-        return self._choice(index, b'{"content":""}', finish_reason)
-
-    def usage(self, usage: Usage) -> bytes:
-        """The ``choices: []`` chunk that ends an ``include_usage`` stream."""
-        return self._open + b'],"usage":' + orjson.dumps(usage.to_dict()) + b"}\n\n"
-
-    def _choice(self, index: int, delta: bytes, finish_reason: FinishReason | None) -> bytes:
+    def delta(self, index: int, delta: Delta) -> bytes:
+        """One delta (one or more tokens on one channel) of choice ``index``."""
         return b"".join(
             (
                 self._open,
-                b'{"index":%d,"delta":' % index,
-                delta,
-                b',"logprobs":null,"finish_reason":',
-                _FINISH[finish_reason],
+                _OPEN_CHOICE % index,
+                _DELTA[delta.channel],
+                orjson.dumps(delta.text),
                 b"}",
+                _OPEN_CHOICE_END,
                 self._close,
             )
         )
+
+    def finish(self, index: int, finish_reason: FinishReason, stop_reason: str | None) -> bytes:
+        """The final chunk of choice ``index``: empty content and the finish reason."""
+        return b"".join(
+            (
+                self._open,
+                _OPEN_CHOICE % index,
+                b'{"content":""},"logprobs":null,"finish_reason":',
+                _FINISH[finish_reason],
+                b',"stop_reason":',
+                orjson.dumps(stop_reason),
+                b',"token_ids":null}',
+                self._close,
+            )
+        )
+
+    def usage(self, usage: Usage) -> bytes:
+        """The ``choices: []`` chunk that ends an ``include_usage`` stream."""
+        body = orjson.dumps(usage.to_dict(streamed=True))
+        return self._open + b'],"usage":' + body + _FINGERPRINT + b"}\n\n"
 
 
 def completion_body(
@@ -128,6 +167,8 @@ def completion_body(
             "message": _message(script, mode),
             "logprobs": None,
             "finish_reason": script.finish_reason,
+            "stop_reason": script.stop_reason,
+            "token_ids": None,
         }
         for index, script in enumerate(scripts)
     ]
@@ -137,20 +178,32 @@ def completion_body(
         "created": created,
         "model": model,
         "choices": choices,
-        "usage": usage.to_dict(),
+        "service_tier": None,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "usage": usage.to_dict(streamed=False),
+        "prompt_logprobs": None,
+        "prompt_token_ids": None,
+        "kv_transfer_params": None,
     }
     return orjson.dumps(body)
 
 
 def _message(script: Script, mode: SimMode) -> dict[str, Any]:
-    """Without a parser all raw text is content; with one, content is null until the answer."""
+    """Without a parser all raw text is content (``""`` if none); with one, content is null
+    until the answer."""
     content = script.text("content")
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if mode == "separated" or script.reasoning_tokens:
-        message["reasoning"] = script.text("reasoning")
-    elif content is None:
-        message["content"] = ""
-    return message
+    reasoning = script.text("reasoning")
+    if content is None and reasoning is None and mode != "separated":
+        content = ""
+    return {
+        "role": "assistant",
+        "content": content,
+        "refusal": None,
+        "annotations": None,
+        "audio": None,
+        "function_call": None,
+        "reasoning": reasoning,
+    }
 
 
 def models_body(models: Sequence[str], created: int, max_model_len: int) -> bytes:
