@@ -112,9 +112,13 @@ async def test_non_streamed_reasoning_and_answer(gateway: Gateway, model: str) -
     )
 
 
-async def test_explicit_tags_parser(gateway: Gateway) -> None:
+@pytest.mark.parametrize("spelled", [False, True], ids=["tags-one-token", "tags-spelled"])
+async def test_explicit_tags_parser(gateway: Gateway, spelled: bool) -> None:
     reasoning, content, _ = await stream(
-        gateway, "tiny-r1-tags", max_tokens=100, extra_body=gateway.pinned(TAGS_REGEX)
+        gateway,
+        "tiny-r1-tags",
+        max_tokens=100,
+        extra_body=gateway.pinned(TAGS_REGEX, spelled=spelled),
     )
     assert (reasoning, content) == ("\n" + REASONING, ANSWER)
 
