@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import httpx
 import pytest
 
+from gateway.sim.state import SimState
 from tests.gateway.sim.clients import chat, in_process, read_events, served
 
 SUCCESS = 'vllm:request_success_total{{engine="0",finished_reason="{}",model_name="deepseek-r1"}}'
@@ -17,6 +21,17 @@ def success(text: str) -> dict[str, float]:
         line = next(line for line in text.splitlines() if line.startswith(SUCCESS.format(reason)))
         found[reason] = float(line.rsplit(" ", 1)[1])
     return found
+
+
+@asynccontextmanager
+async def stalled_stream(client: httpx.AsyncClient, state: SimState) -> AsyncIterator[None]:
+    """A stream that stalls after two pieces, held open inside the block, then abandoned; on
+    exit the simulator has seen the client leave."""
+    sim = {"fail": "stall", "fail_after": 2}
+    async with client.stream("POST", "/v1/chat/completions", json=chat(stream=True, sim=sim)) as r:
+        await read_events(r, limit=2)
+        yield
+    await state.wait_for(lambda s: s.cancelled == 1, timeout=2)
 
 
 @pytest.mark.asyncio
@@ -36,15 +51,9 @@ async def test_metrics_use_vllm_names() -> None:
 
 @pytest.mark.asyncio
 async def test_metrics_show_a_running_request_holding_kv() -> None:
-    sim = {"fail": "stall", "fail_after": 2}
-    async with served() as (client, state):
-        async with client.stream(
-            "POST", "/v1/chat/completions", json=chat(stream=True, sim=sim)
-        ) as r:
-            await read_events(r, limit=2)
-            await state.wait_for(lambda s: s.running == 1, timeout=2)
-            text = (await client.get("/metrics")).text
-        await state.wait_for(lambda s: s.cancelled == 1, timeout=2)
+    async with served() as (client, state), stalled_stream(client, state):
+        await state.wait_for(lambda s: s.running == 1, timeout=2)
+        text = (await client.get("/metrics")).text
     assert 'vllm:num_requests_running{engine="0",model_name="deepseek-r1"} 1.0' in text
     usage_line = next(line for line in text.splitlines() if line.startswith("vllm:kv_cache"))
     assert float(usage_line.split()[-1]) == 16 / 65536
@@ -69,13 +78,9 @@ async def test_request_success_counts_each_choice_by_finish_reason() -> None:
 @pytest.mark.asyncio
 async def test_aborts_and_faults_are_not_counted_as_success() -> None:
     """vLLM 0.32 does not count a client's abort in finished_reason="abort"."""
-    sim = {"fail": "stall", "fail_after": 2}
     async with served() as (client, state):
-        async with client.stream(
-            "POST", "/v1/chat/completions", json=chat(stream=True, sim=sim)
-        ) as r:
-            await read_events(r, limit=2)
-        await state.wait_for(lambda s: s.cancelled == 1, timeout=2)
+        async with stalled_stream(client, state):
+            pass
         with pytest.raises(httpx.RemoteProtocolError):
             await client.post("/v1/chat/completions", json=chat(sim={"fail": "drop"}))
         text = (await client.get("/metrics")).text
