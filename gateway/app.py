@@ -1,12 +1,14 @@
 """The app factory. ``create_app(settings)`` builds a FastAPI app whose lifespan owns every
-dependency (upstream connection pool, database engine, key store, limiter, ledger sink, metrics
-registry, and in demo mode the embedded simulator). Nothing happens at import time.
+dependency (upstream connection pool, database engine, key store, limiter, the audit ledger and
+its sink, metrics registry, and in demo mode the embedded simulator). Nothing happens at import
+time. A ``sink`` passed in replaces the ledger (tests that inspect records, relay benchmarks).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -16,16 +18,19 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import admin, chat, health
+from gateway import admin, auditor, chat, health
 from gateway.db import create_engine, create_schema
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.frontdoor import FrontDoor, error_response
 from gateway.keystore import KeyStore
-from gateway.ports import DiscardSink, Limiter, RecordSink, Unlimited
+from gateway.ledgersink import LedgerSink, ensure_keys, open_ledger
+from gateway.ports import Limiter, RecordSink, Unlimited
 from gateway.servers import BackgroundServer
 from gateway.settings import Settings
 from gateway.state import AppState
 from gateway.upstream import UpstreamPool, create_transport
+
+log = logging.getLogger("thinkgate")
 
 
 def create_app(
@@ -42,8 +47,7 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            limits, records = limiter or Unlimited(), sink or DiscardSink()
-            app.state.tg = await _start(stack, settings, limits, records)
+            app.state.tg = await _start(stack, settings, limiter or Unlimited(), sink)
             if freeze_gc:
                 gc.collect()
                 gc.freeze()
@@ -67,11 +71,12 @@ def create_app(
     app.add_api_route("/v1/models", chat.models, methods=["GET"], response_model=None)
     health.add_routes(app)
     admin.add_routes(app)
+    auditor.add_routes(app)
     return FrontDoor(app, {("POST", "/v1/chat/completions"): chat.chat_completions})
 
 
 async def _start(
-    stack: contextlib.AsyncExitStack, settings: Settings, limiter: Limiter, sink: RecordSink
+    stack: contextlib.AsyncExitStack, settings: Settings, limiter: Limiter, sink: RecordSink | None
 ) -> AppState:
     if settings.demo and not settings.upstreams:
         from gateway.sim.app import SimConfig, create_sim_app
@@ -84,6 +89,15 @@ async def _start(
     engine = create_engine(settings.database_url)
     stack.push_async_callback(engine.dispose)
     await create_schema(engine)
+    ledger = None
+    if sink is None:
+        for path in ensure_keys(settings, create=settings.demo):
+            log.warning(
+                "created ledger key file %s (demo): keep it, or records become unreadable", path
+            )
+        ledger = await open_ledger(settings, engine)
+        stack.push_async_callback(ledger.aclose)
+        sink = LedgerSink(ledger, settings)
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
     return AppState(
@@ -94,6 +108,7 @@ async def _start(
         keys=KeyStore(engine, ttl=settings.key_cache_ttl_s),
         limiter=limiter,
         sink=sink,
+        ledger=ledger,
         registry=registry,
     )
 

@@ -24,6 +24,7 @@ from starlette.responses import Response
 from gateway.auth import authenticate
 from gateway.errors import (
     GatewayError,
+    LedgerUnavailable,
     RemoteProtocolError,
     RequestTooLarge,
     UpstreamProtocolError,
@@ -44,6 +45,8 @@ async def chat_completions(request: Request) -> Response:
     raw = await read_body(request, state.settings.max_body_bytes)
     key = await authenticate(state.keys, request.headers.get("authorization"), "client")
     chat = parse_chat_request(raw)
+    if not state.sink.accepting():
+        raise LedgerUnavailable("The audit ledger cannot store records; try again later.")
     candidates = await state.upstreams.route(chat.model)
     admission = await state.limiter.admit(key.key_id, key.tenant, estimate_tokens(chat, state))
     policy = Policy(

@@ -81,6 +81,7 @@ class Exchange:
             usage=self.rewriter.usage,
             finish_reasons=tuple(c.finish_reason for c in choices),
             messages=self.chat.messages,
+            params=self.chat.params,
             reasoning=tuple("".join(c.reasoning) for c in choices),
             content=tuple("".join(c.content) for c in choices),
         )

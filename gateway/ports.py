@@ -4,8 +4,9 @@ The gateway builds one ``CompletionRecord`` per chat completion, however it ende
 it to a ``RecordSink`` in the ``finally`` of the request. It asks a ``Limiter`` to admit a
 request before opening the upstream and settles it with the real usage afterwards.
 
-Until the ledger and the rate-limit packages plug in, the app uses ``DiscardSink`` and
-``Unlimited``: explicit pass-through implementations, named for what they do.
+The ledger plugs in as ``gateway.ledgersink.LedgerSink``. Until the rate-limit package plugs
+in, the app uses ``Unlimited``; ``DiscardSink`` serves benchmarks of the relay alone. Both are
+explicit pass-through implementations, named for what they do.
 """
 
 from __future__ import annotations
@@ -35,16 +36,24 @@ class CompletionRecord:
     usage: dict[str, Any] | None
     finish_reasons: tuple[str | None, ...]
     messages: list[Any]
+    params: dict[str, Any]  # the request's other fields, as forwarded
     reasoning: tuple[str, ...]  # per choice
     content: tuple[str, ...]  # per choice
 
 
 class RecordSink(Protocol):
+    def accepting(self) -> bool:
+        """False while records cannot be stored and the sink wants new requests refused."""
+        ...
+
     async def submit(self, record: CompletionRecord) -> None: ...
 
 
 class DiscardSink:
-    """Drops records: the gateway without a ledger."""
+    """Drops records: the gateway without a ledger (benchmarks of the relay alone)."""
+
+    def accepting(self) -> bool:
+        return True
 
     async def submit(self, record: CompletionRecord) -> None:
         return None

@@ -66,6 +66,7 @@ class ChatRequest:
     n: int
     has_stop: bool
     messages: list[Any]
+    params: dict[str, Any]  # every other field, as forwarded (for the audit record)
     upstream_body: bytes
 
 
@@ -98,6 +99,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         n=checked.n,
         has_stop=bool(body.get("stop")),
         messages=body["messages"],
+        params={k: v for k, v in body.items() if k != "messages"},
         upstream_body=orjson.dumps(body),
     )
 

@@ -52,6 +52,13 @@ class Settings(BaseSettings):
     reasoning_field: ReasoningField = "reasoning_content"
     models: Mapping[str, ModelOverride] = Field(default_factory=dict)
     audit_mode: Literal["strict", "async"] = "strict"
+    audit_capture: Literal["full", "reasoning", "metadata"] = "full"
+    audit_fail: Literal["closed", "open"] = "closed"
+    # The log's name: the first line of every checkpoint and the signing key's name (C2SP
+    # tlog-checkpoint "origin"); no spaces or '+'. Set it to something unique to the deployment.
+    audit_origin: str = Field("thinkgate.local/ledger", pattern=r"^[^\s+]+$")
+    audit_spool_file: Path = Path("./var/ledger-spool.log")
+    audit_batch_max: int = Field(1024, ge=1, le=10_000)
     kv_capacity_tokens: int | None = None
     kv_target_utilization: float = Field(0.85, gt=0, le=1)
     admission_wait_ms: int = 2000

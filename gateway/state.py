@@ -8,6 +8,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from audit.ledger import Ledger
 from gateway.keystore import KeyStore
 from gateway.ports import Limiter, RecordSink
 from gateway.settings import Settings
@@ -23,4 +24,5 @@ class AppState:
     keys: KeyStore
     limiter: Limiter
     sink: RecordSink
+    ledger: Ledger | None  # None when the app was given another sink
     registry: CollectorRegistry

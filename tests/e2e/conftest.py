@@ -14,6 +14,7 @@ from starlette.types import ASGIApp
 
 from gateway.app import create_app
 from gateway.keycli import open_store
+from gateway.ledgersink import ensure_keys
 from gateway.ports import CompletionRecord, RecordSink
 from gateway.servers import BackgroundServer
 from gateway.settings import Settings
@@ -44,12 +45,25 @@ async def make_keys(settings: Settings) -> dict[str, str]:
     return {name: new.secret for name, (new, _info) in made.items()}
 
 
+def ledger_files(directory: Path) -> dict[str, Path]:
+    """Settings that keep a test's ledger keys and spool in its own directory; the gateway
+    start creates nothing (outside demo mode), so call ``ensure_keys(settings, create=True)``."""
+    return {
+        "ledger_key_file": directory / "ledger-keys.json",
+        "signing_key_file": directory / "signing-key.pem",
+        "audit_spool_file": directory / "spool.log",
+    }
+
+
 class RecordingSink:
     """Collects records and lets a test wait, with a deadline, until some have arrived."""
 
     def __init__(self) -> None:
         self.records: list[CompletionRecord] = []
         self._changed = asyncio.Condition()
+
+    def accepting(self) -> bool:
+        return True
 
     async def submit(self, record: CompletionRecord) -> None:
         async with self._changed:
@@ -86,8 +100,10 @@ async def stack_factory(tmp_path: Path) -> AsyncIterator[StackFactory]:
             defaults = {
                 "database_url": f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
                 "models_cache_ttl_s": 0,
+                **ledger_files(tmp_path),
             }
             settings = Settings(upstreams=tuple(upstreams), **{**defaults, **overrides})
+            ensure_keys(settings, create=True)
             keys = await make_keys(settings)
             gateway = await exits.enter_async_context(
                 BackgroundServer(create_app(settings, sink=sink))

@@ -8,10 +8,11 @@ import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.app import create_app
+from gateway.ledgersink import ensure_keys
 from gateway.servers import BackgroundServer
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
-from tests.e2e.conftest import make_keys
+from tests.e2e.conftest import ledger_files, make_keys
 
 
 class PortRecorder:
@@ -35,7 +36,9 @@ async def test_sequential_requests_reuse_one_upstream_connection(tmp_path: Any) 
             upstreams=(f"{sim.url}/v1",),
             database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
             models_cache_ttl_s=3600,
+            **ledger_files(tmp_path),
         )
+        ensure_keys(settings, create=True)
         keys = await make_keys(settings)
         async with BackgroundServer(create_app(settings)) as gateway, httpx.AsyncClient() as client:
             headers = {"authorization": f"Bearer {keys['visible']}"}

@@ -1,0 +1,191 @@
+"""Tenant data keys (DEKs): created on a tenant's first record, wrapped at rest, shreddable.
+
+Rules:
+
+- A DEK is 32 random bytes, stored only wrapped (AES-KW) under the key provider's primary KEK,
+  in ``ledger_data_keys`` with a random ``dek_id`` that every record header names. A tenant may
+  own several DEKs (replicas that met the tenant at the same moment each made one; nothing
+  breaks, every header says which one it used).
+- The DEK used for *new* records is cached for ``ACTIVE_TTL_S``: a shred run elsewhere is
+  honoured within that bound (records sealed under a DEK shredded meanwhile are as unreadable
+  as the rest of the tenant's, which is what shredding asked for).
+- While the database is away, a new tenant still gets a DEK: it is kept as *unsaved*, and the
+  writer puts its wrapped form (never the plain key) in the spool ahead of the tenant's
+  records and inserts it in the transaction that commits them.
+- Shredding erases the wrapped key and records when; ``opening`` then answers ``None``
+  ("destroyed") for every record of the tenant, forever.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import orjson
+from sqlalchemy import select, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from audit.crypto import KeyProvider, WrappedKey, new_data_key, rewrap
+from audit.schema import data_keys
+
+ACTIVE_TTL_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class DataKeyRow:
+    dek_id: str
+    tenant: str
+    kek_id: str
+    wrapped: bytes
+    created_at: float
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "dek_id": self.dek_id,
+                "tenant": self.tenant,
+                "kek_id": self.kek_id,
+                "wrapped": self.wrapped.hex(),
+                "created_at": self.created_at,
+            }
+        )
+
+    @classmethod
+    def decode(cls, data: bytes) -> DataKeyRow:
+        raw = orjson.loads(data)
+        return cls(
+            raw["dek_id"], raw["tenant"], raw["kek_id"], bytes.fromhex(raw["wrapped"]),
+            float(raw["created_at"]),
+        )  # fmt: skip
+
+
+class DataKeys:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        provider: KeyProvider,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._engine = engine
+        self._provider = provider
+        self._clock = clock
+        self._active: dict[str, tuple[float, str, bytes]] = {}
+        self._plain: dict[str, bytes] = {}
+        self.unsaved: dict[str, DataKeyRow] = {}
+
+    async def for_sealing(self, tenant: str) -> tuple[str, bytes]:
+        """``(dek_id, dek)`` for a new record of ``tenant``."""
+        cached = self._active.get(tenant)
+        if cached is not None and self._clock() - cached[0] < ACTIVE_TTL_S:
+            return cached[1], cached[2]
+        try:
+            dek_id, dek = await self._load_or_create(tenant)
+        except (SQLAlchemyError, OSError, TimeoutError):
+            dek_id, dek = self._create_unsaved(tenant)
+        self._active[tenant] = (self._clock(), dek_id, dek)
+        return dek_id, dek
+
+    async def opening(self, dek_id: str) -> bytes | None:
+        """The DEK for reading a record, or ``None`` when it was shredded or never saved. The
+        database is asked every time (reads are rare): a shred elsewhere counts at once."""
+        async with self._engine.connect() as conn:
+            query = select(data_keys.c.kek_id, data_keys.c.wrapped).where(
+                data_keys.c.dek_id == dek_id
+            )
+            row = (await conn.execute(query)).first()
+        if row is None or row.wrapped is None:
+            return None
+        if dek_id in self._plain:
+            return self._plain[dek_id]
+        return self._provider.unwrap(WrappedKey(row.kek_id, bytes(row.wrapped)))
+
+    async def save_unsaved(self, conn: AsyncConnection) -> None:
+        """Insert the DEKs made while the database was away (in the caller's transaction)."""
+        for row in list(self.unsaved.values()):
+            await insert_key(conn, row)
+
+    def saved(self) -> None:
+        self.unsaved.clear()
+
+    async def shred(self, tenant: str, now: float) -> int:
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                update(data_keys)
+                .where(data_keys.c.tenant == tenant, data_keys.c.wrapped.is_not(None))
+                .values(wrapped=None, destroyed_at=now)
+            )
+        self._active.pop(tenant, None)
+        for dek_id in await self._ids(tenant):
+            self._plain.pop(dek_id, None)
+        return int(result.rowcount or 0)
+
+    async def rewrap_all(self) -> int:
+        """Key rotation: re-wrap every live DEK under the provider's primary KEK."""
+        moved = 0
+        async with self._engine.begin() as conn:
+            query = select(data_keys.c.dek_id, data_keys.c.kek_id, data_keys.c.wrapped).where(
+                data_keys.c.wrapped.is_not(None), data_keys.c.kek_id != self._provider.primary_id
+            )
+            for row in (await conn.execute(query)).all():
+                new = rewrap(self._provider, WrappedKey(row.kek_id, bytes(row.wrapped)))
+                await conn.execute(
+                    update(data_keys)
+                    .where(data_keys.c.dek_id == row.dek_id)
+                    .values(kek_id=new.kek_id, wrapped=new.blob)
+                )
+                moved += 1
+        return moved
+
+    async def _ids(self, tenant: str) -> set[str]:
+        async with self._engine.connect() as conn:
+            query = select(data_keys.c.dek_id).where(data_keys.c.tenant == tenant)
+            return {r.dek_id for r in await conn.execute(query)}
+
+    async def _load_or_create(self, tenant: str) -> tuple[str, bytes]:
+        async with self._engine.begin() as conn:
+            query = (
+                select(data_keys.c.dek_id, data_keys.c.kek_id, data_keys.c.wrapped)
+                .where(data_keys.c.tenant == tenant, data_keys.c.wrapped.is_not(None))
+                .order_by(data_keys.c.created_at.desc())
+                .limit(1)
+            )
+            row = (await conn.execute(query)).first()
+            if row is not None:
+                dek = self._provider.unwrap(WrappedKey(row.kek_id, bytes(row.wrapped)))
+                self._plain[row.dek_id] = dek
+                return row.dek_id, dek
+            new, dek = self._new_row(tenant)
+            await insert_key(conn, new)
+        return new.dek_id, dek
+
+    def _create_unsaved(self, tenant: str) -> tuple[str, bytes]:
+        row, dek = self._new_row(tenant)
+        self.unsaved[row.dek_id] = row
+        return row.dek_id, dek
+
+    def _new_row(self, tenant: str) -> tuple[DataKeyRow, bytes]:
+        dek = new_data_key()
+        wrapped = self._provider.wrap(dek)
+        row = DataKeyRow(
+            f"dek-{secrets.token_hex(8)}", tenant, wrapped.kek_id, wrapped.blob, time.time()
+        )
+        self._plain[row.dek_id] = dek
+        return row, dek
+
+
+async def insert_key(conn: AsyncConnection, row: DataKeyRow) -> None:
+    """Insert unless present (replay may repeat a key line)."""
+    exists = select(data_keys.c.dek_id).where(data_keys.c.dek_id == row.dek_id)
+    if (await conn.execute(exists)).first() is None:
+        await conn.execute(
+            data_keys.insert().values(
+                dek_id=row.dek_id,
+                tenant=row.tenant,
+                kek_id=row.kek_id,
+                wrapped=row.wrapped,
+                created_at=row.created_at,
+            )
+        )

@@ -1,0 +1,211 @@
+"""The ledger as the rest of thinkgate sees it: append, read, prove, shred.
+
+``Ledger.open`` migrates the schema, loads the keys and starts the writer; ``append`` seals a
+record (per-record key from the tenant's data key, header as associated data) and hands it to
+the writer; the read side answers the auditor API and the CLI.
+
+System records (``access``: an auditor read a record; ``shred``: a tenant's keys were destroyed)
+carry everything in their header and seal an empty body under a throw-away key (``dek`` is
+``"none"``): they must stay readable after any shredding and must not create tenant keys.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from audit import crypto, merkle, migrate, store
+from audit.crypto import KeyProvider
+from audit.datakeys import DataKeys
+from audit.note import NoteSigner
+from audit.record import Body, Facts, Seal, Sealed, encode_header, parse_header
+from audit.sequencer import Sequencer
+from audit.spool import Spool
+from audit.writer import LedgerWriter, Mode, WriterStats
+
+NO_KEY = "none"
+
+
+class ProofUnavailable(ValueError):
+    """A proof was asked for sizes or an index the ledger does not (yet) have."""
+
+
+@dataclass(frozen=True, slots=True)
+class Listed:
+    index: int
+    header: dict[str, Any]
+    leaf_hash: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """One record read back: ``body`` is ``None`` when its key was destroyed (or it has none)."""
+
+    index: int
+    header: dict[str, Any]
+    leaf_hash: bytes
+    body: Body | None
+    destroyed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Inclusion:
+    index: int
+    tree_size: int
+    leaf_hash: bytes
+    hashes: list[bytes]
+
+
+class Ledger:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        keys: DataKeys,
+        signer: NoteSigner,
+        writer: LedgerWriter,
+        origin: str,
+    ) -> None:
+        self._engine = engine
+        self._keys = keys
+        self._signer = signer
+        self._writer = writer
+        self.origin = origin
+        self.writer_id = f"w-{secrets.token_hex(8)}"
+        self._sequence = itertools.count()
+
+    @classmethod
+    async def open(
+        cls,
+        engine: AsyncEngine,
+        provider: KeyProvider,
+        signer: NoteSigner,
+        *,
+        origin: str,
+        spool_path: Path,
+        mode: Mode = "strict",
+        max_batch: int = 1024,
+        retry_s: float = 1.0,
+    ) -> Ledger:
+        await migrate.upgrade(engine)
+        keys = DataKeys(engine, provider)
+        sequencer = Sequencer(engine, signer, origin, keys)
+        spool = Spool(spool_path)
+        writer = LedgerWriter(
+            sequencer, spool, keys, mode=mode, max_batch=max_batch, retry_s=retry_s
+        )
+        writer.start()
+        return cls(engine, keys, signer, writer, origin)
+
+    async def aclose(self) -> None:
+        await self._writer.aclose()
+
+    @property
+    def stats(self) -> WriterStats:
+        return self._writer.stats
+
+    @property
+    def spool_pending(self) -> int:
+        return self._writer.spool_pending
+
+    def accepting(self) -> bool:
+        return self._writer.accepting()
+
+    def verifier_key(self) -> str:
+        return self._signer.verifier_key()
+
+    async def append(self, facts: Facts, body: Body) -> None:
+        """Seal and submit; returns when the writer's mode says the record is safe."""
+        await self._writer.submit(await self.seal(facts, body))
+
+    async def seal(self, facts: Facts, body: Body) -> Sealed:
+        if facts.kind == "completion":
+            dek_id, dek = await self._keys.for_sealing(facts.tenant)
+        else:
+            dek_id, dek = NO_KEY, crypto.new_data_key()
+        key = crypto.record_key(dek)
+        seal = Seal(self.origin, self.writer_id, next(self._sequence), dek_id, key.salt,
+                    key.commitment)  # fmt: skip
+        header = encode_header(facts, seal)
+        return Sealed(header, crypto.seal(key, body.encode(), header))
+
+    async def find(self, where: store.Filter, limit: int) -> list[Listed]:
+        async with self._engine.connect() as conn:
+            rows = await store.find(conn, where, limit)
+        return [Listed(i, parse_header(h).fields, leaf) for i, h, leaf in rows]
+
+    async def read(self, index: int) -> Opened | None:
+        async with self._engine.connect() as conn:
+            row = await store.entry(conn, index)
+        if row is None:
+            return None
+        header_bytes, ciphertext, leaf = row
+        header = parse_header(header_bytes)
+        dek = None if header.dek_id == NO_KEY else await self._keys.opening(header.dek_id)
+        if dek is None:
+            return Opened(index, header.fields, leaf, None, header.dek_id != NO_KEY)
+        plain = crypto.unseal(dek, header.salt, header.commitment, header_bytes, ciphertext)
+        return Opened(index, header.fields, leaf, Body.decode(plain), False)
+
+    async def sealed(self, index: int) -> Sealed:
+        async with self._engine.connect() as conn:
+            row = await store.entry(conn, index)
+        if row is None:
+            raise ProofUnavailable(f"the ledger has no record {index}")
+        return Sealed(row[0], row[1])
+
+    async def checkpoint(self, size: int | None = None) -> str | None:
+        async with self._engine.connect() as conn:
+            if size is None:
+                return await store.latest_checkpoint(conn)
+            return await store.checkpoint_at(conn, size)
+
+    async def inclusion(self, index: int, tree_size: int) -> Inclusion:
+        async with self._engine.connect() as conn:
+            await self._check_size(conn, tree_size)
+            plan = _plan(lambda: merkle.inclusion_plan(index, tree_size))
+            found = await store.node_hashes(conn, merkle.plan_nodes(plan))
+            leaf = await store.node_hashes(conn, [merkle.NodeID(0, index)])
+        return Inclusion(
+            index, tree_size, leaf[merkle.NodeID(0, index)], merkle.assemble(plan, found)
+        )
+
+    async def consistency(self, first: int, second: int) -> list[bytes]:
+        async with self._engine.connect() as conn:
+            await self._check_size(conn, second)
+            plan = _plan(lambda: merkle.consistency_plan(first, second))
+            found = await store.node_hashes(conn, merkle.plan_nodes(plan))
+        return merkle.assemble(plan, found)
+
+    async def _check_size(self, conn: Any, size: int) -> None:
+        current = await store.tree_size(conn)
+        if size > current:
+            raise ProofUnavailable(f"the ledger has {current} records, fewer than {size}")
+
+    async def shred(self, tenant: str) -> int:
+        """Destroy every data key of ``tenant`` and append the signed shred record."""
+        now = time.time()
+        destroyed = await self._keys.shred(tenant, now)
+        statement = self._signer.sign(f"thinkgate shred\n{self.origin}\n{tenant}\n{int(now)}\n")
+        facts = Facts(
+            kind="shred", tenant=tenant, key_id="operator", request_id=f"shred-{int(now)}",
+            created_at=now, status="ok", statement=statement,
+        )  # fmt: skip
+        await self.append(facts, Body())
+        return destroyed
+
+    async def rotate_keys(self) -> int:
+        return await self._keys.rewrap_all()
+
+
+def _plan(make: Any) -> list[merkle.Range]:
+    try:
+        plan: list[merkle.Range] = make()
+    except merkle.ProofError as exc:
+        raise ProofUnavailable(str(exc)) from None
+    return plan

@@ -1,0 +1,224 @@
+"""The ledger writer: group commit, the spool while the database is away, and replay.
+
+One task owns all writing. Requests put sealed records on a bounded queue; the task takes
+whatever has accumulated (up to ``max_batch``) and commits it as one sequencer transaction, so
+under load many requests share one commit ("group commit") and the cost per record falls as
+concurrency rises.
+
+Modes (``AUDIT_MODE``):
+
+- ``strict``: ``submit`` returns once the record is durable, committed to the database or
+  fsync'd to the spool; the gateway sends ``[DONE]`` only after that.
+- ``async``: ``submit`` returns once the record is queued (it waits only while the queue is
+  full). A crash loses at most the queued records, none of which was reported durable.
+
+When a commit fails for a database reason, the batch goes to the spool (``audit.spool``), and
+so does every later batch until a replay succeeds: replay is attempted at most once per
+``retry_s``, also with no traffic, commits the spooled records in their order (skipping those
+already stored), then clears the spool. New records never overtake spooled ones.
+
+When the spool cannot take a batch either (disk full, read-only), the batch's submitters get
+``LedgerUnavailable`` and ``accepting()`` turns false until the database answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from audit.datakeys import DataKeyRow, DataKeys
+from audit.record import Sealed
+from audit.sequencer import Sequencer
+from audit.spool import Spool
+from audit.store import DB_ERRORS
+
+log = logging.getLogger("thinkgate.ledger")
+
+Mode = Literal["strict", "async"]
+
+_KEY, _RECORD = b"K", b"R"
+
+
+class LedgerUnavailable(Exception):
+    """Neither the database nor the spool could take a record."""
+
+
+@dataclass(slots=True)
+class WriterStats:
+    committed: int = 0
+    spooled: int = 0
+    replayed: int = 0
+    failed: int = 0
+    batches: int = 0
+    last_commit_seconds: float = 0.0
+    last_checkpoint_at: float | None = None
+
+
+_Item = tuple[Sealed, "asyncio.Future[None] | None"]
+_STOP = object()
+
+
+class LedgerWriter:
+    def __init__(
+        self,
+        sequencer: Sequencer,
+        spool: Spool,
+        keys: DataKeys,
+        *,
+        mode: Mode = "strict",
+        max_batch: int = 1024,
+        queue_limit: int = 10_000,
+        retry_s: float = 1.0,
+    ) -> None:
+        self._sequencer = sequencer
+        self._spool = spool
+        self._keys = keys
+        self._mode = mode
+        self._max_batch = max_batch
+        self._queue: asyncio.Queue[_Item | object] = asyncio.Queue(queue_limit)
+        self._retry_s = retry_s
+        self._last_attempt = -float("inf")
+        self._spooled_keys: set[str] = set()
+        self._unavailable = False
+        self._task: asyncio.Task[None] | None = None
+        self.stats = WriterStats()
+
+    @property
+    def spool_pending(self) -> int:
+        return len(self._spool)
+
+    def accepting(self) -> bool:
+        return not self._unavailable
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="ledger-writer")
+
+    async def aclose(self) -> None:
+        """Persist everything queued, then stop."""
+        if self._task is None:
+            return
+        await self._queue.put(_STOP)
+        await self._task
+        self._task = None
+
+    async def submit(self, sealed: Sealed) -> None:
+        if self._mode == "async":
+            await self._queue.put((sealed, None))
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self._queue.put((sealed, done))
+        await done
+
+    async def _run(self) -> None:
+        while True:
+            batch, stop = await self._next_batch()
+            if batch:
+                await self._persist(batch)
+            elif self._spool_pending_or_down():
+                await self._recover()
+            if stop:
+                return
+
+    def _spool_pending_or_down(self) -> bool:
+        return len(self._spool) > 0 or self._unavailable
+
+    async def _next_batch(self) -> tuple[list[_Item], bool]:
+        timeout = self._retry_s if self._spool_pending_or_down() else None
+        try:
+            first = await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            return [], False
+        items = [first]
+        while len(items) < self._max_batch and not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        stop = _STOP in items
+        return [i for i in items if i is not _STOP], stop  # type: ignore[misc]
+
+    async def _persist(self, batch: list[_Item]) -> None:
+        sealed = [s for s, _ in batch]
+        if len(self._spool) == 0 or await self._replay():
+            try:
+                started = time.perf_counter()
+                await self._sequencer.commit(sealed)
+            except DB_ERRORS as exc:
+                log.warning("ledger database unreachable (%s); spooling", type(exc).__name__)
+            else:
+                self._committed(len(sealed), time.perf_counter() - started)
+                _resolve(batch, None)
+                return
+        await self._to_spool(batch)
+
+    def _committed(self, count: int, seconds: float) -> None:
+        self.stats.committed += count
+        self.stats.batches += 1
+        self.stats.last_commit_seconds = seconds
+        self.stats.last_checkpoint_at = time.time()
+        self._unavailable = False
+
+    async def _to_spool(self, batch: list[_Item]) -> None:
+        keys = [k for k in self._keys.unsaved.values() if k.dek_id not in self._spooled_keys]
+        payloads = [_KEY + k.encode() for k in keys] + [_RECORD + s.leaf_data() for s, _ in batch]
+        try:
+            await asyncio.to_thread(self._spool.append, payloads)
+        except OSError as exc:
+            log.error("ledger spool failed (%s): records refused", type(exc).__name__)
+            self._unavailable = True
+            self.stats.failed += len(batch)
+            _resolve(batch, LedgerUnavailable("The audit ledger cannot store records."))
+            return
+        self._spooled_keys.update(k.dek_id for k in keys)
+        self.stats.spooled += len(batch)
+        _resolve(batch, None)
+
+    async def _recover(self) -> None:
+        if len(self._spool) > 0:
+            await self._replay()
+        elif await self._sequencer.ping():
+            self._unavailable = False
+
+    async def _replay(self) -> bool:
+        """Commit the spool to the database, in order; ``False`` when it is still away (or the
+        last attempt was less than ``retry_s`` ago)."""
+        now = time.monotonic()
+        if now - self._last_attempt < self._retry_s:
+            return False
+        self._last_attempt = now
+        keys, records = _parse_spool(await asyncio.to_thread(self._spool.read))
+        for key in keys:
+            self._keys.unsaved.setdefault(key.dek_id, key)
+        try:
+            await self._commit_in_chunks(records)
+        except DB_ERRORS:
+            return False
+        await asyncio.to_thread(self._spool.clear)
+        self._spooled_keys.clear()
+        self.stats.replayed += len(records)
+        log.info("ledger replayed %d spooled records", len(records))
+        return True
+
+    async def _commit_in_chunks(self, records: Sequence[Sealed]) -> None:
+        if not records:
+            await self._sequencer.commit([], replay=True)  # saves spooled keys, if any
+        for start in range(0, len(records), self._max_batch):
+            await self._sequencer.commit(records[start : start + self._max_batch], replay=True)
+        self._unavailable = False
+
+
+def _parse_spool(payloads: Sequence[bytes]) -> tuple[list[DataKeyRow], list[Sealed]]:
+    keys = [DataKeyRow.decode(p[1:]) for p in payloads if p[:1] == _KEY]
+    records = [Sealed.from_leaf_data(p[1:]) for p in payloads if p[:1] == _RECORD]
+    return keys, records
+
+
+def _resolve(batch: Sequence[_Item], error: Exception | None) -> None:
+    for _, done in batch:
+        if done is None or done.done():
+            continue
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
