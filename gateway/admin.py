@@ -52,7 +52,7 @@ async def create_key(request: Request) -> Response:
     except ValidationError as exc:
         loc = ".".join(str(p) for p in exc.errors()[0]["loc"]) or None
         raise InvalidRequest(f"Invalid value for '{loc}'.", param=loc) from None
-    if not keys.valid_tenant(spec.tenant):
+    if not keys.valid_tenant(spec.tenant, spec.role):
         raise InvalidRequest("Tenant names are letters, digits, '.', '_' and '-'.", param="tenant")
     new, info = await state.keys.create(**spec.model_dump())
     body = {**key_view(info), "key": new.secret}

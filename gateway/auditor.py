@@ -37,10 +37,9 @@ from gateway.errors import (
     NotFound,
     PermissionDenied,
 )
-from gateway.keys import KeyInfo
+from gateway.keys import ALL_TENANTS, KeyInfo
 from gateway.state import AppState
 
-ALL_TENANTS = "*"
 MAX_PAGE = 1000
 
 

@@ -1,4 +1,4 @@
-"""``thinkgate``: serve, sim, keys, bench (DESIGN §3). Each command is a small function."""
+"""``thinkgate``: serve, sim, keys, ledger, bench (DESIGN §3). Each command is a small function."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from gateway.settings import Settings
@@ -51,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     revoke.set_defaults(func=cmd_keys_revoke)
 
+    _ledger_parser(sub)
+
     bench = sub.add_parser("bench", help="load generator: TTFT, inter-token latency, throughput")
     bench.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8080/v1")
     bench.add_argument("--concurrency", type=int, default=32)
@@ -60,6 +63,32 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", type=int, default=256)
     bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def _ledger_parser(sub: Any) -> None:
+    ledger = sub.add_parser("ledger", help="the audit ledger").add_subparsers(required=True)
+    ledger.add_parser("init", help="create missing ledger key files").set_defaults(
+        func=cmd_ledger_init
+    )
+    verify = ledger.add_parser("verify", help="check every leaf, the tree and every checkpoint")
+    verify.add_argument("--export", type=Path, default=None, help="check this export offline")
+    verify.add_argument("--public-key", type=Path, default=None, help="verifier key file")
+    verify.set_defaults(func=cmd_ledger_verify)
+    export = ledger.add_parser("export", help="records with inclusion proofs, as JSON lines")
+    export.add_argument("--tenant", default=None)
+    export.add_argument("--since", type=float, default=None, help="epoch seconds")
+    export.add_argument("--until", type=float, default=None, help="epoch seconds")
+    export.add_argument("--output", type=Path, default=None, help="default: stdout")
+    export.set_defaults(func=cmd_ledger_export)
+    shred = ledger.add_parser("shred", help="destroy a tenant's data keys (irreversible)")
+    shred.add_argument("--tenant", required=True)
+    shred.set_defaults(func=cmd_ledger_shred)
+    ledger.add_parser("rotate-kek", help="new primary key-encryption key; re-wrap").set_defaults(
+        func=cmd_ledger_rotate
+    )
+    ledger.add_parser("public-key", help="print the checkpoint verifier key").set_defaults(
+        func=cmd_ledger_public_key
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -161,6 +190,76 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
         return 0
     print(f"no active key {args.key_id}", file=sys.stderr)
     return 1
+
+
+def cmd_ledger_init(args: argparse.Namespace) -> int:
+    from gateway.ledgercli import init
+
+    made = init(Settings())
+    for path in made:
+        print(f"created {path} (mode 0600): back it up; without it records cannot be read")
+    if not made:
+        print("ledger key files already exist; nothing changed")
+    return 0
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    from audit.export import ExportInvalid
+    from audit.verify import LedgerCorrupt
+    from gateway.ledgercli import progress_bar, verify_database, verify_export
+
+    try:
+        if args.export is not None:
+            if args.public_key is None:
+                print("--export needs --public-key", file=sys.stderr)
+                return 2
+            size, count = verify_export(args.export, args.public_key)
+            print(f"export OK: {count} records included in the signed tree of size {size}")
+            return 0
+        with progress_bar(sys.stderr.isatty()) as progress:
+            report = asyncio.run(verify_database(Settings(), progress))
+    except (LedgerCorrupt, ExportInvalid) as exc:
+        print(f"ledger verification FAILED: {exc}", file=sys.stderr)
+        return 1
+    print(f"ledger OK: {report.size} records, {report.checkpoints} checkpoints verified")
+    return 0
+
+
+def cmd_ledger_export(args: argparse.Namespace) -> int:
+    from audit.store import Filter
+    from gateway.ledgercli import export_to
+
+    where = Filter(tenant=args.tenant, since=args.since, until=args.until)
+    if args.output is None:
+        count = asyncio.run(export_to(Settings(), where, sys.stdout.buffer))
+    else:
+        with args.output.open("wb") as out:
+            count = asyncio.run(export_to(Settings(), where, out))
+    print(f"exported {count} records", file=sys.stderr)
+    return 0
+
+
+def cmd_ledger_shred(args: argparse.Namespace) -> int:
+    from gateway.ledgercli import shred
+
+    destroyed = asyncio.run(shred(Settings(), args.tenant))
+    print(f"shredded tenant {args.tenant}: {destroyed} data keys destroyed, shred record appended")
+    return 0
+
+
+def cmd_ledger_rotate(args: argparse.Namespace) -> int:
+    from gateway.ledgercli import rotate_kek
+
+    new_id, moved = asyncio.run(rotate_kek(Settings()))
+    print(f"new primary key-encryption key {new_id}; {moved} tenant keys re-wrapped")
+    return 0
+
+
+def cmd_ledger_public_key(args: argparse.Namespace) -> int:
+    from gateway.ledgercli import verifier_key
+
+    print(verifier_key(Settings()))
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -30,7 +30,7 @@ async def create_key(
     tpm: int | None,
 ) -> tuple[str, str]:
     """``(secret, description)`` of a new key."""
-    if not valid_tenant(tenant):
+    if not valid_tenant(tenant, role):
         raise SystemExit("tenant names are letters, digits, '.', '_' and '-' (at most 64)")
     async with open_store(settings) as store:
         new, info = await store.create(

@@ -69,5 +69,10 @@ def verify(info: KeyInfo, secret: str) -> bool:
     return hmac.compare_digest(info.secret_hash, hash_secret(secret))
 
 
-def valid_tenant(tenant: str) -> bool:
+ALL_TENANTS = "*"  # only for auditor keys: an auditor of every tenant
+
+
+def valid_tenant(tenant: str, role: Role = "client") -> bool:
+    if tenant == ALL_TENANTS:
+        return role == "auditor"
     return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", tenant) is not None
