@@ -1,0 +1,137 @@
+"""Nothing acknowledged is lost: a gateway process whose database went away spools its records,
+is killed with SIGKILL, and its successor replays the spool once the database is back.
+
+The gateway runs as a real subprocess (``python -m gateway.cli serve``); PostgreSQL is real and
+"goes away" by a TCP proxy in front of it being cut (``tests/tcpproxy.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+
+from audit.note import NoteVerifier
+from audit.schema import entries
+from audit.verify import verify
+from gateway.db import create_engine
+from gateway.ledgercli import verifier_key
+from gateway.ledgersink import ensure_keys
+from gateway.servers import BackgroundServer
+from gateway.settings import Settings
+from gateway.sim.app import SimConfig, create_sim_app
+from tests.e2e.conftest import ledger_files, make_keys
+from tests.gateway.test_cli import free_port
+from tests.tcpproxy import TcpProxy
+
+
+async def start_gateway(env: dict[str, str], port: int) -> asyncio.subprocess.Process:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    while True:  # wait, with a deadline, until uvicorn reports that the app started
+        line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
+        assert line, "the gateway exited during start-up"
+        if b"Application startup complete" in line:
+            break
+    asyncio.get_running_loop().create_task(_drain(proc.stderr))
+    return proc
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass
+
+
+async def chat(client: httpx.AsyncClient, key: str, stream: bool) -> str:
+    body = {"model": "deepseek-r1", "stream": stream, "max_tokens": 20,
+            "messages": [{"role": "user", "content": "marker-prompt-5d1c"}]}  # fmt: skip
+    headers = {"authorization": f"Bearer {key}"}
+    response = await client.post("/v1/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    if stream:
+        assert response.text.endswith("data: [DONE]\n\n")  # acknowledged as complete
+    return response.headers["x-request-id"]
+
+
+@pytest.fixture
+async def proxied_postgres(postgres_url: str) -> AsyncIterator[tuple[TcpProxy, str]]:
+    url = make_url(postgres_url)
+    async with TcpProxy(url.host or "127.0.0.1", url.port or 5432) as proxy:
+        yield proxy, url.set(port=proxy.port).render_as_string(hide_password=False)
+
+
+async def stored_request_ids(url: str) -> list[str]:
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            query = select(entries.c.request_id).order_by(entries.c.idx)
+            return [r.request_id for r in await conn.execute(query)]
+    finally:
+        await engine.dispose()
+
+
+async def test_spooled_records_survive_kill_9_and_are_replayed(
+    tmp_path: Path, postgres_url: str, proxied_postgres: tuple[TcpProxy, str]
+) -> None:
+    proxy, via_proxy = proxied_postgres
+    files = ledger_files(tmp_path)
+    async with BackgroundServer(create_sim_app(SimConfig(ttft_ms=1, itl_ms=0))) as sim:
+        settings = Settings(upstreams=(f"{sim.url}/v1",), database_url=via_proxy, **files)
+        ensure_keys(settings, create=True)
+        key = (await make_keys(settings))["visible"]
+        env = _env(settings, files)
+        port = free_port()
+        proc = await start_gateway(env, port)
+        acknowledged = []
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            acknowledged.append(await chat(client, key, stream=True))  # warms the key cache
+            await proxy.stop()  # the database goes away
+            for i in range(10):
+                acknowledged.append(await chat(client, key, stream=i % 2 == 0))
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+
+        spooled = files["audit_spool_file"].read_bytes()
+        assert spooled.count(b"\n") >= 10
+        assert b"marker-prompt-5d1c" not in spooled  # sealed before it touches the disk
+        assert await stored_request_ids(postgres_url) == acknowledged[:1]
+
+        await proxy.start()  # the database is back; a new gateway process starts
+        proc = await start_gateway(env, free_port())
+        try:
+            async with asyncio.timeout(20):
+                while len(await stored_request_ids(postgres_url)) < len(acknowledged):
+                    await asyncio.sleep(0.05)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+    assert await stored_request_ids(postgres_url) == acknowledged  # all, once, in order
+    engine = create_engine(postgres_url)
+    try:
+        report = await verify(engine, NoteVerifier(verifier_key(settings)), settings.audit_origin)
+    finally:
+        await engine.dispose()
+    assert report.size == len(acknowledged)
+
+
+def _env(settings: Settings, files: dict[str, Any]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THINKGATE_")}
+    env.update(
+        THINKGATE_UPSTREAMS=",".join(settings.upstreams),
+        THINKGATE_DATABASE_URL=settings.database_url,
+        THINKGATE_KEY_CACHE_TTL_S="3600",  # authentication must not need the absent database
+        **{f"THINKGATE_{name.upper()}": str(path) for name, path in files.items()},
+    )
+    return env
