@@ -18,6 +18,7 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import Callable
@@ -74,6 +75,7 @@ class DataKeys:
         self._clock = clock
         self._active: dict[str, tuple[float, str, bytes]] = {}
         self._plain: dict[str, bytes] = {}
+        self._loading: dict[str, asyncio.Future[tuple[str, bytes]]] = {}
         self.unsaved: dict[str, DataKeyRow] = {}
 
     async def for_sealing(self, tenant: str) -> tuple[str, bytes]:
@@ -81,6 +83,16 @@ class DataKeys:
         cached = self._active.get(tenant)
         if cached is not None and self._clock() - cached[0] < ACTIVE_TTL_S:
             return cached[1], cached[2]
+        # Single flight: a burst of a tenant's first requests makes one lookup, not one each
+        # (which would also give the tenant one new key per request).
+        pending = self._loading.get(tenant)
+        if pending is None:
+            pending = asyncio.ensure_future(self._refresh(tenant))
+            self._loading[tenant] = pending
+            pending.add_done_callback(lambda _: self._loading.pop(tenant, None))
+        return await asyncio.shield(pending)
+
+    async def _refresh(self, tenant: str) -> tuple[str, bytes]:
         try:
             dek_id, dek = await self._load_or_create(tenant)
         except (SQLAlchemyError, OSError, TimeoutError):

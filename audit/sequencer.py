@@ -11,6 +11,7 @@ The frontier is only adopted after the commit: a failed transaction leaves no tr
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 
@@ -38,6 +39,7 @@ class Sequencer:
         self._keys = keys
         self._clock = clock
         self._range = CompactRange()
+        self._conn: AsyncConnection | None = None
 
     @property
     def size(self) -> int:
@@ -47,7 +49,23 @@ class Sequencer:
     async def commit(self, batch: Sequence[Sealed], *, replay: bool = False) -> int:
         """Append ``batch`` in order; with ``replay``, skip records the ledger already holds.
         Returns the new tree size."""
-        async with store.sequencing(self._engine) as conn:
+        while True:
+            reused = self._conn is not None
+            conn = await self._connection()
+            try:
+                return await self._commit(conn, batch, replay)
+            except store.DB_ERRORS:
+                await self._drop_connection()
+                if not reused:
+                    raise
+                # The kept connection may have died while idle (database restarted, idle
+                # timeout): one more try on a fresh one before calling the database away.
+            except BaseException:
+                await self._drop_connection()  # its state is unknown: a fresh one next time
+                raise
+
+    async def _commit(self, conn: AsyncConnection, batch: Sequence[Sealed], replay: bool) -> int:
+        async with store.sequencing(conn):
             tree = await self._current_range(conn)
             if replay:
                 batch = await _not_stored(conn, batch)
@@ -60,6 +78,25 @@ class Sequencer:
         self._keys.saved()
         self._range = tree
         return tree.size
+
+    async def _connection(self) -> AsyncConnection:
+        """The sequencer keeps one connection for itself: a commit then costs its own round
+        trips only, not a pool checkout (with its liveness ping) and a reset on return."""
+        if self._conn is None:
+            self._conn = await self._engine.connect()
+        return self._conn
+
+    async def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(*store.DB_ERRORS):
+                await conn.invalidate()
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(*store.DB_ERRORS):
+                await conn.close()
 
     async def ping(self) -> bool:
         """Whether the database answers."""

@@ -104,6 +104,7 @@ class LedgerWriter:
         await self._queue.put(_STOP)
         await self._task
         self._task = None
+        await self._sequencer.aclose()
 
     async def submit(self, sealed: Sealed) -> None:
         if self._mode == "async":

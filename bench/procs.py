@@ -132,7 +132,10 @@ def start_sim(work: Workdir, ttft_ms: float, itl_ms: float) -> ServerProcess:
 
 
 def create_client_key(work: Workdir) -> str:
-    """A visible-reasoning client key for tenant ``bench``; the secret is the last line."""
+    """A visible-reasoning client key for tenant ``bench``; the secret is the last line. The
+    ledger's key files are created alongside (the gateway refuses to start without them)."""
+    subprocess.run([THINKGATE, "ledger", "init"], cwd=work.path, env=work.env, check=True,
+                   capture_output=True)  # fmt: skip
     argv = [THINKGATE, "keys", "create", "--tenant", "bench", "--role", "client"]
     argv += ["--reasoning", "visible"]
     out = subprocess.run(argv, cwd=work.path, env=work.env, check=True, capture_output=True)
