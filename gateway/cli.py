@@ -67,9 +67,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _ledger_parser(sub: Any) -> None:
     ledger = sub.add_parser("ledger", help="the audit ledger").add_subparsers(required=True)
-    ledger.add_parser("init", help="create missing ledger key files").set_defaults(
-        func=cmd_ledger_init
-    )
+    ledger.add_parser(
+        "init", help="create missing key files; migrate the ledger schema"
+    ).set_defaults(func=cmd_ledger_init)
     verify = ledger.add_parser("verify", help="check every leaf, the tree and every checkpoint")
     verify.add_argument("--export", type=Path, default=None, help="check this export offline")
     verify.add_argument("--public-key", type=Path, default=None, help="verifier key file")
@@ -195,11 +195,12 @@ def cmd_keys_revoke(args: argparse.Namespace) -> int:
 def cmd_ledger_init(args: argparse.Namespace) -> int:
     from gateway.ledgercli import init
 
-    made = init(Settings())
+    made = asyncio.run(init(Settings()))
     for path in made:
         print(f"created {path} (mode 0600): back it up; without it records cannot be read")
     if not made:
-        print("ledger key files already exist; nothing changed")
+        print("ledger key files already exist; kept them")
+    print("ledger schema is current")
     return 0
 
 

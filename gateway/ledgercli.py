@@ -26,9 +26,17 @@ from gateway.settings import Settings
 Progress = Callable[[int, int], None]
 
 
-def init(settings: Settings) -> list[str]:
-    """Create the key files that are missing; never overwrite one."""
-    return ensure_keys(settings, create=True)
+async def init(settings: Settings) -> list[str]:
+    """Create the key files that are missing (never overwriting one) and bring the ledger's
+    schema to the current migration. Run it once with a database role that may create tables;
+    the gateway itself then needs only SELECT and INSERT on the ledger (docs/ledger.md)."""
+    made = ensure_keys(settings, create=True)
+    engine = create_engine(settings.database_url)
+    try:
+        await upgrade(engine)
+    finally:
+        await engine.dispose()
+    return made
 
 
 def verifier_key(settings: Settings) -> str:
