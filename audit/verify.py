@@ -102,6 +102,8 @@ class _Checker:
         for name in _COLUMNS:
             if str(getattr(header, name)) != str(getattr(row, name)):
                 raise LedgerCorrupt(f"index {index}: column {name} disagrees with the header")
+        if float(row.created_at) != header.created_at:  # time-window searches use the column
+            raise LedgerCorrupt(f"index {index}: column created_at disagrees with the header")
 
     def _checkpoint(self, size: int, root: bytes, note: str) -> None:
         try:
@@ -135,7 +137,14 @@ class _Checker:
 async def _entries(conn: AsyncConnection, first: int, end: int) -> list[Row[Any]]:
     c = entries.c
     query = (
-        select(c.idx, c.header, c.ciphertext, c.leaf_hash, *(getattr(c, n) for n in _COLUMNS))
+        select(
+            c.idx,
+            c.header,
+            c.ciphertext,
+            c.leaf_hash,
+            c.created_at,
+            *(getattr(c, n) for n in _COLUMNS),
+        )
         .where(c.idx >= first, c.idx < end)
         .order_by(c.idx)
     )
