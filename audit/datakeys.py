@@ -114,13 +114,18 @@ class DataKeys:
             return self._plain[dek_id]
         return self._provider.unwrap(WrappedKey(row.kek_id, bytes(row.wrapped)))
 
-    async def save_unsaved(self, conn: AsyncConnection) -> None:
-        """Insert the DEKs made while the database was away (in the caller's transaction)."""
-        for row in list(self.unsaved.values()):
+    async def save_unsaved(self, conn: AsyncConnection) -> list[str]:
+        """Insert the DEKs made while the database was away (in the caller's transaction);
+        returns their ids, for ``saved`` once that transaction committed."""
+        rows = list(self.unsaved.values())
+        for row in rows:
             await insert_key(conn, row)
+        return [row.dek_id for row in rows]
 
-    def saved(self) -> None:
-        self.unsaved.clear()
+    def saved(self, dek_ids: list[str]) -> None:
+        """Only the keys that transaction inserted: one made meanwhile is still unsaved."""
+        for dek_id in dek_ids:
+            self.unsaved.pop(dek_id, None)
 
     async def shred(self, tenant: str, now: float) -> int:
         async with self._engine.begin() as conn:

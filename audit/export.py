@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from audit import merkle, store
-from audit.ledger import Ledger
+from audit.ledger import LedgerReader
 from audit.note import NoteError, NoteVerifier, parse_checkpoint
 from audit.record import Sealed
 
@@ -35,7 +35,7 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-async def export_lines(ledger: Ledger, where: store.Filter) -> AsyncIterator[bytes]:
+async def export_lines(ledger: LedgerReader, where: store.Filter) -> AsyncIterator[bytes]:
     note = await ledger.checkpoint()
     if note is None:
         return
@@ -51,7 +51,7 @@ async def export_lines(ledger: Ledger, where: store.Filter) -> AsyncIterator[byt
         where = replace(where, after=page[-1].index)
 
 
-async def _line(ledger: Ledger, index: int, size: int) -> bytes:
+async def _line(ledger: LedgerReader, index: int, size: int) -> bytes:
     sealed = await ledger.sealed(index)
     proof = await ledger.inclusion(index, size)
     return (

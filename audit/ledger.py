@@ -62,7 +62,55 @@ class Inclusion:
     hashes: list[bytes]
 
 
-class Ledger:
+class LedgerReader:
+    """The read side that needs no secret: listing, sealed records, checkpoints, proofs.
+    ``ledger export`` and the verifiers use it alone; ``Ledger`` adds writing and decryption."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def find(self, where: store.Filter, limit: int) -> list[Listed]:
+        async with self._engine.connect() as conn:
+            rows = await store.find(conn, where, limit)
+        return [Listed(i, parse_header(h).fields, leaf) for i, h, leaf in rows]
+
+    async def sealed(self, index: int) -> Sealed:
+        async with self._engine.connect() as conn:
+            row = await store.entry(conn, index)
+        if row is None:
+            raise ProofUnavailable(f"the ledger has no record {index}")
+        return Sealed(row[0], row[1])
+
+    async def checkpoint(self, size: int | None = None) -> str | None:
+        async with self._engine.connect() as conn:
+            if size is None:
+                return await store.latest_checkpoint(conn)
+            return await store.checkpoint_at(conn, size)
+
+    async def inclusion(self, index: int, tree_size: int) -> Inclusion:
+        async with self._engine.connect() as conn:
+            await self._check_size(conn, tree_size)
+            plan = _plan(lambda: merkle.inclusion_plan(index, tree_size))
+            found = await store.node_hashes(conn, merkle.plan_nodes(plan))
+            leaf = await store.node_hashes(conn, [merkle.NodeID(0, index)])
+        return Inclusion(
+            index, tree_size, leaf[merkle.NodeID(0, index)], merkle.assemble(plan, found)
+        )
+
+    async def consistency(self, first: int, second: int) -> list[bytes]:
+        async with self._engine.connect() as conn:
+            await self._check_size(conn, second)
+            plan = _plan(lambda: merkle.consistency_plan(first, second))
+            found = await store.node_hashes(conn, merkle.plan_nodes(plan))
+        return merkle.assemble(plan, found)
+
+    async def _check_size(self, conn: Any, size: int) -> None:
+        current = await store.tree_size(conn)
+        if size > current:
+            raise ProofUnavailable(f"the ledger has {current} records, fewer than {size}")
+
+
+class Ledger(LedgerReader):
     def __init__(
         self,
         engine: AsyncEngine,
@@ -71,7 +119,7 @@ class Ledger:
         writer: LedgerWriter,
         origin: str,
     ) -> None:
-        self._engine = engine
+        super().__init__(engine)
         self._keys = keys
         self._signer = signer
         self._writer = writer
@@ -134,11 +182,6 @@ class Ledger:
         header = encode_header(facts, seal)
         return Sealed(header, crypto.seal(key, body.encode(), header))
 
-    async def find(self, where: store.Filter, limit: int) -> list[Listed]:
-        async with self._engine.connect() as conn:
-            rows = await store.find(conn, where, limit)
-        return [Listed(i, parse_header(h).fields, leaf) for i, h, leaf in rows]
-
     async def read(self, index: int) -> Opened | None:
         async with self._engine.connect() as conn:
             row = await store.entry(conn, index)
@@ -151,41 +194,6 @@ class Ledger:
             return Opened(index, header.fields, leaf, None, header.dek_id != NO_KEY)
         plain = crypto.unseal(dek, header.salt, header.commitment, header_bytes, ciphertext)
         return Opened(index, header.fields, leaf, Body.decode(plain), False)
-
-    async def sealed(self, index: int) -> Sealed:
-        async with self._engine.connect() as conn:
-            row = await store.entry(conn, index)
-        if row is None:
-            raise ProofUnavailable(f"the ledger has no record {index}")
-        return Sealed(row[0], row[1])
-
-    async def checkpoint(self, size: int | None = None) -> str | None:
-        async with self._engine.connect() as conn:
-            if size is None:
-                return await store.latest_checkpoint(conn)
-            return await store.checkpoint_at(conn, size)
-
-    async def inclusion(self, index: int, tree_size: int) -> Inclusion:
-        async with self._engine.connect() as conn:
-            await self._check_size(conn, tree_size)
-            plan = _plan(lambda: merkle.inclusion_plan(index, tree_size))
-            found = await store.node_hashes(conn, merkle.plan_nodes(plan))
-            leaf = await store.node_hashes(conn, [merkle.NodeID(0, index)])
-        return Inclusion(
-            index, tree_size, leaf[merkle.NodeID(0, index)], merkle.assemble(plan, found)
-        )
-
-    async def consistency(self, first: int, second: int) -> list[bytes]:
-        async with self._engine.connect() as conn:
-            await self._check_size(conn, second)
-            plan = _plan(lambda: merkle.consistency_plan(first, second))
-            found = await store.node_hashes(conn, merkle.plan_nodes(plan))
-        return merkle.assemble(plan, found)
-
-    async def _check_size(self, conn: Any, size: int) -> None:
-        current = await store.tree_size(conn)
-        if size > current:
-            raise ProofUnavailable(f"the ledger has {current} records, fewer than {size}")
 
     async def shred(self, tenant: str) -> int:
         """Destroy every data key of ``tenant`` and append the signed shred record."""

@@ -70,12 +70,12 @@ class Sequencer:
             if replay:
                 batch = await _not_stored(conn, batch)
             rows, new_nodes = _extend(tree, tree.size, batch)
-            await self._keys.save_unsaved(conn)
+            saved_keys = await self._keys.save_unsaved(conn)
             if rows:  # a replay of records all stored already adds no checkpoint
                 root = tree.root()
                 note = self._signer.sign(Checkpoint(self._origin, tree.size, root).body())
                 await store.append(conn, rows, new_nodes, (tree.size, root, note, self._clock()))
-        self._keys.saved()
+        self._keys.saved(saved_keys)
         self._range = tree
         return tree.size
 

@@ -11,7 +11,8 @@ Rules:
 - A crash mid-``append`` can leave a torn last line (no newline, or a checksum that does not
   match). Those records were never acknowledged, so the torn tail is cut off when the spool is
   opened, before anything is appended after it. A bad line *before* the last one is not a torn
-  write but damage: ``read`` raises ``SpoolCorrupt`` naming the line, and nothing is dropped.
+  write but damage: opening (and ``read``) raises ``SpoolCorrupt`` naming the line, and nothing
+  is dropped. An ``append`` that fails (disk full, fsync error) truncates what it wrote.
 - ``clear`` empties the file after its records reached the database. A crash between the
   database commit and ``clear`` replays the same records again; the store skips those it
   already holds (by ``(writer, sequence)``), so replay is idempotent.
@@ -69,8 +70,15 @@ class Spool:
         data = b"".join(encode_line(p) for p in payloads)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
-            _write_all(fd, data)
-            os.fsync(fd)
+            start = os.fstat(fd).st_size
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            except OSError:
+                # Refused records must leave no trace: a half line would glue itself to the
+                # next, acknowledged batch, and unacknowledged lines would be replayed.
+                os.ftruncate(fd, start)
+                raise
         finally:
             os.close(fd)
         self._pending += len(payloads)
@@ -99,7 +107,9 @@ class Spool:
         self._pending = 0
 
     def _recover(self) -> int:
-        """Cut a torn last line; count the good ones. Creates the parent directory."""
+        """Cut a torn last line; count the good ones; refuse (``SpoolCorrupt``) a spool
+        damaged before its last line, so the operator learns it at start, not at replay.
+        Creates the parent directory."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
             return 0
@@ -113,7 +123,7 @@ class Spool:
                 f.truncate(keep)
                 f.flush()
                 os.fsync(f.fileno())
-        return data[:keep].count(b"\n")
+        return len(self.read())
 
 
 def _write_all(fd: int, data: bytes) -> None:

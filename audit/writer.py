@@ -17,8 +17,10 @@ so does every later batch until a replay succeeds: replay is attempted at most o
 ``retry_s``, also with no traffic, commits the spooled records in their order (skipping those
 already stored), then clears the spool. New records never overtake spooled ones.
 
-When the spool cannot take a batch either (disk full, read-only), the batch's submitters get
-``LedgerUnavailable`` and ``accepting()`` turns false until the database answers again.
+When the spool cannot take a batch either (disk full, read-only), or anything else fails (a
+spool damaged under us), the batch's submitters get ``LedgerUnavailable`` and ``accepting()``
+turns false until a commit or replay succeeds again. The writer task itself never dies of it:
+a dead writer would leave strict-mode requests waiting forever.
 """
 
 from __future__ import annotations
@@ -117,10 +119,16 @@ class LedgerWriter:
     async def _run(self) -> None:
         while True:
             batch, stop = await self._next_batch()
-            if batch:
-                await self._persist(batch)
-            elif self._spool_pending_or_down():
-                await self._recover()
+            try:
+                if batch:
+                    await self._persist(batch)
+                elif self._spool_pending_or_down():
+                    await self._recover()
+            except Exception as exc:  # a damaged spool, a bug: refuse, never hang or die
+                log.error("ledger writer failed (%s): records refused", type(exc).__name__)
+                self._unavailable = True
+                self.stats.failed += len(batch)
+                _resolve(batch, LedgerUnavailable("The audit ledger cannot store records."))
             if stop:
                 return
 

@@ -197,7 +197,8 @@ def _int(params: Any, name: str, *, default: int | None = None, low: int = 0,
         return default
     if raw is None:
         raise InvalidRequest(f"Missing required parameter: '{name}'.", param=name)
-    if not str(raw).isdigit() or int(raw) < low or (high is not None and int(raw) > high):
+    text = str(raw)
+    if not (text.isascii() and text.isdigit()) or int(text) < low or (high and int(text) > high):
         bound = f" between {low} and {high}" if high is not None else f" >= {low}"
         raise InvalidRequest(f"'{name}' must be an integer{bound}.", param=name)
     return int(raw)

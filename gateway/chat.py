@@ -13,6 +13,7 @@ HTTP error; after the response started, a failure yields exactly one SSE ``error
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -76,7 +77,10 @@ async def chat_completions(request: Request) -> Response:
     finally:
         if not streaming:
             watcher.stop()
-            await ex.finish()
+            # The success path already awaited (and raised) the record; here an error or a
+            # disconnect is on its way out and must not be replaced by a ledger refusal.
+            with contextlib.suppress(GatewayError):
+                await ex.finish()
 
 
 async def open_relay(
@@ -94,7 +98,8 @@ async def open_relay(
         await opened.aclose()
         if disconnected and ex.status != "ok":
             ex.disconnected()
-        await ex.finish()
+        with contextlib.suppress(GatewayError):  # the stream is over: nobody left to tell
+            await ex.finish()
 
     parser = SSEParser(state.settings.max_sse_event_bytes)
     body = relay_stream(ex, opened, relay, parser, state.settings.keepalive_s)
@@ -142,13 +147,30 @@ async def relay_stream(
         yield DONE_EVENT
     except (GatewayError, RemoteProtocolError) as exc:
         error = exc if isinstance(exc, GatewayError) else UpstreamProtocolError(str(exc))
-        ex.fail(error)
-        yield encode_event("error", error.to_json()) + DONE_EVENT
+        yield _failed(ex, error)
+        await _finish_quietly(ex)
+        yield DONE_EVENT
     except Exception:  # a bug of ours: the client still gets its one terminal error event
         log.exception("relay failed (request %s)", ex.request_id)
-        error = GatewayError("The gateway failed while streaming.")
+        yield _failed(ex, GatewayError("The gateway failed while streaming."))
+        await _finish_quietly(ex)
+        yield DONE_EVENT
+
+
+def _failed(ex: Exchange, error: GatewayError) -> bytes:
+    """The terminal error event; the outcome is recorded unless the record is already on its
+    way (the ledger refused a completed stream's record: that record keeps its outcome)."""
+    if not ex.finishing:
         ex.fail(error)
-        yield encode_event("error", error.to_json()) + DONE_EVENT
+    return encode_event("error", error.to_json())
+
+
+async def _finish_quietly(ex: Exchange) -> None:
+    """``[DONE]`` after a failure, like after a success, waits until the record is as durable
+    as ``AUDIT_MODE`` says. A ledger that refuses it changes nothing for this client: the
+    stream already failed, and the refusal was logged where it happened."""
+    with contextlib.suppress(GatewayError):
+        await ex.finish()
 
 
 def _relay_read(

@@ -72,7 +72,10 @@ def _ledger_parser(sub: Any) -> None:
     ).set_defaults(func=cmd_ledger_init)
     verify = ledger.add_parser("verify", help="check every leaf, the tree and every checkpoint")
     verify.add_argument("--export", type=Path, default=None, help="check this export offline")
-    verify.add_argument("--public-key", type=Path, default=None, help="verifier key file")
+    verify.add_argument(
+        "--public-key", type=Path, default=None,
+        help="verifier key file (default: derived from SIGNING_KEY_FILE)",
+    )  # fmt: skip
     verify.set_defaults(func=cmd_ledger_verify)
     export = ledger.add_parser("export", help="records with inclusion proofs, as JSON lines")
     export.add_argument("--tenant", default=None)
@@ -206,19 +209,28 @@ def cmd_ledger_init(args: argparse.Namespace) -> int:
 
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
     from audit.export import ExportInvalid
+    from audit.store import DB_ERRORS
     from audit.verify import LedgerCorrupt
-    from gateway.ledgercli import progress_bar, verify_database, verify_export
+    from gateway import ledgercli
 
     try:
         if args.export is not None:
             if args.public_key is None:
                 print("--export needs --public-key", file=sys.stderr)
                 return 2
-            size, count = verify_export(args.export, args.public_key)
+            size, count = ledgercli.verify_export(args.export, args.public_key)
             print(f"export OK: {count} records included in the signed tree of size {size}")
             return 0
-        with progress_bar(sys.stderr.isatty()) as progress:
-            report = asyncio.run(verify_database(Settings(), progress))
+        settings = Settings()
+        verifier = ledgercli.load_verifier(settings, args.public_key)
+        with ledgercli.progress_bar(sys.stderr.isatty()) as progress:
+            report = asyncio.run(ledgercli.verify_database(settings, verifier, progress))
+    except ledgercli.KeyUnavailable as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except DB_ERRORS as exc:
+        print(f"cannot read the ledger database ({type(exc).__name__})", file=sys.stderr)
+        return 2
     except (LedgerCorrupt, ExportInvalid) as exc:
         print(f"ledger verification FAILED: {exc}", file=sys.stderr)
         return 1

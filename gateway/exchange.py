@@ -50,6 +50,11 @@ class Exchange:
         self.client_disconnected = True
         self.status = "client_disconnected"
 
+    @property
+    def finishing(self) -> bool:
+        """Whether the record is already on its way (its outcome is then fixed)."""
+        return self._finishing is not None
+
     def finish(self) -> Awaitable[None]:
         """Settle and record, once: every caller awaits the same shielded task, so neither a
         second call nor a cancelled caller can repeat or interrupt it."""

@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 from audit.crypto import FileKeyProvider
 from audit.export import ExportInvalid, check_export, export_lines
-from audit.ledger import Ledger
+from audit.ledger import Ledger, LedgerReader
 from audit.migrate import upgrade
 from audit.note import NoteError, NoteSigner, NoteVerifier, load_signing_key
 from audit.store import Filter
@@ -45,13 +45,26 @@ def verifier_key(settings: Settings) -> str:
     return signer.verifier_key()
 
 
-async def verify_database(settings: Settings, progress: Progress) -> Report:
+def load_verifier(settings: Settings, public_key: Path | None) -> NoteVerifier:
+    """The checkpoint verifier: from ``public_key`` (a ``<name>+<id>+<key>`` file, all an
+    auditor holds) when given, else derived from ``SIGNING_KEY_FILE``."""
+    try:
+        vkey = public_key.read_text().strip() if public_key else verifier_key(settings)
+        return NoteVerifier(vkey)
+    except (OSError, ValueError) as exc:
+        source = public_key or settings.signing_key_file
+        raise KeyUnavailable(f"cannot load the verifier key from {source}: {exc}") from None
+
+
+class KeyUnavailable(Exception):
+    pass
+
+
+async def verify_database(settings: Settings, verifier: NoteVerifier, progress: Progress) -> Report:
+    """Needs the database and the public key only: nothing is decrypted."""
     engine = create_engine(settings.database_url)
     try:
-        await upgrade(engine)
-        return await verify(
-            engine, NoteVerifier(verifier_key(settings)), settings.audit_origin, progress
-        )
+        return await verify(engine, verifier, settings.audit_origin, progress)
     finally:
         await engine.dispose()
 
@@ -81,11 +94,15 @@ async def opened(settings: Settings) -> AsyncIterator[Ledger]:
 
 
 async def export_to(settings: Settings, where: Filter, out: BinaryIO) -> int:
+    """Reads the database only: no key is loaded, no writer started."""
     count = -1  # the first line is the checkpoint
-    async with opened(settings) as ledger:
-        async for line in export_lines(ledger, where):
+    engine = create_engine(settings.database_url)
+    try:
+        async for line in export_lines(LedgerReader(engine), where):
             out.write(line)
             count += 1
+    finally:
+        await engine.dispose()
     out.flush()
     return max(count, 0)
 
