@@ -11,13 +11,10 @@ Nothing here sleeps to synchronise: each wait polls a condition under ``asyncio.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 import shutil
-import socket
-import struct
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -35,6 +32,8 @@ from audit.spool import SpoolCorrupt, decode_line, encode_line
 from audit.verify import Report, verify
 from audit.writer import LedgerUnavailable, Mode, WriterStats
 from gateway.db import create_engine
+from tests.tcpproxy import TcpProxy
+from tests.waiting import eventually
 
 ORIGIN = "thinkgate.test/writer"
 RETRY_S = 0.05
@@ -43,96 +42,10 @@ WAIT_S = 15.0
 # --- the database that goes away ------------------------------------------------------------------
 
 
-def _reset(writer: asyncio.StreamWriter) -> None:
-    """Close with an RST (SO_LINGER 0), not a polite FIN: the peer sees the connection die."""
-    if writer.transport.is_closing():
-        return
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
-
-
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(ConnectionError):
-        while data := await reader.read(1 << 16):
-            writer.write(data)
-            await writer.drain()
-
-
-class TcpProxy:
-    """Relays 127.0.0.1:``port`` to ``upstream``; ``stop``/``start`` take the database away
-    and bring it back on the same port."""
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self._upstream = upstream
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._live: set[asyncio.StreamWriter] = set()
-        self._relays: set[asyncio.Task[None]] = set()
-
-    @property
-    def running(self) -> bool:
-        return self._server is not None
-
-    async def start(self) -> None:
-        assert self._server is None, "already listening"
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def refuse_new(self) -> None:
-        """Close the listener only: live connections go on working (a database at its
-        connection limit, or a network that drops new connections)."""
-        server, self._server = self._server, None
-        assert server is not None, "not listening"
-        server.close()
-        await server.wait_closed()
-
-    async def stop(self) -> None:
-        """Refuse new connections and reset every live one, in both directions."""
-        await self.refuse_new()
-        for writer in list(self._live):
-            _reset(writer)
-        relays = list(self._relays)
-        for relay in relays:
-            relay.cancel()
-        await asyncio.gather(*relays, return_exceptions=True)
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # asyncio's own connection task ends at once; the relay is a task this proxy owns.
-        relay = asyncio.create_task(self._relay(reader, writer))
-        self._relays.add(relay)
-        relay.add_done_callback(self._relays.discard)
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._live.add(writer)
-        try:
-            try:
-                up_reader, up_writer = await asyncio.open_connection(*self._upstream)
-            except OSError:
-                return
-            self._live.add(up_writer)
-            pumps = [
-                asyncio.create_task(_pump(reader, up_writer)),
-                asyncio.create_task(_pump(up_reader, writer)),
-            ]
-            try:
-                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for pump in pumps:
-                    pump.cancel()
-                await asyncio.gather(*pumps, return_exceptions=True)
-                self._live.discard(up_writer)
-                up_writer.close()
-        finally:
-            self._live.discard(writer)
-            writer.close()
-
-
 @pytest.fixture
 async def proxy(postgres_url: str) -> AsyncIterator[TcpProxy]:
     url = make_url(postgres_url)
-    relay = TcpProxy((url.host or "127.0.0.1", url.port or 5432))
+    relay = TcpProxy(url.host or "127.0.0.1", url.port or 5432)
     await relay.start()
     try:
         yield relay
@@ -223,13 +136,6 @@ async def harness(postgres_url: str, proxy: TcpProxy, tmp_path: Path) -> AsyncIt
         yield opened
     finally:
         await opened.aclose()
-
-
-async def eventually(condition: Callable[[], bool]) -> None:
-    """Poll ``condition`` until it holds; the writer exposes counters, not events."""
-    async with asyncio.timeout(WAIT_S):
-        while not condition():  # noqa: ASYNC110 - nothing to wait on but the counters
-            await asyncio.sleep(0.005)
 
 
 def facts(request_id: str, tenant: str = "acme") -> Facts:
@@ -546,7 +452,7 @@ async def test_a_tenant_key_made_during_a_commit_is_saved_with_its_records(
         # Inserts into the entries wait; reads do not: the writer stalls inside its commit.
         await lock.execute(text("LOCK TABLE ledger_entries IN EXCLUSIVE MODE"))
         stalled = asyncio.create_task(ledger.append(facts("stalled"), body("stalled")))
-        await eventually_async(lambda: waiting_on_locks(harness.direct))
+        await eventually(lambda: waiting_on_locks(harness.direct))
 
         await proxy.refuse_new()
         async with harness.direct.connect() as admin:
@@ -588,9 +494,3 @@ async def waiting_on_locks(engine: AsyncEngine) -> bool:
     )
     async with engine.connect() as conn:
         return int((await conn.execute(query)).scalar_one()) > 0
-
-
-async def eventually_async(condition: Callable[[], Awaitable[bool]]) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while not await condition():  # noqa: ASYNC110 - a database state, no event to wait on
-            await asyncio.sleep(0.005)

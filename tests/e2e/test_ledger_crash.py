@@ -32,6 +32,7 @@ from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys
 from tests.gateway.test_cli import free_port
 from tests.tcpproxy import TcpProxy
+from tests.waiting import eventually
 
 
 async def start_gateway(env: dict[str, str], port: int) -> asyncio.subprocess.Process:
@@ -111,9 +112,11 @@ async def test_spooled_records_survive_kill_9_and_are_replayed(
         await proxy.start()  # the database is back; a new gateway process starts
         proc = await start_gateway(env, free_port())
         try:
-            async with asyncio.timeout(20):
-                while len(await stored_request_ids(postgres_url)) < len(acknowledged):
-                    await asyncio.sleep(0.05)
+
+            async def replayed() -> bool:
+                return len(await stored_request_ids(postgres_url)) >= len(acknowledged)
+
+            await eventually(replayed, within_s=20)
         finally:
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
