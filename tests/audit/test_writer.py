@@ -37,7 +37,6 @@ from tests.waiting import eventually
 
 ORIGIN = "thinkgate.test/writer"
 RETRY_S = 0.05
-WAIT_S = 15.0
 
 # --- the database that goes away ------------------------------------------------------------------
 
