@@ -185,10 +185,13 @@ async def bench_large(url: str, work: Path, size: int) -> list[str]:
     ]
 
 
-async def run(kinds: list[str], records: int, large: int) -> None:
+PARTS = ("append", "strict", "saturated", "large")
+
+
+async def run(kinds: list[str], parts: list[str], records: int, large: int) -> None:
     for kind in kinds:
         print(f"## {kind}")
-        for part in ("append", "strict", "saturated", "large"):
+        for part in parts:
             if part == "large" and not large:
                 continue
             with tempfile.TemporaryDirectory() as tmp:
@@ -210,8 +213,9 @@ def main() -> None:
     parser.add_argument("--db", nargs="+", default=["sqlite", "postgresql"])
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--large", type=int, default=0, help="e.g. 1000000")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     args = parser.parse_args()
-    asyncio.run(run(args.db, args.records, args.large))
+    asyncio.run(run(args.db, args.parts, args.records, args.large))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""``/healthz`` (the process answers), ``/readyz`` (its dependencies answer), ``/metrics``."""
+"""``/healthz`` (the process answers), ``/readyz`` (its dependencies answer, and the ledger
+takes records), ``/metrics``."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ async def readyz(request: Request) -> Response:
             strict=True,
         )
     )
+    checks["ledger"] = "ok" if state.sink.accepting() else "refusing records"
     ok = all(v == "ok" for v in checks.values())
     body = orjson.dumps({"status": "ok" if ok else "unavailable", "checks": checks})
     return Response(body, status_code=200 if ok else 503, media_type="application/json")

@@ -651,6 +651,10 @@ async def test_audit_fail_closed_refuses_what_cannot_be_recorded(
         assert lost.status_code == 200  # the stream had begun; it ends with an error event
         assert b"event: error" in lost.content and b"ledger_unavailable" in lost.content
         assert_error(await post_chat(stack), 503, "ledger_unavailable")  # refused up front
+        async with httpx.AsyncClient() as client:
+            ready = await client.get(f"{stack.root}/readyz")
+        assert ready.status_code == 503  # a load balancer sends traffic elsewhere meanwhile
+        assert ready.json()["checks"]["ledger"] == "refusing records"
         assert_error(await post_chat(stack, stream=True), 503, "ledger_unavailable")
     async with asyncio.timeout(5):  # the writer notices the database is back
         while True:

@@ -144,7 +144,7 @@ async def test_health_readiness_and_metrics(stack: Stack) -> None:
         assert (await client.get(f"{stack.root}/healthz")).json() == {"status": "ok"}
         ready = await client.get(f"{stack.root}/readyz")
         assert ready.status_code == 200
-        assert ready.json()["checks"] == {"upstream": "ok", "database": "ok"}
+        assert ready.json()["checks"] == {"upstream": "ok", "database": "ok", "ledger": "ok"}
         metrics = await client.get(f"{stack.root}/metrics")
         assert metrics.status_code == 200 and "process_resident_memory_bytes" in metrics.text
 
