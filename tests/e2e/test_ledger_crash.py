@@ -7,13 +7,8 @@ The gateway runs as a real subprocess (``python -m gateway.cli serve``); Postgre
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -30,29 +25,9 @@ from gateway.servers import BackgroundServer
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys
-from tests.gateway.test_cli import free_port
+from tests.e2e.processes import gateway_env, running_gateway
 from tests.tcpproxy import TcpProxy
 from tests.waiting import eventually
-
-
-async def start_gateway(env: dict[str, str], port: int) -> asyncio.subprocess.Process:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
-        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert proc.stderr is not None
-    while True:  # wait, with a deadline, until uvicorn reports that the app started
-        line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
-        assert line, "the gateway exited during start-up"
-        if b"Application startup complete" in line:
-            break
-    asyncio.get_running_loop().create_task(_drain(proc.stderr))
-    return proc
-
-
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.readline():
-        pass
 
 
 async def chat(client: httpx.AsyncClient, key: str, stream: bool) -> str:
@@ -92,17 +67,15 @@ async def test_spooled_records_survive_kill_9_and_are_replayed(
         settings = Settings(upstreams=(f"{sim.url}/v1",), database_url=via_proxy, **files)
         ensure_keys(settings, create=True)
         key = (await make_keys(settings))["visible"]
-        env = _env(settings, files)
-        port = free_port()
-        proc = await start_gateway(env, port)
+        env = gateway_env(settings, files)
         acknowledged = []
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            acknowledged.append(await chat(client, key, stream=True))  # warms the key cache
-            await proxy.stop()  # the database goes away
-            for i in range(10):
-                acknowledged.append(await chat(client, key, stream=i % 2 == 0))
-        proc.send_signal(signal.SIGKILL)
-        await proc.wait()
+        async with running_gateway(env) as gateway:
+            async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as client:
+                acknowledged.append(await chat(client, key, stream=True))  # warms key cache
+                await proxy.stop()  # the database goes away
+                for i in range(10):
+                    acknowledged.append(await chat(client, key, stream=i % 2 == 0))
+            await gateway.kill_9()
 
         spooled = files["audit_spool_file"].read_bytes()
         assert spooled.count(b"\n") >= 10
@@ -110,16 +83,12 @@ async def test_spooled_records_survive_kill_9_and_are_replayed(
         assert await stored_request_ids(postgres_url) == acknowledged[:1]
 
         await proxy.start()  # the database is back; a new gateway process starts
-        proc = await start_gateway(env, free_port())
-        try:
 
-            async def replayed() -> bool:
-                return len(await stored_request_ids(postgres_url)) >= len(acknowledged)
+        async def replayed() -> bool:
+            return len(await stored_request_ids(postgres_url)) >= len(acknowledged)
 
+        async with running_gateway(env):
             await eventually(replayed, within_s=20)
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            await proc.wait()
     assert await stored_request_ids(postgres_url) == acknowledged  # all, once, in order
     engine = create_engine(postgres_url)
     try:
@@ -127,14 +96,3 @@ async def test_spooled_records_survive_kill_9_and_are_replayed(
     finally:
         await engine.dispose()
     assert report.size == len(acknowledged)
-
-
-def _env(settings: Settings, files: dict[str, Any]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("THINKGATE_")}
-    env.update(
-        THINKGATE_UPSTREAMS=",".join(settings.upstreams),
-        THINKGATE_DATABASE_URL=settings.database_url,
-        THINKGATE_KEY_CACHE_TTL_S="3600",  # authentication must not need the absent database
-        **{f"THINKGATE_{name.upper()}": str(path) for name, path in files.items()},
-    )
-    return env
