@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -698,3 +699,26 @@ async def test_audit_fail_open_serves_and_loses_the_record(
         for response in served:
             assert await listed(audit, request_id=response.headers["x-request-id"]) == []
         await only_record(audit, after.headers["x-request-id"])
+
+
+async def test_no_key_secret_is_ever_recorded(stack_factory: Any, tmp_path: Path) -> None:
+    """The client's key and the upstream key travel in headers, never in what is recorded:
+    neither the record (header and decrypted body) nor the raw database holds them."""
+    upstream_key = "sk-upstream-marker-9c2e71"
+    stack = await stack_factory(upstream_api_key=upstream_key)
+    secret = stack.keys["visible"]
+    request_id, _, _ = await sdk_whole(stack, secret)
+    async with audit_client(stack) as audit:
+        row = await only_record(audit, request_id)
+        record = await get_json(audit, f"/records/{row['index']}")
+    assert record["body"]["messages"] == MESSAGES  # the body was really read back
+    seen = json.dumps(record)
+    raw = database_bytes(tmp_path)
+    for marker in (secret, secret[len("sk-tg-") + 13 :], upstream_key):  # key, its secret part
+        assert marker not in seen
+        assert marker.encode() not in raw
+
+
+def database_bytes(directory: Path) -> bytes:
+    """The SQLite database and its WAL, as raw bytes."""
+    return b"".join(p.read_bytes() for p in sorted(directory.glob("gw.db*")))
