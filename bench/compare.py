@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ from bench.procs import (
 )
 from bench.profile import ProfileRun, pyspy_path, run_profile
 from bench.results import Run, render
+from bench.sections import carry_sections, cpu_model, revision
 
 PACINGS = (Pacing(ttft_ms=0, itl_ms=0), Pacing(ttft_ms=50, itl_ms=10))
 CONCURRENCIES = (1, 32, 128)
@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warmup = 0.5 if args.quick else 1.0
     output: Path | None = args.output or (None if args.quick else RESULTS)
     start_rss: dict[str, int] = {}
-    revision = _revision()
+    measured = revision(("gateway",))
     with tempfile.TemporaryDirectory(prefix="thinkgate-bench-") as tmp:
         work = Workdir(Path(tmp))
         plan = LoadPlan(create_client_key(work), duration, warmup)
@@ -61,13 +61,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.copytree(work.path, args.keep, dirs_exist_ok=True)
     _progress("micro-benchmarks")
     micro = run_micro(calls=20_000 if args.quick else 200_000)
-    if _revision() != revision:
-        revision += f", then {_revision()}: the code changed during the run"
+    if (now := revision(("gateway",))) != measured:
+        measured += f", then {now}: the code changed during the run"
     run = Run(
         date=time.strftime("%Y-%m-%d %H:%M %Z"),
-        revision=revision,
+        revision=measured,
         nproc=os.cpu_count() or 1,
-        cpu_model=_cpu_model(),
+        cpu_model=cpu_model(),
         duration_s=duration,
         warmup_s=warmup,
         max_tokens=plan.max_tokens,
@@ -81,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if output is None:
         print(text)
     else:
-        output.write_text(text)
+        old = output.read_text() if output.exists() else ""
+        output.write_text(carry_sections(old, text))  # other benchmarks' sections stay
         _progress(f"wrote {output}")
     return 0
 
@@ -175,31 +176,6 @@ def _log_tail(server: ServerProcess | None, lines: int = 20) -> str:
         return ""
     text = server.log.read_text(errors="replace").splitlines()[-lines:]
     return "\n".join(f"  | {line}" for line in text)
-
-
-def _revision() -> str:
-    """The measured code: git's short commit, marked when the gateway's files differ from it."""
-    root = Path(__file__).resolve().parent.parent
-    git = ["git", "-C", str(root)]
-    try:
-        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True)
-        dirty = subprocess.run(
-            [*git, "status", "--porcelain", "--", "gateway"], capture_output=True
-        )
-    except OSError:
-        return "unknown revision"
-    commit = head.stdout.decode().strip() or "unknown revision"
-    return commit + (" with uncommitted gateway changes" if dirty.stdout.strip() else "")
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def _progress(message: str) -> None:

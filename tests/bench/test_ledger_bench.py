@@ -1,16 +1,33 @@
-"""``bench.ledger`` runs end to end on both databases (functional, tiny sizes, not timed)."""
+"""``bench.ledger`` runs end to end on both databases and renders its RESULTS.md section
+(functional, tiny sizes, not timed)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.ledger import bench_append, bench_large, bench_strict
+from bench.ledger import bench_append, bench_large, bench_strict, render
+from bench.sections import carry_sections, write_section
 
 
 async def test_the_ledger_benchmark_runs(database_url: str, tmp_path: Path) -> None:
-    lines = await bench_large(database_url, tmp_path, 50)  # first: on the empty database
-    assert lines[0].startswith("fill 50 records")
-    assert "(1,000 random indexes)" in lines[1]
-    assert lines[2].startswith("full verify of 50 records")
-    assert "records/s (300 records" in await bench_append(database_url, tmp_path, 300)
-    assert "strict adds" in await bench_strict(database_url, tmp_path, 0.001, workers=4)
+    large = await bench_large(database_url, tmp_path, 50)  # first: on the empty database
+    assert large[0].text.startswith("fill 50 records")
+    assert large[1].ok is None  # below 1,000,000 records the targets are not judged
+    assert large[2].text.startswith("full verify of 50 records")
+    append = await bench_append(database_url, tmp_path, 300)
+    assert "records/s (300 records" in append.text and append.ok is not None
+    strict = await bench_strict(database_url, tmp_path, 0.001, workers=4)
+    assert strict.target is not None and "strict adds" in strict.text
+    section = render([*large, append, strict], ["test"])
+    assert section.count("| **") == 2  # the two judged targets, each with its verdict
+
+
+def test_sections_are_replaced_and_carried_over(tmp_path: Path) -> None:
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# relay\n\nold tables\n")
+    write_section(results, "ledger", "## ledger v1")
+    write_section(results, "ledger", "## ledger v2")
+    text = results.read_text()
+    assert "v1" not in text and text.count("## ledger v2") == 1 and "old tables" in text
+    rewritten = carry_sections(text, "# relay\n\nnew tables\n")  # what compare.py writes
+    assert "new tables" in rewritten and "## ledger v2" in rewritten and "old" not in rewritten
