@@ -50,6 +50,8 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
 
+from audit.keyfiles import fsync_directory, write_exclusive
+
 KEY_SIZE = 32  # tenant data keys, KEKs and record keys are all AES-256 keys
 SALT_SIZE = 32
 COMMITMENT_SIZE = 32
@@ -215,8 +217,7 @@ class FileKeyProvider:
     def create(path: Path) -> None:
         """A new key file with one primary KEK; refuses to overwrite (``FileExistsError``)."""
         kek_id = _new_kek_id(set())
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _write_exclusive(path, _render(kek_id, {kek_id: os.urandom(KEY_SIZE)}))
+        write_exclusive(path, _render(kek_id, {kek_id: os.urandom(KEY_SIZE)}))
 
     @staticmethod
     def rotate(path: Path) -> str:
@@ -224,13 +225,13 @@ class FileKeyProvider:
         keks = FileKeyProvider.load(path)._keks
         kek_id = _new_kek_id(set(keks))
         temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        _write_exclusive(temporary, _render(kek_id, {**keks, kek_id: os.urandom(KEY_SIZE)}))
+        write_exclusive(temporary, _render(kek_id, {**keks, kek_id: os.urandom(KEY_SIZE)}))
         try:
             os.replace(temporary, path)
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
-        _fsync_directory(path.parent)
+        fsync_directory(path.parent)
         return kek_id
 
 
@@ -282,25 +283,3 @@ def _new_kek_id(taken: set[str]) -> str:
 def _render(primary: str, keks: Mapping[str, bytes]) -> bytes:
     keys = {kek_id: base64.b64encode(kek).decode() for kek_id, kek in keks.items()}
     return (json.dumps({"primary": primary, "keys": keys}, indent=2) + "\n").encode()
-
-
-def _write_exclusive(path: Path, data: bytes) -> None:
-    """Create ``path`` with mode 0600 from the start (never briefly world-readable), durably."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with open(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (POSIX: the entry lives in the directory)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,8 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
+
+from audit.keyfiles import write_exclusive
 
 HASH_SIZE = 32
 MAX_TREE_SIZE = 2**64 - 1  # Go verifiers parse the size as a uint64
@@ -188,8 +189,7 @@ def create_signing_key(path: Path) -> None:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_exclusive(path, pem)
+    write_exclusive(path, pem)
 
 
 def _key_id(name: str, typed_key: bytes) -> int:
@@ -294,16 +294,3 @@ def _maybe_private_key(data: bytes) -> PrivateKeyTypes | None:
         return serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm):  # TypeError: the key is encrypted
         return None
-
-
-def _write_exclusive(path: Path, data: bytes) -> None:
-    """Create ``path`` with mode 0600 from the start (never briefly world-readable), durably."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with open(fd, "wb") as file:
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
