@@ -88,19 +88,17 @@ class LedgerReader:
             return await store.checkpoint_at(conn, size)
 
     async def inclusion(self, index: int, tree_size: int) -> Inclusion:
+        plan = _plan(lambda: merkle.inclusion_plan(index, tree_size))
+        leaf = merkle.NodeID(0, index)
         async with self._engine.connect() as conn:
             await self._check_size(conn, tree_size)
-            plan = _plan(lambda: merkle.inclusion_plan(index, tree_size))
-            found = await store.node_hashes(conn, merkle.plan_nodes(plan))
-            leaf = await store.node_hashes(conn, [merkle.NodeID(0, index)])
-        return Inclusion(
-            index, tree_size, leaf[merkle.NodeID(0, index)], merkle.assemble(plan, found)
-        )
+            found = await store.node_hashes(conn, {leaf, *merkle.plan_nodes(plan)})  # one query
+        return Inclusion(index, tree_size, found[leaf], merkle.assemble(plan, found))
 
     async def consistency(self, first: int, second: int) -> list[bytes]:
+        plan = _plan(lambda: merkle.consistency_plan(first, second))
         async with self._engine.connect() as conn:
             await self._check_size(conn, second)
-            plan = _plan(lambda: merkle.consistency_plan(first, second))
             found = await store.node_hashes(conn, merkle.plan_nodes(plan))
         return merkle.assemble(plan, found)
 
