@@ -43,6 +43,10 @@ class DataKeyRow:
     wrapped: bytes
     created_at: float
 
+    def values(self) -> tuple[str, str, str, bytes, float]:
+        """In the column order of ``ledger_data_keys`` (``dek_id`` … ``created_at``)."""
+        return (self.dek_id, self.tenant, self.kek_id, self.wrapped, self.created_at)
+
     def encode(self) -> bytes:
         return orjson.dumps(
             {
@@ -113,14 +117,6 @@ class DataKeys:
         if dek_id in self._plain:
             return self._plain[dek_id]
         return self._provider.unwrap(WrappedKey(row.kek_id, bytes(row.wrapped)))
-
-    async def save_unsaved(self, conn: AsyncConnection) -> list[str]:
-        """Insert the DEKs made while the database was away (in the caller's transaction);
-        returns their ids, for ``saved`` once that transaction committed."""
-        rows = list(self.unsaved.values())
-        for row in rows:
-            await insert_key(conn, row)
-        return [row.dek_id for row in rows]
 
     def saved(self, dek_ids: list[str]) -> None:
         """Only the keys that transaction inserted: one made meanwhile is still unsaved."""

@@ -1,27 +1,26 @@
 """The sequencer: one transaction per batch assigns indexes, extends the tree, signs its head.
 
-Inside the ledger's write lock (``store.sequencing``) it reads the tree size, brings its compact
-range (the right frontier of the tree, O(log n) hashes) up to date when another replica wrote
-since, appends the batch's leaves, inserts the entries, every complete subtree they finish and
-one signed checkpoint, and commits. So indexes are contiguous across replicas, the node table
-is insert-only, and every batch leaves a signed tree head behind.
-
-The frontier is only adopted after the commit: a failed transaction leaves no trace here.
+It keeps the tree's compact range (the right frontier, O(log n) hashes) between commits and
+hands a commit script (``audit.commit``, where the transaction's rules are) to the database's
+driver (``audit.drivers``). So indexes are contiguous across replicas, the node table is
+insert-only, and every batch leaves a signed tree head behind. The new frontier and the saved
+data keys are adopted only once the transaction committed: a failed one leaves no trace here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit import store
+from audit.commit import Signing, commit_script
 from audit.datakeys import DataKeys
-from audit.merkle import CompactRange, NodeID, frontier, leaf_hash
-from audit.note import Checkpoint, NoteSigner
-from audit.record import Sealed, parse_header
+from audit.drivers import open_driver
+from audit.merkle import CompactRange
+from audit.note import NoteSigner
+from audit.record import Sealed
 
 
 class Sequencer:
@@ -34,69 +33,37 @@ class Sequencer:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._engine = engine
-        self._signer = signer
-        self._origin = origin
+        self._driver = open_driver(engine)
+        self._signing = Signing(origin, signer.sign, clock)
         self._keys = keys
-        self._clock = clock
-        self._range = CompactRange()
-        self._conn: AsyncConnection | None = None
+        self._tree = CompactRange()
 
     @property
     def size(self) -> int:
         """The tree size after this process's last commit (others may have written since)."""
-        return self._range.size
+        return self._tree.size
 
     async def commit(self, batch: Sequence[Sealed], *, replay: bool = False) -> int:
         """Append ``batch`` in order; with ``replay``, skip records the ledger already holds.
         Returns the new tree size."""
-        while True:
-            reused = self._conn is not None
-            conn = await self._connection()
+        keys = list(self._keys.unsaved.values())
+        for last_try in (False, True):
+            script = commit_script(self._driver.statements, self._tree, batch, keys,
+                                   self._signing, replay=replay)  # fmt: skip
             try:
-                return await self._commit(conn, batch, replay)
+                tree = await self._driver.run(script)
+                break
             except store.DB_ERRORS:
-                await self._drop_connection()
-                if not reused:
-                    raise
-                # The kept connection may have died while idle (database restarted, idle
+                # A kept connection may have died while idle (database restarted, idle
                 # timeout): one more try on a fresh one before calling the database away.
+                if not await self._driver.reset() or last_try:
+                    raise
             except BaseException:
-                await self._drop_connection()  # its state is unknown: a fresh one next time
+                await self._driver.reset()  # its state is unknown: a fresh one next time
                 raise
-
-    async def _commit(self, conn: AsyncConnection, batch: Sequence[Sealed], replay: bool) -> int:
-        async with store.sequencing(conn):
-            tree = await self._current_range(conn)
-            if replay:
-                batch = await _not_stored(conn, batch)
-            rows, new_nodes = _extend(tree, tree.size, batch)
-            saved_keys = await self._keys.save_unsaved(conn)
-            if rows:  # a replay of records all stored already adds no checkpoint
-                root = tree.root()
-                note = self._signer.sign(Checkpoint(self._origin, tree.size, root).body())
-                await store.append(conn, rows, new_nodes, (tree.size, root, note, self._clock()))
-        self._keys.saved(saved_keys)
-        self._range = tree
+        self._keys.saved([k.dek_id for k in keys])
+        self._tree = tree
         return tree.size
-
-    async def _connection(self) -> AsyncConnection:
-        """The sequencer keeps one connection for itself: a commit then costs its own round
-        trips only, not a pool checkout (with its liveness ping) and a reset on return."""
-        if self._conn is None:
-            self._conn = await self._engine.connect()
-        return self._conn
-
-    async def _drop_connection(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(*store.DB_ERRORS):
-                await conn.invalidate()
-
-    async def aclose(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            with contextlib.suppress(*store.DB_ERRORS):
-                await conn.close()
 
     async def ping(self) -> bool:
         """Whether the database answers."""
@@ -107,29 +74,5 @@ class Sequencer:
             return False
         return True
 
-    async def _current_range(self, conn: AsyncConnection) -> CompactRange:
-        size = await store.tree_size(conn)
-        if size == self._range.size:
-            return CompactRange(size, self._range.hashes)
-        ids = frontier(size)
-        found = await store.node_hashes(conn, ids)
-        return CompactRange(size, [found[n] for n in ids])
-
-
-async def _not_stored(conn: AsyncConnection, batch: Sequence[Sealed]) -> list[Sealed]:
-    headers = [parse_header(s.header) for s in batch]
-    stored = await store.stored_pairs(conn, [(h.writer, h.sequence) for h in headers])
-    return [s for s, h in zip(batch, headers, strict=True) if (h.writer, h.sequence) not in stored]
-
-
-def _extend(
-    tree: CompactRange, first: int, batch: Sequence[Sealed]
-) -> tuple[list[store.EntryRow], list[tuple[NodeID, bytes]]]:
-    rows: list[store.EntryRow] = []
-    new_nodes: list[tuple[NodeID, bytes]] = []
-    for offset, sealed in enumerate(batch):
-        leaf = leaf_hash(sealed.leaf_data())
-        new_nodes += tree.append(leaf)
-        header = parse_header(sealed.header)
-        rows.append(store.EntryRow(first + offset, header, sealed.header, sealed.ciphertext, leaf))
-    return rows, new_nodes
+    async def aclose(self) -> None:
+        await self._driver.aclose()

@@ -1,46 +1,30 @@
-"""The ledger's queries (SQLAlchemy 2 Core, async; SQLite and PostgreSQL alike).
-
-Reads are plain; the one write path is ``append`` inside a ``sequencing`` transaction, which
-holds the ledger's single-writer lock: a transaction-scoped PostgreSQL advisory lock (so several
-gateway replicas may write to one database, one sequencer at a time), or SQLite's own write
-lock taken up front with ``BEGIN IMMEDIATE`` (so the size read and the inserts cannot race
-another process).
+"""The ledger's read queries (SQLAlchemy 2 Core, async; SQLite and PostgreSQL alike), and what
+a database failure looks like. The one write path is the sequencer's commit script
+(``audit.commit``), run by a driver (``audit.drivers``) under the ledger's write lock.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterable, Sequence
+import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, and_, false, func, or_, select, text
+import asyncpg  # type: ignore[import-untyped]
+from sqlalchemy import ColumnElement, and_, false, func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from audit.commit import Statements, node_lookup
 from audit.merkle import NodeID
-from audit.record import Header
 from audit.schema import checkpoints, entries, nodes
 
-SEQUENCER_LOCK = 0x7467_6C65_6467_7371  # "tgledgsq"
-
-# What "the database is away" looks like: SQLAlchemy wraps driver errors, a refused or reset
-# connection surfaces as OSError, a connect or pool timeout as TimeoutError.
-DB_ERRORS = (SQLAlchemyError, OSError, TimeoutError)
-
-
-@contextlib.asynccontextmanager
-async def sequencing(conn: AsyncConnection) -> AsyncIterator[AsyncConnection]:
-    """A transaction on ``conn`` that holds the ledger's write lock; commits on success."""
-    if conn.dialect.name == "sqlite":
-        await conn.exec_driver_sql("BEGIN IMMEDIATE")
-    else:
-        await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SEQUENCER_LOCK})
-    try:
-        yield conn
-    except BaseException:
-        await conn.rollback()
-        raise
-    await conn.commit()
+# What "the database is away" looks like: SQLAlchemy wraps driver errors; the commit drivers
+# raise sqlite3's and asyncpg's own; a refused or reset connection surfaces as OSError, a
+# connect or pool timeout as TimeoutError.
+DB_ERRORS = (
+    SQLAlchemyError, OSError, TimeoutError, sqlite3.Error, asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+)  # fmt: skip
 
 
 async def tree_size(conn: AsyncConnection) -> int:
@@ -49,98 +33,14 @@ async def tree_size(conn: AsyncConnection) -> int:
 
 
 async def node_hashes(conn: AsyncConnection, ids: Iterable[NodeID]) -> dict[NodeID, bytes]:
-    """The stored hashes of ``ids`` (absent ones are left out), in one query.
-
-    Written as driver SQL: one equality pair per node, OR'ed, which both databases answer from
-    the primary key (SQLite scans the whole table for a row-value ``IN`` list: 200 ms at a
-    million records), and without Core, whose building and compiling of a fresh 20-term
-    expression cost more than the query (~2 ms) on a proof's hot path."""
+    """The stored hashes of ``ids`` (absent ones are left out), in one query. Driver SQL:
+    building and compiling a fresh 20-term Core expression cost ~2 ms, more than the query."""
     wanted = sorted(set(ids))
     if not wanted:
         return {}
-    marks = _marks(conn.dialect.paramstyle, 2 * len(wanted))
-    where = " OR ".join(f"(level = {marks[2 * k]} AND idx = {marks[2 * k + 1]})"
-                        for k in range(len(wanted)))  # fmt: skip
-    params = tuple(v for n in wanted for v in (n.level, n.index))
-    result = await conn.exec_driver_sql(
-        f"SELECT level, idx, hash FROM ledger_nodes WHERE {where}", params
-    )
+    query = node_lookup(Statements(conn.dialect.paramstyle), wanted)
+    result = await conn.exec_driver_sql(query.sql, query.params)
     return {NodeID(r.level, r.idx): bytes(r.hash) for r in result}
-
-
-async def stored_pairs(
-    conn: AsyncConnection, pairs: Sequence[tuple[str, int]]
-) -> set[tuple[str, int]]:
-    """Which ``(writer, sequence)`` pairs the ledger already holds (replay deduplication)."""
-    found: set[tuple[str, int]] = set()
-    for start in range(0, len(pairs), 500):
-        chunk = pairs[start : start + 500]
-        query = select(entries.c.writer, entries.c.sequence).where(
-            or_(*(and_(entries.c.writer == w, entries.c.sequence == q) for w, q in chunk))
-        )
-        found.update((r.writer, int(r.sequence)) for r in await conn.execute(query))
-    return found
-
-
-@dataclass(frozen=True, slots=True)
-class EntryRow:
-    index: int
-    header: Header
-    header_bytes: bytes
-    ciphertext: bytes
-    leaf_hash: bytes
-
-
-_ENTRY_COLUMNS = ("idx", "writer", "sequence", "kind", "tenant", "key_id", "request_id",
-                  "model", "status", "created_at", "header", "ciphertext", "leaf_hash")  # fmt: skip
-
-
-def entry_values(row: EntryRow) -> tuple[object, ...]:
-    h = row.header
-    return (row.index, h.writer, h.sequence, h.kind, h.tenant, h.key_id, h.request_id, h.model,
-            h.status, h.created_at, row.header_bytes, row.ciphertext, row.leaf_hash)  # fmt: skip
-
-
-def _marks(paramstyle: str, count: int) -> list[str]:
-    """``count`` positional placeholders in the driver's own style."""
-    if paramstyle == "qmark":
-        return ["?"] * count
-    if paramstyle in ("numeric_dollar", "numeric"):
-        sign = "$" if paramstyle == "numeric_dollar" else ":"
-        return [f"{sign}{i}" for i in range(1, count + 1)]
-    return ["%s"] * count
-
-
-def _insert_sql(paramstyle: str, table: str, columns: Sequence[str]) -> str:
-    marks = ", ".join(_marks(paramstyle, len(columns)))
-    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
-
-
-async def _insert_many(
-    conn: AsyncConnection, table: str, columns: Sequence[str], rows: list[tuple[object, ...]]
-) -> None:
-    """Bulk insert through the driver's own ``executemany``: the batch is the hot path of the
-    ledger (thousands of rows per second), and Core's per-row parameter processing costs
-    several times the insert itself here. Values are bytes, str, int and float, which both
-    drivers bind natively."""
-    dialect = conn.dialect
-    sql = _insert_sql(dialect.paramstyle, table, columns)
-    await conn.exec_driver_sql(sql, rows)
-
-
-async def append(
-    conn: AsyncConnection,
-    rows: Sequence[EntryRow],
-    new_nodes: Sequence[tuple[NodeID, bytes]],
-    checkpoint: tuple[int, bytes, str, float],
-) -> None:
-    if rows:
-        await _insert_many(conn, "ledger_entries", _ENTRY_COLUMNS, [entry_values(r) for r in rows])
-    if new_nodes:
-        values: list[tuple[object, ...]] = [(n.level, n.index, h) for n, h in new_nodes]
-        await _insert_many(conn, "ledger_nodes", ("level", "idx", "hash"), values)
-    await _insert_many(conn, "ledger_checkpoints", ("size", "root", "note", "created_at"),
-                       [checkpoint])  # fmt: skip
 
 
 async def latest_checkpoint(conn: AsyncConnection) -> str | None:

@@ -1,0 +1,164 @@
+"""One sequencer commit as a sans-I/O script: the ledger's write transaction, driver-free.
+
+``commit_script`` is a generator: it yields database operations (``Query``, ``ExecMany``) and
+is sent their results; it returns the tree after the commit. A driver (``audit.drivers``) runs
+it inside the ledger's write lock: SQLite drives it synchronously in one worker-thread hop,
+PostgreSQL awaits asyncpg for each operation. The logic exists once; each driver only moves
+rows, in the h11 manner.
+
+Rules of the transaction:
+
+1. read the tree size; when another replica wrote since this process's last commit, reload
+   the frontier (the O(log n) complete subtrees that make up the tree) from the node table;
+2. on replay, drop records the ledger already holds (by ``(writer, sequence)``);
+3. append the leaves: each record gets the next index, and every complete subtree its leaf
+   finishes is a new node row (so the node table stays insert-only);
+4. insert the data keys made while the database was away, the entries, the nodes, and one
+   checkpoint signed over the new root (none when nothing was appended).
+
+The caller adopts the returned tree only once the transaction committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from audit.datakeys import DataKeyRow
+from audit.merkle import CompactRange, NodeID, frontier, leaf_hash
+from audit.note import Checkpoint
+from audit.record import Sealed, parse_header
+
+ENTRY_COLUMNS = ("idx", "writer", "sequence", "kind", "tenant", "key_id", "request_id",
+                 "model", "status", "created_at", "header", "ciphertext", "leaf_hash")  # fmt: skip
+Row = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """A statement whose rows are sent back (a list of tuples)."""
+
+    sql: str
+    params: Row = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ExecMany:
+    """A statement run once per row (the driver's ``executemany``)."""
+
+    sql: str
+    rows: Sequence[Row]
+
+
+Op = Query | ExecMany
+Script = Generator[Op, Any, CompactRange]
+
+
+@dataclass(frozen=True, slots=True)
+class Statements:
+    """The SQL of the script in one driver's placeholder style (``qmark``: SQLite's ``?``;
+    ``numeric_dollar``: asyncpg's ``$1``)."""
+
+    paramstyle: str
+
+    def marks(self, count: int, start: int = 1) -> list[str]:
+        if self.paramstyle == "qmark":
+            return ["?"] * count
+        if self.paramstyle in ("numeric_dollar", "numeric"):
+            sign = "$" if self.paramstyle == "numeric_dollar" else ":"
+            return [f"{sign}{i}" for i in range(start, start + count)]
+        return ["%s"] * count
+
+    def insert(self, table: str, columns: Sequence[str], tail: str = "") -> str:
+        marks = ", ".join(self.marks(len(columns)))
+        return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks}){tail}"
+
+    def pairs(self, table: str, a: str, b: str, count: int, select: str) -> str:
+        """``SELECT select FROM table WHERE (a = ? AND b = ?) OR ...``: one equality pair per
+        row, which both databases answer from the key (SQLite scans the whole table for a
+        row-value ``IN`` list)."""
+        m = self.marks(2 * count)
+        where = " OR ".join(f"({a} = {m[2 * k]} AND {b} = {m[2 * k + 1]})" for k in range(count))
+        return f"SELECT {select} FROM {table} WHERE {where}"
+
+
+def node_lookup(sql: Statements, ids: Sequence[NodeID]) -> Query:
+    params = tuple(v for n in ids for v in (n.level, n.index))
+    return Query(sql.pairs("ledger_nodes", "level", "idx", len(ids), "level, idx, hash"), params)
+
+
+@dataclass(frozen=True, slots=True)
+class Signing:
+    """What a checkpoint needs: the log's name, a signer of note text, a clock."""
+
+    origin: str
+    sign: Callable[[str], str]
+    now: Callable[[], float]
+
+
+def commit_script(
+    sql: Statements,
+    tree: CompactRange,
+    batch: Sequence[Sealed],
+    keys: Sequence[DataKeyRow],
+    signing: Signing,
+    *,
+    replay: bool = False,
+) -> Script:
+    rows = yield Query("SELECT max(idx) FROM ledger_entries")
+    size = 0 if rows[0][0] is None else int(rows[0][0]) + 1
+    if size != tree.size:
+        ids = frontier(size)
+        found = (
+            {NodeID(r[0], r[1]): bytes(r[2]) for r in (yield node_lookup(sql, ids))} if ids else {}
+        )
+        tree = CompactRange(size, [found[n] for n in ids])
+    else:
+        tree = CompactRange(size, tree.hashes)
+    if replay and batch:
+        batch = yield from _not_stored(sql, batch)
+    if keys:
+        yield ExecMany(_insert_key(sql), [k.values() for k in keys])
+    if batch:
+        entries, nodes = _extend(tree, batch)
+        root = tree.root()
+        note = signing.sign(Checkpoint(signing.origin, tree.size, root).body())
+        yield ExecMany(sql.insert("ledger_entries", ENTRY_COLUMNS), entries)
+        yield ExecMany(sql.insert("ledger_nodes", ("level", "idx", "hash")), nodes)
+        checkpoint = (tree.size, root, note, signing.now())
+        yield ExecMany(sql.insert("ledger_checkpoints", ("size", "root", "note", "created_at")),
+                       [checkpoint])  # fmt: skip
+    return tree
+
+
+def _insert_key(sql: Statements) -> str:
+    columns = ("dek_id", "tenant", "kek_id", "wrapped", "created_at")
+    return sql.insert("ledger_data_keys", columns, " ON CONFLICT (dek_id) DO NOTHING")
+
+
+def _not_stored(sql: Statements, batch: Sequence[Sealed]) -> Generator[Op, Any, list[Sealed]]:
+    headers = [parse_header(s.header) for s in batch]
+    pairs = [(h.writer, h.sequence) for h in headers]
+    stored: set[tuple[str, int]] = set()
+    for start in range(0, len(pairs), 500):
+        chunk = pairs[start : start + 500]
+        query = sql.pairs("ledger_entries", "writer", "sequence", len(chunk), "writer, sequence")
+        found = yield Query(query, tuple(v for pair in chunk for v in pair))
+        stored.update((w, int(q)) for w, q in found)
+    return [s for s, h in zip(batch, headers, strict=True) if (h.writer, h.sequence) not in stored]
+
+
+def _extend(tree: CompactRange, batch: Sequence[Sealed]) -> tuple[list[Row], list[Row]]:
+    """Entry rows and new node rows for ``batch``, appended to ``tree`` (which it mutates)."""
+    entries: list[Row] = []
+    nodes: list[Row] = []
+    for sealed in batch:
+        index = tree.size
+        leaf = leaf_hash(sealed.leaf_data())
+        nodes += [(n.level, n.index, digest) for n, digest in tree.append(leaf)]
+        h = parse_header(sealed.header)
+        columns = (h.writer, h.sequence, h.kind, h.tenant, h.key_id, h.request_id, h.model,
+                   h.status, h.created_at)  # fmt: skip
+        entries.append((index, *columns, sealed.header, sealed.ciphertext, leaf))
+    return entries, nodes
