@@ -32,6 +32,11 @@ from audit.merkle import CompactRange
 SEQUENCER_LOCK = 0x7467_6C65_6467_7371  # "tgledgsq": any constant shared by all replicas
 
 
+class DatabaseError(Exception):
+    """The database failed the commit (asyncpg's own errors, wrapped so that importing this
+    module does not import asyncpg in a gateway that runs on SQLite)."""
+
+
 class Driver(Protocol):
     statements: Statements
 
@@ -122,10 +127,15 @@ class PostgresDriver:
         self._conn: AsyncConnection | None = None
 
     async def run(self, script: Script) -> CompactRange:
+        import asyncpg  # type: ignore[import-untyped]  # loaded already by the engine
+
         pg = await self._asyncpg()
-        async with pg.transaction():
-            await pg.execute("SELECT pg_advisory_xact_lock($1)", SEQUENCER_LOCK)
-            return await _drive_asyncpg(script, pg)
+        try:
+            async with pg.transaction():
+                await pg.execute("SELECT pg_advisory_xact_lock($1)", SEQUENCER_LOCK)
+                return await _drive_asyncpg(script, pg)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise DatabaseError(type(exc).__name__) from exc
 
     async def _asyncpg(self) -> Any:
         if self._conn is None:

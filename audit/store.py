@@ -9,22 +9,19 @@ import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy import ColumnElement, and_, false, func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from audit.commit import Statements, node_lookup
+from audit.drivers import DatabaseError
 from audit.merkle import NodeID
 from audit.schema import checkpoints, entries, nodes
 
 # What "the database is away" looks like: SQLAlchemy wraps driver errors; the commit drivers
-# raise sqlite3's and asyncpg's own; a refused or reset connection surfaces as OSError, a
-# connect or pool timeout as TimeoutError.
-DB_ERRORS = (
-    SQLAlchemyError, OSError, TimeoutError, sqlite3.Error, asyncpg.PostgresError,
-    asyncpg.InterfaceError,
-)  # fmt: skip
+# raise sqlite3's own and DatabaseError (asyncpg's); a refused or reset connection surfaces as
+# OSError, a connect or pool timeout as TimeoutError.
+DB_ERRORS = (SQLAlchemyError, OSError, TimeoutError, sqlite3.Error, DatabaseError)
 
 
 async def tree_size(conn: AsyncConnection) -> int:
