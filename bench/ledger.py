@@ -9,6 +9,8 @@
   independent moments as real streams do), then its record: the latency of ``append`` is what
   the client waits for ``[DONE]``, a durable commit in strict mode, an enqueue in async mode.
   Also reported, not judged: the saturated worst case, 32 appenders back to back.
+- **gateway**: the same gateway process without a ledger, with ``async`` and with ``strict``
+  recording, against one simulator (``bench/ledger_cost.py``): CPU per request and per chunk.
 - **proof / verify**: a ledger of ``--large`` records (small bodies: proof and verify cost do
   not depend on body size beyond hashing, which ``append`` already measures), then 1,000
   inclusion proofs at random indexes and one full ``verify``.
@@ -43,6 +45,8 @@ from audit.note import NoteSigner, NoteVerifier, create_signing_key, load_signin
 from audit.record import Body, Facts
 from audit.verify import verify
 from audit.writer import Mode
+from bench import ledger_cost
+from bench.procs import Workdir
 from bench.sections import cpu_model, revision, write_section
 from gateway.db import create_engine
 from gateway.settings import Settings
@@ -226,11 +230,18 @@ async def bench_large(url: str, work: Path, size: int) -> list[Finding]:
     ]
 
 
-PARTS = ("append", "strict", "saturated", "large")
+PARTS = ("append", "strict", "saturated", "large", "gateway")
 
 
 async def run(kinds: list[str], parts: list[str], records: int, large: int) -> list[Finding]:
     findings: list[Finding] = []
+    if "gateway" in parts:  # the default database (SQLite), as `thinkgate serve` runs
+        with tempfile.TemporaryDirectory() as tmp:
+            costs = await asyncio.to_thread(ledger_cost.run, Workdir(Path(tmp)))
+        for line in ledger_cost.summary(costs):
+            print(f"- {line}", flush=True)
+            findings.append(Finding(line))
+    parts = [p for p in parts if p != "gateway"]
     for kind in kinds:
         print(f"## {kind}", flush=True)
         for part in parts:

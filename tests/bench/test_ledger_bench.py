@@ -31,3 +31,15 @@ def test_sections_are_replaced_and_carried_over(tmp_path: Path) -> None:
     assert "v1" not in text and text.count("## ledger v2") == 1 and "old tables" in text
     rewritten = carry_sections(text, "# relay\n\nnew tables\n")  # what compare.py writes
     assert "new tables" in rewritten and "## ledger v2" in rewritten and "old" not in rewritten
+
+
+def test_the_gateway_cost_benchmark_runs(tmp_path: Path) -> None:
+    from bench.ledger_cost import run, summary
+    from bench.procs import Workdir
+
+    costs = run(Workdir(tmp_path), duration_s=0.3, modes=("none", "strict"), cells=((2, 1),),
+                rounds=1)  # fmt: skip
+    assert [c.mode for c in costs] == ["none", "strict"]
+    assert all(c.requests > 0 and c.us_per_request > 0 for c in costs)
+    (line,) = summary(costs)
+    assert "the ledger adds strict +" in line
