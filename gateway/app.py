@@ -6,6 +6,7 @@ time. A ``sink`` passed in replaces the ledger (tests that inspect records, rela
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -19,12 +20,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import admin, auditor, chat, health
+from gateway.admission import open_admission
 from gateway.db import create_engine, create_schema
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.frontdoor import FrontDoor, error_response
 from gateway.keystore import KeyStore
 from gateway.ledgersink import LedgerSink, ensure_keys, open_ledger
-from gateway.ports import Limiter, RecordSink, Unlimited
+from gateway.limiting import open_limiter
+from gateway.ports import Limiter, RecordSink
 from gateway.servers import BackgroundServer
 from gateway.settings import Settings
 from gateway.state import AppState
@@ -47,7 +50,12 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            app.state.tg = await _start(stack, settings, limiter or Unlimited(), sink)
+            limits = limiter
+            if limits is None:
+                key_limiter = open_limiter(settings)
+                stack.push_async_callback(key_limiter.aclose)
+                limits = key_limiter
+            app.state.tg = await _start(stack, settings, limits, sink)
             if freeze_gc:
                 gc.collect()
                 gc.freeze()
@@ -98,19 +106,32 @@ async def _start(
         ledger = await open_ledger(settings, engine)
         stack.push_async_callback(ledger.aclose)
         sink = LedgerSink(ledger, settings)
+    upstreams = UpstreamPool(transport, settings)
+    kv = open_admission(settings, transport)
+    stack.push_async_callback(kv.aclose)
+    for work in (kv.scrape_forever(upstreams.upstreams), kv.renew_forever()):
+        task = asyncio.create_task(work)
+        stack.push_async_callback(_cancel, task)
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
     return AppState(
         settings=settings,
         transport=transport,
-        upstreams=UpstreamPool(transport, settings),
+        upstreams=upstreams,
         engine=engine,
         keys=KeyStore(engine, ttl=settings.key_cache_ttl_s),
         limiter=limiter,
+        kv=kv,
         sink=sink,
         ledger=ledger,
         registry=registry,
     )
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _gateway_error(_request: Request, exc: GatewayError) -> Response:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.admission import priority_of
 from gateway.auth import authenticate
 from gateway.errors import (
     GatewayError,
@@ -48,8 +50,15 @@ async def chat_completions(request: Request) -> Response:
     chat = parse_chat_request(raw)
     if not state.sink.accepting():
         raise LedgerUnavailable("The audit ledger cannot store records; try again later.")
+    priority = priority_of(request.headers.get("x-thinkgate-priority"))
     candidates = await state.upstreams.route(chat.model)
-    admission = await state.limiter.admit(key.key_id, key.tenant, estimate_tokens(chat, state))
+    tokens = estimate_tokens(chat, state)
+    admission = await state.limiter.admit(key, tokens)
+    try:
+        grant, candidates = await state.kv.admit(candidates, key.tenant, priority, tokens)
+    except BaseException:
+        await state.limiter.settle(admission, 0)  # refused: the reservation comes back whole
+        raise
     policy = Policy(
         parser=state.settings.parser_for(chat.model),
         show_reasoning=key.reasoning == "visible" and chat.wants_reasoning,
@@ -59,6 +68,7 @@ async def chat_completions(request: Request) -> Response:
     )
     relay = StreamRelay(policy) if chat.stream else Rewriter(policy)
     ex = Exchange(request.state.request_id, key, chat, relay, admission, state.limiter, state.sink)
+    ex.release_kv = functools.partial(state.kv.release, grant)
     watcher = DisconnectWatcher(request.receive)
     streaming = False
     try:
@@ -103,7 +113,7 @@ async def open_relay(
 
     parser = SSEParser(state.settings.max_sse_event_bytes)
     body = relay_stream(ex, opened, relay, parser, state.settings.keepalive_s)
-    return RelayResponse(body, watcher, cleanup)
+    return RelayResponse(body, watcher, cleanup, ex.admission.headers)
 
 
 async def complete(state: AppState, ex: Exchange, candidates: list[Upstream]) -> Response:
@@ -116,7 +126,8 @@ async def complete(state: AppState, ex: Exchange, candidates: list[Upstream]) ->
         raise UpstreamProtocolError(str(exc)) from None
     ex.status = "ok"
     await ex.finish()
-    return Response(orjson.dumps(body), media_type="application/json")
+    headers = dict(ex.admission.headers)
+    return Response(orjson.dumps(body), media_type="application/json", headers=headers)
 
 
 async def relay_stream(

@@ -53,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     revoke.set_defaults(func=cmd_keys_revoke)
 
     _ledger_parser(sub)
+    _capacity_parser(sub)
 
     bench = sub.add_parser("bench", help="load generator: TTFT, inter-token latency, throughput")
     bench.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8080/v1")
@@ -92,6 +93,27 @@ def _ledger_parser(sub: Any) -> None:
     ledger.add_parser("public-key", help="print the checkpoint verifier key").set_defaults(
         func=cmd_ledger_public_key
     )
+
+
+def _capacity_parser(sub: Any) -> None:
+    cap = sub.add_parser("capacity", help="plan KV-cache capacity and the admission settings")
+    cap.add_argument("--model", required=True, help="a preset name or a config.json (or its dir)")
+    cap.add_argument("--gpus", type=int, required=True, help="must equal tp × pp × dp")
+    cap.add_argument("--gpu-mem-gib", type=float, required=True)
+    cap.add_argument("--tp", type=int, default=1)
+    cap.add_argument("--pp", type=int, default=1)
+    cap.add_argument("--dp", type=int, default=1)
+    cap.add_argument("--weights", choices=["bf16", "fp16", "fp8", "int4"], default="bf16")
+    cap.add_argument("--kv-dtype", choices=["bf16", "fp16", "fp8"], default="bf16")
+    cap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    cap.add_argument("--context", type=int, default=65536)
+    cap.add_argument("--params", type=float, default=None, help="parameter count, e.g. 70.6e9")
+    cap.add_argument("--reserve-gib", type=float, default=2.0, help="activations etc. (rough)")
+    cap.add_argument(
+        "--state-bytes-per-request", type=int, default=None,
+        help="recurrent layers in a config.json: one layer's state per request",
+    )  # fmt: skip
+    cap.set_defaults(func=cmd_capacity)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -272,6 +294,34 @@ def cmd_ledger_public_key(args: argparse.Namespace) -> int:
     from gateway.ledgercli import verifier_key
 
     print(verifier_key(Settings()))
+    return 0
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    import json
+
+    from ratelimit import capacity
+
+    try:
+        model = capacity.PRESETS.get(args.model)
+        if model is None:
+            path = Path(args.model)
+            path = path / "config.json" if path.is_dir() else path
+            if not path.is_file():
+                names = ", ".join(capacity.PRESETS)
+                raise ValueError(f"--model {args.model}: not a preset ({names}) nor a file")
+            config = json.loads(path.read_text())
+            model = capacity.model_from_config(config, args.model, args.state_bytes_per_request)
+        deployment = capacity.Deployment(
+            gpus=args.gpus, gpu_mem_gib=args.gpu_mem_gib, tp=args.tp, pp=args.pp, dp=args.dp,
+            weights=args.weights, kv_dtype=args.kv_dtype, context=args.context,
+            gpu_memory_utilization=args.gpu_memory_utilization, params=args.params,
+            reserve_gib=args.reserve_gib,
+        )  # fmt: skip
+        print(capacity.render(capacity.plan(model, deployment)))
+    except (OSError, ValueError) as exc:
+        print(f"thinkgate capacity: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -33,6 +33,8 @@ reasoning text: constructors take only what is safe to show.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -124,12 +126,28 @@ class RateLimited(ClientError):
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, retry_after: float, code: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float,
+        code: str | None = None,
+        limit_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
         super().__init__(message, code=code)
         self.retry_after = retry_after
+        if limit_type is not None:  # OpenAI says which limit: "requests" or "tokens"
+            self.type = limit_type
+        self._headers = dict(headers or {})
 
     def headers(self) -> dict[str, str]:
-        return {"retry-after": str(max(1, round(self.retry_after + 0.5)))}
+        # The openai SDK honours retry-after-ms before retry-after (whole seconds, rounded up).
+        return {
+            **self._headers,
+            "retry-after": str(max(1, math.ceil(self.retry_after))),
+            "retry-after-ms": str(max(1, math.ceil(self.retry_after * 1000))),
+        }
 
 
 class UpstreamError(GatewayError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gateway.errors import GatewayError
@@ -36,6 +36,7 @@ class Exchange:
     status: Status = "error"
     error_code: str | None = None
     client_disconnected: bool = False
+    release_kv: Callable[[], Awaitable[None]] | None = None
     _finishing: asyncio.Future[None] | None = None
 
     def mark_first_token(self) -> None:
@@ -65,6 +66,8 @@ class Exchange:
     async def _settle_and_record(self) -> None:
         record = self._record()
         used = int((record.usage or {}).get("total_tokens") or 0)
+        if self.release_kv is not None:
+            await self.release_kv()
         await self.limiter.settle(self.admission, used or self.admission.reserved_tokens)
         await self.sink.submit(record)
 

@@ -4,15 +4,17 @@ The gateway builds one ``CompletionRecord`` per chat completion, however it ende
 it to a ``RecordSink`` in the ``finally`` of the request. It asks a ``Limiter`` to admit a
 request before opening the upstream and settles it with the real usage afterwards.
 
-The ledger plugs in as ``gateway.ledgersink.LedgerSink``. Until the rate-limit package plugs
-in, the app uses ``Unlimited``; ``DiscardSink`` serves benchmarks of the relay alone. Both are
-explicit pass-through implementations, named for what they do.
+The ledger plugs in as ``gateway.ledgersink.LedgerSink``, the rate limits as
+``gateway.limiting.KeyLimiter``. ``Unlimited`` and ``DiscardSink`` serve benchmarks of the relay
+alone: explicit pass-through implementations, named for what they do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+
+from gateway.keys import KeyInfo
 
 Status = Literal["ok", "upstream_error", "client_disconnected", "error"]
 
@@ -61,24 +63,29 @@ class DiscardSink:
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """A granted request; settled exactly once when the request ends."""
+    """A granted request; settled exactly once when the request ends. ``headers`` go on the
+    response (``x-ratelimit-*``)."""
 
     key_id: str
     tenant: str
     reserved_tokens: int
+    headers: tuple[tuple[str, str], ...] = ()
+    tokens_per_minute: int = 0  # the key's tokens limit at admission (0: none, no refund)
 
 
 class Limiter(Protocol):
-    async def admit(self, key_id: str, tenant: str, tokens: int) -> Admission: ...
+    async def admit(self, key: KeyInfo, tokens: int) -> Admission:
+        """Reserve ``tokens`` for ``key``; ``RateLimited`` (429) when a limit refuses."""
+        ...
 
     async def settle(self, admission: Admission, used_tokens: int) -> None: ...
 
 
 class Unlimited:
-    """Admits everything: the gateway without rate limits."""
+    """Admits everything: the gateway without rate limits (relay benchmarks, tests)."""
 
-    async def admit(self, key_id: str, tenant: str, tokens: int) -> Admission:
-        return Admission(key_id, tenant, tokens)
+    async def admit(self, key: KeyInfo, tokens: int) -> Admission:
+        return Admission(key.key_id, key.tenant, tokens)
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
         return None

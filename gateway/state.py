@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit.ledger import Ledger
+from gateway.admission import KVAdmission
 from gateway.keystore import KeyStore
 from gateway.ports import Limiter, RecordSink
 from gateway.settings import Settings
@@ -23,6 +24,7 @@ class AppState:
     engine: AsyncEngine
     keys: KeyStore
     limiter: Limiter
+    kv: KVAdmission
     sink: RecordSink
     ledger: Ledger | None  # None when the app was given another sink
     registry: CollectorRegistry

@@ -19,7 +19,7 @@ the rest of the request's handling on Python 3.11 (each asks for the current tas
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -58,12 +58,14 @@ class RelayResponse(Response):
         body: AsyncIterator[bytes],
         watcher: DisconnectWatcher,
         cleanup: Callable[[bool], Awaitable[None]],
+        headers: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.status_code = 200
         self.background = None
         self.raw_headers = [
             (b"content-type", b"text/event-stream"),
             (b"cache-control", b"no-cache"),
+            *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers),
         ]
         self._body = body
         self._watcher = watcher

@@ -24,7 +24,8 @@ class PortRecorder:
         self.ports: list[int] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
+        # Not /metrics: the gateway's KV scraper reads it on its own schedule.
+        if scope["type"] == "http" and scope["path"] != "/metrics":
             self.ports.append(scope["client"][1])
         await self.app(scope, receive, send)
 

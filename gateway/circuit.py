@@ -1,0 +1,80 @@
+"""The fallback rule for a shared backend (Redis) that fails, used by the rate limits and the
+KV budget alike (``RATELIMIT_FAIL``).
+
+``open``: use this replica's in-process backend instead (limits then hold per replica), log
+once per outage, try the shared one again after ``retry_s``. ``closed``: answer 503 meanwhile.
+Recovery is automatic: the first call that succeeds on the shared backend ends the outage.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Generic, Literal, TypeVar
+
+from gateway.errors import ServiceUnavailable
+
+log = logging.getLogger("thinkgate")
+
+B = TypeVar("B")
+T = TypeVar("T")
+
+
+class Circuit(Generic[B]):
+    def __init__(
+        self,
+        name: str,
+        shared: B,
+        local: B,
+        *,
+        fail: Literal["open", "closed"],
+        errors: tuple[type[BaseException], ...],
+        retry_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.shared = shared
+        self.local = local
+        self._fail = fail
+        self._errors = errors
+        self._retry_s = retry_s
+        self._clock = clock
+        self._down_since: float | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return self._down_since is not None
+
+    async def call(self, work: Callable[[B], Awaitable[T]]) -> T:
+        backend = self._pick()
+        try:
+            result = await work(backend)
+        except self._errors as exc:
+            if backend is self.local:
+                raise
+            self._went_down(exc)
+            if self._fail == "closed":
+                raise self._refusal() from None
+            return await work(self.local)
+        if backend is self.shared and self._down_since is not None:
+            log.warning("%s: the shared backend answers again", self.name)
+            self._down_since = None
+        return result
+
+    def _pick(self) -> B:
+        if self._down_since is not None and self._clock() - self._down_since < self._retry_s:
+            if self._fail == "closed":
+                raise self._refusal()
+            return self.local
+        return self.shared
+
+    def _went_down(self, exc: BaseException) -> None:
+        if self._down_since is None:
+            policy = "in-process, per replica" if self._fail == "open" else "refusing requests"
+            log.error("%s: shared backend unreachable (%s): %s", self.name,
+                      type(exc).__name__, policy)  # fmt: skip
+        self._down_since = self._clock()
+
+    def _refusal(self) -> ServiceUnavailable:
+        return ServiceUnavailable(f"{self.name} cannot be checked right now.")
