@@ -27,17 +27,16 @@ translates them at its one Redis boundary.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
 
 from ratelimit.fairness import Priority
+from ratelimit.luascript import LuaScript
 
 
 def round_to_blocks(tokens: int, block_size: int) -> int:
@@ -257,22 +256,6 @@ return redis.call('HGETALL', tenants)
 """
 
 
-class _Script:
-    """A Lua script run by EVALSHA, loaded again when the server answers NOSCRIPT (after a
-    restart or SCRIPT FLUSH)."""
-
-    def __init__(self, body: str) -> None:
-        self._text = _PRELUDE + body
-        self._sha = hashlib.sha1(self._text.encode()).hexdigest()
-
-    async def __call__(self, client: Redis, keys: Sequence[str], *args: str | int) -> object:
-        try:
-            return await client.evalsha(self._sha, len(keys), *keys, *args)
-        except NoScriptError:
-            await client.script_load(self._text)
-            return await client.evalsha(self._sha, len(keys), *keys, *args)
-
-
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -285,11 +268,11 @@ class RedisKVBudgetStore:
     Works with ``decode_responses`` on or off.
     """
 
-    _try_reserve = _Script(_TRY_RESERVE)
-    _renew = _Script(_RENEW)
-    _release = _Script(_RELEASE)
-    _reserved = _Script(_RESERVED)
-    _by_tenant = _Script(_BY_TENANT)
+    _try_reserve = LuaScript(_PRELUDE + _TRY_RESERVE)
+    _renew = LuaScript(_PRELUDE + _RENEW)
+    _release = LuaScript(_PRELUDE + _RELEASE)
+    _reserved = LuaScript(_PRELUDE + _RESERVED)
+    _by_tenant = LuaScript(_PRELUDE + _BY_TENANT)
 
     def __init__(self, client: Redis, *, prefix: str = "thinkgate:kv:") -> None:
         if "{" in prefix or "}" in prefix:

@@ -32,16 +32,15 @@ Lua script per call, so a call is one round trip and atomic across replicas:
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
 
 from ratelimit.gcra import Decision, decide, refund
+from ratelimit.luascript import LuaScript
 
 LimitName = Literal["requests", "tokens"]
 
@@ -222,24 +221,8 @@ return 1
 """
 
 
-class _Script:
-    """A Lua script called by its SHA-1, loaded when the server does not know it."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
-
-    async def __call__(self, client: Redis, key: str, *args: int) -> object:
-        try:
-            return await client.evalsha(self.sha, 1, key, *args)
-        except NoScriptError:
-            # SCRIPT LOAD answers the SHA we computed; retry once, let a second failure surface.
-            await client.script_load(self.source)
-            return await client.evalsha(self.sha, 1, key, *args)
-
-
-_RESERVE = _Script(_LUA_GCRA + _LUA_STATE + _LUA_RESERVE)
-_REFUND = _Script(_LUA_GCRA + _LUA_STATE + _LUA_REFUND)
+_RESERVE = LuaScript(_LUA_GCRA + _LUA_STATE + _LUA_RESERVE)
+_REFUND = LuaScript(_LUA_GCRA + _LUA_STATE + _LUA_REFUND)
 
 
 class RedisBackend:
@@ -261,14 +244,14 @@ class RedisBackend:
     async def reserve(self, scope: str, tenant: str, limits: Limits, tokens: int) -> Verdict:
         _check_tokens(tokens)
         found = await _RESERVE(
-            self._client, self.key(scope, tenant), limits.rpm, limits.tpm, tokens
+            self._client, [self.key(scope, tenant)], limits.rpm, limits.tpm, tokens
         )
         now, requests_tat, tokens_tat = _floats(found)
         return admit(requests_tat, tokens_tat, now, limits, tokens)[2]
 
     async def refund(self, scope: str, tenant: str, limits: Limits, tokens: int) -> None:
         _check_tokens(tokens)
-        await _REFUND(self._client, self.key(scope, tenant), limits.tpm, tokens)
+        await _REFUND(self._client, [self.key(scope, tenant)], limits.tpm, tokens)
 
     async def aclose(self) -> None:
         await self._client.aclose()
