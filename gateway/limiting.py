@@ -11,9 +11,8 @@ Rules:
   code ``rate_limit_exceeded``, ``retry-after`` / ``retry-after-ms`` (the openai SDK's retry
   honours them), and the ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers,
   which every admitted response carries too.
-- Redis failure (``RATELIMIT_FAIL``): ``open`` (default) falls back to an in-process backend
-  per replica (limits then hold per replica, not across them), logs once per outage, and tries
-  Redis again after ``RETRY_S``; ``closed`` answers 503. Recovery is automatic either way.
+- Redis failure (``RATELIMIT_FAIL``): the rule of ``gateway/circuit.py``, shared with the KV
+  budget.
 """
 
 from __future__ import annotations
@@ -31,17 +30,10 @@ from ratelimit.limits import Limits, MemoryBackend, RateLimitBackend, Verdict
 
 log = logging.getLogger("thinkgate")
 
-RETRY_S = 1.0
-
 
 class KeyLimiter:
     def __init__(self, limits: Circuit[RateLimitBackend]) -> None:
         self._limits = limits
-
-    @property
-    def degraded(self) -> bool:
-        """Whether the shared backend is away (limits are then per replica, or refused)."""
-        return self._limits.degraded
 
     async def admit(self, key: KeyInfo, tokens: int) -> Admission:
         limits = Limits(rpm=key.rpm or 0, tpm=key.tpm or 0)
