@@ -17,7 +17,6 @@ Rules:
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -27,8 +26,6 @@ from gateway.keys import KeyInfo
 from gateway.ports import Admission
 from gateway.settings import Settings
 from ratelimit.limits import Limits, MemoryBackend, RateLimitBackend, Verdict
-
-log = logging.getLogger("thinkgate")
 
 
 class KeyLimiter:
