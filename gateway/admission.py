@@ -4,7 +4,8 @@ Rules:
 
 - Each upstream engine has a capacity in tokens: ``KV_CAPACITY_TOKENS`` when set (fixed), else
   discovered from ``vllm:cache_config_info`` on its ``/metrics``. Until an engine's capacity is
-  known, requests to it are not KV-limited (and nothing is reserved).
+  known, requests to it are not KV-limited (and nothing is reserved); such an engine is
+  preferred, since it is unknown rather than full.
 - A scraper reads every engine's ``/metrics`` once per ``SCRAPE_S`` and feeds the engine's
   ``AdmissionController`` (``ratelimit.aimd``): the admitted limit shrinks when KV usage or the
   waiting queue passes its threshold, preemptions rise or metrics go stale, and grows back
@@ -13,13 +14,19 @@ Rules:
   a lease in the shared store (``ratelimit.kvbudget``: Redis when configured, so all replicas
   share one budget), renewed by one task per process while the request runs, released when it
   ends however it ends; a crashed replica's leases expire after ``LEASE_TTL_S``.
-- Routing: candidates are tried in order of free budget (limit − reserved), most first; the
-  fair-share and priority rules (``ratelimit.fairness``) decide admit / wait / reject.
-- When no engine admits: wait up to ``ADMISSION_WAIT_MS`` (woken by any release or limit
-  change in this process, re-checked at least every 50 ms for other replicas' releases), then
-  429 ``kv_budget_exhausted`` with ``retry-after`` — the cluster is full *for now*, which a
-  client should retry; 503 is kept for no engine at all. ``sheddable`` work under pressure is
-  refused at once.
+- One store call per attempt routes and reserves together (``fairness.route``: the engine with
+  the most free budget, fair share between tenants weighted by ``tenants.<name>.weight``,
+  priority with headroom for ``critical``).
+- Waiting: each process keeps a queue per tenant, ordered by ``fairness.queue_order``; only
+  the head of each tenant's queue asks the store, when woken by a release or limit change in
+  this process or at least every ``RECHECK_S`` (for other replicas' releases). So a tenant's
+  requests are admitted in order, and no tenant's head waits behind another tenant's. At most
+  ``ADMISSION_QUEUE_MAX`` requests wait per process; beyond that, and after
+  ``ADMISSION_WAIT_MS``, 429 ``kv_budget_exhausted`` with ``retry-after``: the cluster is full
+  *for now*, which a client should retry. ``sheddable`` work under pressure is refused at once.
+  503 is kept for no engine at all (``no_healthy_upstream``).
+- A request that cannot fit even an empty engine (more than ``capacity × target utilisation``
+  everywhere) can never run: 400 ``kv_request_too_large`` at once, naming ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import secrets
 import time
@@ -36,13 +44,13 @@ from dataclasses import dataclass, field
 import httpx
 
 from gateway.circuit import Circuit
-from gateway.errors import InvalidRequest, RateLimited, ServiceUnavailable
+from gateway.errors import InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable
 from gateway.settings import Settings
 from gateway.upstream import Upstream
 from ratelimit.aimd import AdmissionController, Tuning
 from ratelimit.engine_metrics import EngineSnapshot, parse_engine_metrics
-from ratelimit.fairness import Priority, Request, decide
-from ratelimit.kvbudget import KVBudgetStore, Lease, round_to_blocks
+from ratelimit.fairness import RANK, Priority, queue_order
+from ratelimit.kvbudget import Ask, Choice, KVBudgetStore, Lease, Placement, Rules, round_to_blocks
 
 log = logging.getLogger("thinkgate")
 
@@ -65,6 +73,12 @@ class Grant:
     lease: Lease | None = None
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class _Waiter:
+    priority: Priority
+    arrived: float
+
+
 @dataclass(slots=True)
 class KVAdmission:
     store: Circuit[KVBudgetStore]
@@ -72,10 +86,14 @@ class KVAdmission:
     fixed_capacity: int | None
     tuning: Tuning
     wait_s: float
+    rules: Rules = field(default_factory=Rules)
+    queue_max: int = 1024
     clock: Callable[[], float] = time.monotonic
     close_store: Callable[[], Awaitable[None]] | None = None
     engines: dict[str, EngineState] = field(default_factory=dict)
     leases: dict[str, Lease] = field(default_factory=dict)
+    queues: dict[str, list[_Waiter]] = field(default_factory=dict)
+    _arrivals: itertools.count[int] = field(default_factory=itertools.count)
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def engine(self, upstream: Upstream) -> EngineState:
@@ -88,61 +106,67 @@ class KVAdmission:
             state = self.engines[upstream.base_url] = EngineState(controller)
         return state
 
+    @property
+    def waiting(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
     async def admit(
         self, candidates: Sequence[Upstream], tenant: str, priority: Priority, tokens: int
     ) -> tuple[Grant, list[Upstream]]:
         """The grant and the candidates reordered (the granted engine first)."""
-        deadline = self.clock() + self.wait_s
-        while True:
-            ordered = await self._by_free_budget(candidates)
-            for upstream in ordered:
-                grant = await self._try(upstream, tenant, priority, tokens)
-                if grant is not None:
-                    rest = [u for u in ordered if u is not upstream]
-                    return grant, [upstream, *rest]
-            if priority == "sheddable" or self.clock() >= deadline:
-                raise RateLimited(
-                    "The model servers' KV cache is fully booked; please try again shortly.",
-                    retry_after=1.0,
-                    code="kv_budget_exhausted",
-                )
-            await self._wait(min(RECHECK_S, deadline - self.clock()))
+        unknown = [u for u in candidates if self.engine(u).controller is None]
+        if unknown:
+            return Grant(unknown[0]), _first(unknown[0], candidates)
+        ask = self._ask(candidates, tenant, priority, tokens)
+        placement = await self._queued(ask)
+        assert placement.lease is not None
+        self.leases[placement.lease.lease_id] = placement.lease
+        upstream = next(u for u in candidates if u.base_url == placement.lease.engine)
+        return Grant(upstream, placement.lease), _first(upstream, candidates)
 
-    async def _try(
-        self, upstream: Upstream, tenant: str, priority: Priority, tokens: int
-    ) -> Grant | None:
-        state = self.engine(upstream)
-        if state.controller is None:
-            return Grant(upstream)  # capacity unknown: not KV-limited
-        need = round_to_blocks(tokens, state.block_size)
-        limit = state.controller.limit
-        engine = upstream.base_url
-        by_tenant = await self.store.call(lambda s: s.by_tenant(engine))
-        verdict = decide(Request(tenant, need, priority), limit=limit,
-                         reserved=sum(by_tenant.values()), by_tenant=by_tenant)  # fmt: skip
-        if verdict == "reject":
-            raise RateLimited("The model servers are under pressure: sheddable work is refused.",
-                              retry_after=1.0, code="kv_budget_exhausted")  # fmt: skip
-        if verdict != "admit":
-            return None
-        lease = Lease(upstream.base_url, secrets.token_hex(8), need, tenant, priority)
-        admitted, _ = await self.store.call(lambda s: s.try_reserve(lease, limit, LEASE_TTL_S))
-        if not admitted:
-            return None
-        self.leases[lease.lease_id] = lease
-        return Grant(upstream, lease)
-
-    async def _by_free_budget(self, candidates: Sequence[Upstream]) -> list[Upstream]:
-        async def free(upstream: Upstream) -> float:
+    def _ask(
+        self, candidates: Sequence[Upstream], tenant: str, priority: Priority, tokens: int
+    ) -> Ask:
+        choices, fits = [], False
+        for upstream in candidates:
             state = self.engine(upstream)
-            if state.controller is None:
-                return float("inf")
-            engine = upstream.base_url
-            return state.controller.limit - await self.store.call(lambda s: s.reserved(engine))
+            assert state.controller is not None
+            need = round_to_blocks(max(tokens, 1), state.block_size)
+            fits = fits or need <= state.controller.capacity * self.tuning.target_utilization
+            choices.append(Choice(upstream.base_url, state.controller.limit, need))
+        if not fits:
+            raise InvalidRequest(
+                f"This request may need {tokens} tokens of KV cache, more than any model "
+                "server can hold at once; lower max_tokens or the prompt.",
+                param="max_tokens", code="kv_request_too_large",
+            )  # fmt: skip
+        return Ask(secrets.token_hex(8), tenant, priority, tuple(choices))
 
-        budgets = [await free(u) for u in candidates]
-        order = sorted(range(len(candidates)), key=lambda i: (-budgets[i], candidates[i].in_flight))
-        return [candidates[i] for i in order]
+    async def _queued(self, ask: Ask) -> Placement:
+        if self.waiting >= self.queue_max:
+            raise _exhausted()
+        deadline = self.clock() + self.wait_s
+        queue = self.queues.setdefault(ask.tenant, [])
+        waiter = _Waiter(ask.priority, next(self._arrivals))
+        queue.append(waiter)
+        try:
+            while True:
+                if queue_order(queue)[0] is waiter:
+                    placement = await self.store.call(
+                        functools.partial(_admit, ask=ask, rules=self.rules)
+                    )
+                    if placement.decision == "admit":
+                        return placement
+                    if placement.decision == "reject":
+                        raise _shed()
+                if self.clock() >= deadline:
+                    raise _exhausted()
+                await self._wait(min(RECHECK_S, deadline - self.clock()))
+        finally:
+            queue.remove(waiter)
+            if not queue:
+                del self.queues[ask.tenant]
+            await self._notify()  # the next in line may ask now
 
     async def _wait(self, seconds: float) -> None:
         async with self._changed:
@@ -201,6 +225,24 @@ async def _renew(store: KVBudgetStore, *, lease: Lease) -> bool:
     return await store.renew(lease, LEASE_TTL_S)
 
 
+async def _admit(store: KVBudgetStore, *, ask: Ask, rules: Rules) -> Placement:
+    return await store.admit(ask, LEASE_TTL_S, rules)
+
+
+def _first(upstream: Upstream, candidates: Sequence[Upstream]) -> list[Upstream]:
+    return [upstream, *(u for u in candidates if u is not upstream)]
+
+
+def _exhausted() -> RateLimited:
+    return RateLimited("The model servers' KV cache is fully booked; please try again shortly.",
+                       retry_after=1.0, code="kv_budget_exhausted")  # fmt: skip
+
+
+def _shed() -> RateLimited:
+    return RateLimited("The model servers are under pressure: sheddable work is refused.",
+                       retry_after=1.0, code="kv_budget_exhausted")  # fmt: skip
+
+
 async def _read_metrics(client: httpx.AsyncClient, upstream: Upstream) -> EngineSnapshot | None:
     url = upstream.base_url.removesuffix("/v1") + "/metrics"
     try:
@@ -232,16 +274,24 @@ def open_admission(settings: Settings, transport: httpx.AsyncBaseTransport) -> K
         store = Circuit("KV budget", shared, local, fail=settings.ratelimit_fail, errors=errors)
         close = client.aclose
     tuning = Tuning(target_utilization=settings.kv_target_utilization)
+    weights = {name: p.weight for name, p in settings.tenants.items() if p.weight != 1}
+    rules = Rules(weights=weights, waiting_ttl_s=5 * RECHECK_S)
     return KVAdmission(store, transport, settings.kv_capacity_tokens, tuning,
-                       settings.admission_wait_ms / 1000, close_store=close)  # fmt: skip
+                       settings.admission_wait_ms / 1000, rules, settings.admission_queue_max,
+                       close_store=close)  # fmt: skip
 
 
-def priority_of(header: str | None) -> Priority:
-    """``x-thinkgate-priority``: ``critical``, ``standard`` (default) or ``sheddable``."""
+def priority_of(header: str | None, ceiling: Priority = "standard") -> Priority:
+    """``x-thinkgate-priority``: ``critical``, ``standard`` or ``sheddable``; without the
+    header, the key's ``ceiling`` (its policy, default ``standard``). A key may lower its
+    priority but not raise it above its ceiling: priority is granted, not claimed."""
     if header is None:
-        return "standard"
+        return ceiling
     value = header.strip().lower()
-    if value in ("critical", "standard", "sheddable"):
-        return value  # type: ignore[return-value]
-    raise InvalidRequest("x-thinkgate-priority must be critical, standard or sheddable.",
-                         param="x-thinkgate-priority")  # fmt: skip
+    if value not in RANK:
+        raise InvalidRequest("x-thinkgate-priority must be critical, standard or sheddable.",
+                             param="x-thinkgate-priority")  # fmt: skip
+    if RANK[value] < RANK[ceiling]:  # type: ignore[index]
+        raise PermissionDenied(f"This key may ask for priority `{ceiling}` at most.",
+                               code="priority_not_allowed")  # fmt: skip
+    return value  # type: ignore[return-value]

@@ -109,7 +109,9 @@ async def _start(
     upstreams = UpstreamPool(transport, settings)
     kv = open_admission(settings, transport)
     stack.push_async_callback(kv.aclose)
-    for work in (kv.scrape_forever(upstreams.upstreams), kv.renew_forever()):
+    background = (kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),
+                  upstreams.probe_forever())  # fmt: skip
+    for work in background:
         task = asyncio.create_task(work)
         stack.push_async_callback(_cancel, task)
     registry = CollectorRegistry(auto_describe=True)

@@ -50,14 +50,17 @@ async def chat_completions(request: Request) -> Response:
     chat = parse_chat_request(raw)
     if not state.sink.accepting():
         raise LedgerUnavailable("The audit ledger cannot store records; try again later.")
-    priority = priority_of(request.headers.get("x-thinkgate-priority"))
+    ceiling = state.settings.priority_ceiling(key.key_id, key.tenant)
+    priority = priority_of(request.headers.get("x-thinkgate-priority"), ceiling)
     candidates = await state.upstreams.route(chat.model)
     tokens = estimate_tokens(chat, state)
     admission = await state.limiter.admit(key, tokens)
     try:
         grant, candidates = await state.kv.admit(candidates, key.tenant, priority, tokens)
-    except BaseException:
+    except BaseException as exc:
         await state.limiter.settle(admission, 0)  # refused: the reservation comes back whole
+        if isinstance(exc, GatewayError):
+            exc.context_headers = admission.headers
         raise
     policy = Policy(
         parser=state.settings.parser_for(chat.model),
@@ -79,6 +82,7 @@ async def chat_completions(request: Request) -> Response:
         return await complete(state, ex, candidates)
     except GatewayError as exc:
         ex.fail(exc)
+        exc.context_headers = admission.headers
         raise
     except asyncio.CancelledError as exc:
         watcher.claim(exc)

@@ -80,9 +80,13 @@ class GatewayError(Exception):
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_dict())
 
+    # Headers of the request's context that every response carries, errors included (the
+    # ``x-ratelimit-*`` of an admitted request that then failed upstream); set by the handler.
+    context_headers: tuple[tuple[str, str], ...] = ()
+
     def headers(self) -> dict[str, str]:
         """Extra response headers this error needs (``retry-after`` for 429)."""
-        return {}
+        return dict(self.context_headers)
 
 
 class ClientError(GatewayError):
@@ -144,6 +148,7 @@ class RateLimited(ClientError):
     def headers(self) -> dict[str, str]:
         # The openai SDK honours retry-after-ms before retry-after (whole seconds, rounded up).
         return {
+            **super().headers(),
             **self._headers,
             "retry-after": str(max(1, math.ceil(self.retry_after))),
             "retry-after-ms": str(max(1, math.ceil(self.retry_after * 1000))),

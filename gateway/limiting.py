@@ -1,12 +1,16 @@
-"""Per-key rate limits behind the gateway's ``Limiter`` port (``ratelimit.limits`` backends).
+"""Per-key and per-tenant rate limits behind the gateway's ``Limiter`` port
+(``ratelimit.limits`` backends).
 
 Rules:
 
-- A key's ``rpm`` and ``tpm`` (``keys create --rpm/--tpm``; unset or 0 = unlimited) are two
-  buckets checked and taken together in one backend call (one Redis round trip): a request
-  costs 1 request and ``prompt estimate + max_tokens`` tokens (OpenAI's reservation rule). When
-  it ends, the unused part of the reservation is refunded (a second round trip, off the
-  response's critical path only in that it happens in ``finally``).
+- A key's ``rpm`` and ``tpm`` (``keys create --rpm/--tpm``) and its tenant's (``tenants.<name>``
+  in the settings) are four buckets, checked and taken together in one backend call (one
+  Redis round trip), all or nothing; unset or 0 is unlimited. A request costs 1 request and
+  ``prompt estimate + max_tokens`` tokens (OpenAI's reservation rule). When it ends, the
+  unused part of the reservation is refunded to both scopes (a second round trip, in the
+  request's ``finally``).
+- The headers report the binding limit of each kind: on a refusal the refusing one, else the
+  one with the least left (``ratelimit.limits``).
 - A refused request gets OpenAI's 429 body and headers: ``type`` ``requests`` or ``tokens``,
   code ``rate_limit_exceeded``, ``retry-after`` / ``retry-after-ms`` (the openai SDK's retry
   honours them), and the ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers,
@@ -25,58 +29,63 @@ from gateway.errors import RateLimited
 from gateway.keys import KeyInfo
 from gateway.ports import Admission
 from gateway.settings import Settings
-from ratelimit.limits import Limits, MemoryBackend, RateLimitBackend, Verdict
+from ratelimit.limits import Limits, MemoryBackend, RateLimitBackend, Scope, Verdict, limited
 
 
 class KeyLimiter:
-    def __init__(self, limits: Circuit[RateLimitBackend]) -> None:
+    def __init__(self, limits: Circuit[RateLimitBackend], settings: Settings) -> None:
         self._limits = limits
+        self._settings = settings
+
+    def scopes(self, key: KeyInfo) -> tuple[Scope, ...]:
+        """The limited scopes a key's requests count against: the key's, its tenant's."""
+        tenant = self._settings.tenant(key.tenant)
+        return tuple(limited([
+            Scope(f"key:{key.key_id}", Limits(rpm=key.rpm or 0, tpm=key.tpm or 0)),
+            Scope("tenant", Limits(rpm=tenant.rpm, tpm=tenant.tpm)),
+        ]))  # fmt: skip
 
     async def admit(self, key: KeyInfo, tokens: int) -> Admission:
-        limits = Limits(rpm=key.rpm or 0, tpm=key.tpm or 0)
-        if not (limits.rpm or limits.tpm):
+        scopes = self.scopes(key)
+        if not scopes:
             return Admission(key.key_id, key.tenant, tokens)
-        scope = f"key:{key.key_id}"
-        verdict = await self._limits.call(lambda b: b.reserve(scope, key.tenant, limits, tokens))
-        headers = rate_headers(verdict, limits)
+        verdict = await self._limits.call(lambda b: b.reserve(key.tenant, scopes, tokens))
+        headers = rate_headers(verdict)
         if not verdict.allowed:
-            raise refusal(verdict, limits, tokens, headers)
-        return Admission(key.key_id, key.tenant, tokens, headers, limits.tpm)
+            raise refusal(verdict, tokens, headers)
+        return Admission(key.key_id, key.tenant, tokens, headers, scopes)
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
         unused = admission.reserved_tokens - used_tokens
-        if admission.tokens_per_minute and unused > 0:
-            limits = Limits(rpm=0, tpm=admission.tokens_per_minute)
-            scope, tenant = f"key:{admission.key_id}", admission.tenant
-            await self._limits.call(lambda b: b.refund(scope, tenant, limits, unused))
+        scopes = [s for s in admission.scopes if s.limits.tpm]
+        if scopes and unused > 0:
+            tenant = admission.tenant
+            await self._limits.call(lambda b: b.refund(tenant, scopes, unused))
 
     async def aclose(self) -> None:
         await self._limits.shared.aclose()
 
 
-def rate_headers(verdict: Verdict, limits: Limits) -> tuple[tuple[str, str], ...]:
-    """OpenAI's ``x-ratelimit-*`` headers for the limits that exist."""
+def rate_headers(verdict: Verdict) -> tuple[tuple[str, str], ...]:
+    """OpenAI's ``x-ratelimit-*`` headers for the binding limits that exist."""
     out: list[tuple[str, str]] = []
-    for name, limit, decision in (
-        ("requests", limits.rpm, verdict.requests),
-        ("tokens", limits.tpm, verdict.tokens),
-    ):
-        if limit:
+    for name, bucket in (("requests", verdict.requests), ("tokens", verdict.tokens)):
+        if bucket.limit:
             out += [
-                (f"x-ratelimit-limit-{name}", str(limit)),
-                (f"x-ratelimit-remaining-{name}", str(max(0, decision.remaining))),
-                (f"x-ratelimit-reset-{name}", duration(decision.reset_s)),
+                (f"x-ratelimit-limit-{name}", str(bucket.limit)),
+                (f"x-ratelimit-remaining-{name}", str(max(0, bucket.decision.remaining))),
+                (f"x-ratelimit-reset-{name}", duration(bucket.decision.reset_s)),
             ]
     return tuple(out)
 
 
-def refusal(
-    verdict: Verdict, limits: Limits, tokens: int, headers: tuple[tuple[str, str], ...]
-) -> RateLimited:
+def refusal(verdict: Verdict, tokens: int, headers: tuple[tuple[str, str], ...]) -> RateLimited:
     name = verdict.denied_by or "requests"
-    decision = verdict.tokens if name == "tokens" else verdict.requests
-    limit, unit = (limits.tpm, "tokens per min (TPM)") if name == "tokens" else (
-        limits.rpm, "requests per min (RPM)")  # fmt: skip
+    bucket = verdict.tokens if name == "tokens" else verdict.requests
+    decision, limit = bucket.decision, bucket.limit
+    unit = "tokens per min (TPM)" if name == "tokens" else "requests per min (RPM)"
+    if bucket.scope == "tenant":
+        unit = f"{unit} for your organization"
     requested = tokens if name == "tokens" else 1
     used = max(0, limit - decision.remaining)
     if decision.exceeds_limit:  # no wait helps: say so, as OpenAI does
@@ -119,7 +128,7 @@ def open_limiter(settings: Settings) -> KeyLimiter:
     ``RATELIMIT_FAIL`` policy takes over."""
     if not settings.redis_url:
         local = MemoryBackend()
-        return KeyLimiter(Circuit("rate limits", local, local, fail="open", errors=()))
+        return KeyLimiter(Circuit("rate limits", local, local, fail="open", errors=()), settings)
     from redis.exceptions import RedisError
 
     from ratelimit.limits import RedisBackend
@@ -129,4 +138,4 @@ def open_limiter(settings: Settings) -> KeyLimiter:
         "rate limits", RedisBackend(client), MemoryBackend(), fail=settings.ratelimit_fail,
         errors=(RedisError, OSError, TimeoutError),
     )  # fmt: skip
-    return KeyLimiter(circuit)
+    return KeyLimiter(circuit, settings)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from gateway.keys import KeyInfo
+from ratelimit.limits import Scope
 
 Status = Literal["ok", "upstream_error", "client_disconnected", "error"]
 
@@ -70,7 +71,7 @@ class Admission:
     tenant: str
     reserved_tokens: int
     headers: tuple[tuple[str, str], ...] = ()
-    tokens_per_minute: int = 0  # the key's tokens limit at admission (0: none, no refund)
+    scopes: tuple[Scope, ...] = ()  # the limits it was admitted under (settlement refunds them)
 
 
 class Limiter(Protocol):

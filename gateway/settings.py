@@ -7,6 +7,17 @@ file uses the same names in lower case, and may also carry per-model overrides::
     models:
       qwq-32b: {reasoning_parser: think_tags}
       deepseek-v3: {reasoning_parser: none}
+
+and the policies of tenants and keys (limits, fair-share weight, priority; README "Rate limits
+and KV admission")::
+
+    tenants:
+      acme: {rpm: 600, tpm: 2000000, weight: 3, priority: standard}
+    keys:
+      3f2a9c0b1d4e: {priority: critical}
+
+Policies live here rather than in the key table: they are operator configuration, reviewed and
+deployed like the rest, while the table holds what ``keys create`` mints.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from pydantic_settings import (
 )
 
 from gateway.thinksplit import ReasoningParser
+from ratelimit.fairness import MAX_WEIGHT, Priority
 
 ReasoningField = Literal["reasoning_content", "reasoning", "both"]
 HttpTransport = Literal["aiohttp", "httpx"]
@@ -34,6 +46,24 @@ HttpTransport = Literal["aiohttp", "httpx"]
 class ModelOverride(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     reasoning_parser: ReasoningParser | None = None
+
+
+class TenantPolicy(BaseModel):
+    """A tenant's limits over all its keys (0 = unlimited), its weight in the fair share of the
+    KV budget, and the highest priority its requests may ask for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    rpm: int = Field(0, ge=0)
+    tpm: int = Field(0, ge=0)
+    weight: int = Field(1, ge=1, le=MAX_WEIGHT)
+    priority: Priority = "standard"
+
+
+class KeyPolicy(BaseModel):
+    """Per key (by key id): the highest priority its requests may ask for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    priority: Priority | None = None
 
 
 class Settings(BaseSettings):
@@ -64,6 +94,9 @@ class Settings(BaseSettings):
     admission_wait_ms: int = 2000
     default_max_tokens: int = 4096
     ratelimit_fail: Literal["open", "closed"] = "open"
+    admission_queue_max: int = Field(1024, ge=0)
+    tenants: Mapping[str, TenantPolicy] = Field(default_factory=dict)
+    keys: Mapping[str, KeyPolicy] = Field(default_factory=dict)
 
     # Upstream client. Reasoning models can sit in vLLM's queue for a long time before the first
     # token, so the first-token timeout is generous; the idle timeout bounds stalls mid-stream.
@@ -111,8 +144,22 @@ class Settings(BaseSettings):
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
         return tuple(sources)
 
+    def tenant(self, tenant: str) -> TenantPolicy:
+        return self.tenants.get(tenant) or _DEFAULT_TENANT
+
+    def priority_ceiling(self, key_id: str, tenant: str) -> Priority:
+        """The highest priority a key's requests may ask for: its own policy, else its
+        tenant's."""
+        key = self.keys.get(key_id)
+        if key is not None and key.priority is not None:
+            return key.priority
+        return self.tenant(tenant).priority
+
     def parser_for(self, model: str) -> ReasoningParser:
         override = self.models.get(model)
         if override is not None and override.reasoning_parser is not None:
             return override.reasoning_parser
         return self.reasoning_parser
+
+
+_DEFAULT_TENANT = TenantPolicy()

@@ -7,9 +7,15 @@
   ``httpx.AsyncClient``: the client's per-request work (URL merging, cookie jar, auth and
   redirect flows) was a third of a request's CPU, and a gateway wants none of it. An upstream's
   cookies and redirects are never followed; its body streams as the transport yields it.
-- Routing: among the upstreams that serve the model, the one with the fewest requests in
-  flight (ties broken round-robin), since long reasoning streams make request counts a better
-  load signal than connection counts.
+- Routing: among the upstreams that serve the model and are in rotation
+  (``gateway.enginehealth``), the one with the fewest requests in flight (ties broken
+  round-robin), since long reasoning streams make request counts a better load signal than
+  connection counts. KV admission (``gateway.admission``) then reorders by free KV budget.
+- Health: ``probe_forever`` asks every engine's ``/health`` once per ``PROBE_S`` (a failed
+  probe: unreachable, timeout or 5xx, which vLLM answers when its engine died; a 404 means an
+  OpenAI-compatible server without that route, and passes); requests
+  report their failures and successes. Engines that are out are skipped; if every engine of a
+  model is out, 503 ``no_healthy_upstream``.
 - Retry: a failure *before the first byte* reached the client (connection refused, timeout,
   5xx) is retried once on another upstream serving the model; a 4xx is the caller's and is
   never retried.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +38,7 @@ import aiohttp
 import httpx
 import orjson
 
+from gateway.enginehealth import EngineHealth
 from gateway.errors import (
     NotFound,
     ServiceUnavailable,
@@ -43,18 +51,25 @@ from gateway.relay import upstream_error
 from gateway.settings import Settings
 
 T = TypeVar("T")
+log = logging.getLogger("thinkgate")
+
+PROBE_S = 1.0
 
 
 @dataclass(slots=True, eq=False)
 class Upstream:
     base_url: str
     in_flight: int = 0
+    health: EngineHealth = field(default_factory=EngineHealth)
     chat_url: httpx.URL = field(init=False)
     models_url: httpx.URL = field(init=False)
+    health_url: httpx.URL = field(init=False)
 
     def __post_init__(self) -> None:
         self.chat_url = httpx.URL(f"{self.base_url}/chat/completions")
         self.models_url = httpx.URL(f"{self.base_url}/models")
+        # vLLM and SGLang serve /health beside /v1, not under it
+        self.health_url = httpx.URL(f"{self.base_url.removesuffix('/v1')}/health")
 
 
 def translate(exc: BaseException, *, started: bool) -> UpstreamError:
@@ -160,8 +175,14 @@ class UpstreamPool:
             raise NotFound(
                 f"The model `{model}` does not exist.", param="model", code="model_not_found"
             )
+        healthy = [u for u in serving if u.health.serving]
+        if not healthy:
+            raise ServiceUnavailable(
+                f"Every model server for `{model}` is out of rotation (failing health checks).",
+                code="no_healthy_upstream",
+            )
         start = next(self._rr)
-        rotated = [serving[(start + i) % len(serving)] for i in range(len(serving))]
+        rotated = [healthy[(start + i) % len(healthy)] for i in range(len(healthy))]
         return sorted(rotated, key=lambda u: u.in_flight)
 
     async def _refresh_catalogue(self) -> None:
@@ -197,6 +218,26 @@ class UpstreamPool:
             return []
         return [c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str)]
 
+    # -- health ------------------------------------------------------------------------------
+
+    async def probe_forever(self) -> None:
+        while True:
+            await asyncio.gather(*(self._probe(u) for u in self.upstreams))
+            await asyncio.sleep(PROBE_S)
+
+    async def _probe(self, upstream: Upstream) -> None:
+        try:
+            async with asyncio.timeout(self._settings.connect_timeout_s):
+                response = await self._send("GET", upstream.health_url, b"")
+                await response.aread()
+            ok = response.status_code < 500  # no /health at all (404) is not a sick engine
+        except (httpx.HTTPError, aiohttp.ClientError, OSError, TimeoutError):
+            ok = False
+        if ok != upstream.health.probe_ok:
+            log.warning("model server %s is %s rotation", upstream.base_url,
+                        "back in" if ok else "out of")  # fmt: skip
+        upstream.health.probed(ok)
+
     # -- requests ----------------------------------------------------------------------------
 
     async def open_stream(self, candidates: Sequence[Upstream], body: bytes) -> Opened:
@@ -213,11 +254,15 @@ class UpstreamPool:
         last: UpstreamError | None = None
         for upstream in candidates[:2]:
             try:
-                return await attempt(upstream)
+                result = await attempt(upstream)
             except UpstreamError as exc:
                 if not exc.retryable:
                     raise
+                upstream.health.request_failed()
                 last = exc
+            else:
+                upstream.health.request_succeeded()
+                return result
         assert last is not None
         raise last
 

@@ -1,30 +1,45 @@
-"""Requests-per-minute and tokens-per-minute limits: two backends, one semantics.
+"""Requests-per-minute and tokens-per-minute limits over several scopes: two backends, one
+semantics.
 
-A *scope* (for example one API key) of a *tenant* has two GCRA buckets (``ratelimit.gcra``):
-requests (each request costs 1) and tokens (a request reserves its estimated tokens up front and
-gets back what it did not use when it ends: OpenAI's reservation rule). Rules:
+A *scope* of a *tenant* (in practice the API key's ``key:<id>`` and the tenant's own ``tenant``)
+has two GCRA buckets (``ratelimit.gcra``): requests (each request costs 1) and tokens (a request
+reserves its estimated tokens up front and gets back what it did not use when it ends: OpenAI's
+reservation rule). A limit of 0 is unlimited. Rules:
 
-- ``reserve`` checks both buckets at one instant and takes from both only if both allow: a
-  request refused for tokens takes nothing from the requests bucket, and the other way round.
-  ``denied_by`` names the refusing limit, requests first. On a refusal, a bucket that would have
-  allowed reports itself as it stands (``allowed`` true, nothing taken).
-- ``refund`` returns unused tokens to the tokens bucket, never beyond full.
-- A limit of 0 is unlimited. An absent bucket is a full one, so idle state may vanish.
+- ``reserve(tenant, scopes, tokens)`` takes 1 request and ``tokens`` tokens from every limited
+  bucket of every scope, at one instant, all or nothing: if any bucket refuses, nothing is taken
+  anywhere, and a bucket that would have allowed reports itself untouched (cost 0, ``allowed``).
+- The ``Verdict`` names one *binding* bucket per kind (requests, tokens): if buckets of that kind
+  refused, the refusing one with the longest ``retry_after_s``; otherwise the limited one with
+  the least ``remaining``; ties go to the scope given first. A kind that no scope limits reports
+  gcra's unlimited decision (limit 0, ``remaining`` ``UNLIMITED``) under the first scope's name
+  ("" without scopes). ``denied_by`` is ``"requests"`` if any requests bucket refused, else
+  ``"tokens"``; ``retry_after_s`` is then the wait until every refusing bucket would allow.
+- ``refund(tenant, scopes, tokens)`` returns ``tokens`` to every scope's tokens bucket, never
+  beyond full. An absent bucket is a full one, so idle state may vanish (nothing to refund).
+- A scope with both limits 0 costs nothing and stores nothing. A call with nothing to do touches
+  no state (no Redis round trip): a ``reserve`` without a limited scope (it is allowed), a
+  ``refund`` of 0 tokens or without a scope that limits tokens.
+- ``tokens`` cannot be negative, and scope names are unique within a call (``ValueError``).
 
 ``admit`` is that rule as a pure function; ``MemoryBackend`` applies it to a dict (per process:
 with several replicas each holds its own limits), ``RedisBackend`` runs the same rules in one
-Lua script per call, so a call is one round trip and atomic across replicas:
+Lua script per call whatever the number of scopes, so a call is one round trip and atomic across
+replicas:
 
 - now is the Redis server's clock (``TIME``), so replicas with skewed clocks agree; seconds are
   counted from ``_EPOCH`` (2025-01-01) to keep doubles precise (ulp ~4 ns rather than ~240 ns).
-- state: one hash per scope, ``{prefix}rl:{<tenant>}:<scope>``, fields ``r`` and ``t`` (the two
-  TATs as ``%.17g`` strings, which round-trip a double exactly), with a ``PEXPIRE`` of the time
-  until both buckets are full, so idle keys vanish. The ``{tenant}`` hash tag keeps a tenant's
-  keys in one Redis Cluster slot; braces and ``%`` in a tenant are %-escaped so that no
-  (tenant, scope) pair can forge another's key.
-- the script returns the state it found (now and both TATs); Python derives the ``Verdict`` with
-  ``admit``, the function the memory backend uses. The Lua ``take`` evaluates ``gcra.decide``'s
-  expressions in the same order, so both sides decide bit-identically (tests compare them).
+- state: one hash per limited scope, ``{prefix}rl:{<tenant>}:<scope>``, fields ``r`` and ``t``
+  (the two TATs as ``%.17g`` strings, which round-trip a double exactly), with a ``PEXPIRE`` of
+  the time until both its buckets are full, so idle keys vanish. The ``{tenant}`` hash tag keeps
+  a tenant's keys in one Redis Cluster slot, so one script may touch all the scopes of a call;
+  braces and ``%`` in a tenant are %-escaped so that no (tenant, scope) pair can forge another's
+  key.
+- ``KEYS`` holds one hash per limited scope; ``ARGV`` each one's rpm and tpm, then ``tokens``.
+  The script returns the state it found (now, then both TATs of every scope); Python derives the
+  ``Verdict`` with ``admit``, the function the memory backend uses. The Lua ``take`` evaluates
+  ``gcra.decide``'s expressions in the same order and the Lua ``admit`` applies the same
+  all-or-nothing rule, so both sides decide bit-identically (tests compare them).
 - scripts are addressed by SHA-1 (``EVALSHA``); a server that lacks one (restart, ``SCRIPT
   FLUSH``) answers ``NOSCRIPT`` and the script is loaded and the call retried once.
 - Redis errors propagate unchanged: the caller owns the fail-open/closed policy.
@@ -35,7 +50,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from redis.asyncio import Redis
 
@@ -43,6 +58,9 @@ from ratelimit.gcra import Decision, decide, refund
 from ratelimit.luascript import LuaScript
 
 LimitName = Literal["requests", "tokens"]
+
+Tats = tuple[float, float]
+"""One scope's state: the TATs of its requests bucket and of its tokens bucket."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,50 +74,127 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
+class Scope:
+    name: str  # e.g. "key:abc123" or "tenant"; unique within a call
+    limits: Limits
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """One bucket's answer: which scope it belongs to, its limit and its decision."""
+
+    scope: str
+    limit: int  # per minute; 0 = unlimited
+    decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
 class Verdict:
     allowed: bool
-    requests: Decision
-    tokens: Decision
-    denied_by: LimitName | None  # which limit refused (requests first)
+    requests: Bucket  # the binding requests bucket
+    tokens: Bucket  # the binding tokens bucket
+    denied_by: LimitName | None  # which kind refused (requests first); None when allowed
 
     @property
     def retry_after_s(self) -> float:
         """Seconds until every refusing bucket would allow (0 when allowed)."""
-        return max(self.requests.retry_after_s, self.tokens.retry_after_s)
+        return max(self.requests.decision.retry_after_s, self.tokens.decision.retry_after_s)
 
 
 class RateLimitBackend(Protocol):
-    async def reserve(self, scope: str, tenant: str, limits: Limits, tokens: int) -> Verdict:
-        """Take 1 request and ``tokens`` tokens, both or nothing (atomic)."""
+    async def reserve(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> Verdict:
+        """Take 1 request and ``tokens`` tokens from every limited bucket, all or nothing."""
         ...
 
-    async def refund(self, scope: str, tenant: str, limits: Limits, tokens: int) -> None:
-        """Return ``tokens`` unused tokens to the tokens bucket (settlement)."""
+    async def refund(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> None:
+        """Return ``tokens`` unused tokens to every scope's tokens bucket (settlement)."""
         ...
 
     async def aclose(self) -> None: ...
 
 
+def limited(scopes: Sequence[Scope]) -> list[Scope]:
+    """The scopes that limit something, in order: the only ones that hold state."""
+    return [scope for scope in scopes if scope.limits.rpm or scope.limits.tpm]
+
+
 def admit(
-    requests_tat: float, tokens_tat: float, now: float, limits: Limits, tokens: int
-) -> tuple[float, float, Verdict]:
-    """The reservation rule: both buckets or neither. Returns the new TATs and the verdict."""
-    new_requests_tat, requests = decide(requests_tat, now, limits.rpm, 1)
-    new_tokens_tat, tokens_decision = decide(tokens_tat, now, limits.tpm, tokens)
-    if requests.allowed and tokens_decision.allowed:
-        return new_requests_tat, new_tokens_tat, Verdict(True, requests, tokens_decision, None)
+    scopes: Sequence[Scope], tats: Sequence[Tats], now: float, tokens: int
+) -> tuple[list[Tats], Verdict]:
+    """The reservation rule over ``scopes``, whose limited ones (``limited(scopes)``) have the
+    TATs ``tats``, in order. Returns their new TATs (unchanged unless allowed) and the verdict."""
+    active = limited(scopes)
+    if len(tats) != len(active):
+        raise ValueError(f"{len(tats)} states for {len(active)} limited scopes")
+    asked = [_ask(scope, tat, now, tokens) for scope, tat in zip(active, tats, strict=True)]
+    if all(one.requests.decision.allowed and one.tokens.decision.allowed for one in asked):
+        return [one.tats for one in asked], _verdict(True, scopes, asked)
     # Nothing is taken: a bucket that would have allowed reports itself untouched (cost 0).
-    if requests.allowed:
-        requests = decide(requests_tat, now, limits.rpm, 0)[1]
-    if tokens_decision.allowed:
-        tokens_decision = decide(tokens_tat, now, limits.tpm, 0)[1]
-    denied_by: LimitName = "tokens" if requests.allowed else "requests"
-    return requests_tat, tokens_tat, Verdict(False, requests, tokens_decision, denied_by)
+    untouched = [
+        _Asked(tat, _untouched(one.requests, tat[0], now), _untouched(one.tokens, tat[1], now))
+        for tat, one in zip(tats, asked, strict=True)
+    ]
+    return list(tats), _verdict(False, scopes, untouched)
 
 
-def _check_tokens(tokens: int) -> None:
+class _Asked(NamedTuple):
+    """One scope asked: its TATs should the request be allowed, and its buckets' answers."""
+
+    tats: Tats
+    requests: Bucket
+    tokens: Bucket
+
+
+def _ask(scope: Scope, tats: Tats, now: float, tokens: int) -> _Asked:
+    """Ask ``scope``'s buckets for 1 request and ``tokens`` tokens."""
+    requests_tat, requests = decide(tats[0], now, scope.limits.rpm, 1)
+    tokens_tat, tokens_decision = decide(tats[1], now, scope.limits.tpm, tokens)
+    return _Asked(
+        (requests_tat, tokens_tat),
+        Bucket(scope.name, scope.limits.rpm, requests),
+        Bucket(scope.name, scope.limits.tpm, tokens_decision),
+    )
+
+
+def _untouched(bucket: Bucket, tat: float, now: float) -> Bucket:
+    """A refusing bucket as it is; an allowing one as it stands with nothing taken."""
+    if not bucket.decision.allowed:
+        return bucket
+    return Bucket(bucket.scope, bucket.limit, decide(tat, now, bucket.limit, 0)[1])
+
+
+def _verdict(allowed: bool, scopes: Sequence[Scope], asked: Sequence[_Asked]) -> Verdict:
+    fallback = scopes[0].name if scopes else ""
+    requests = _binding([one.requests for one in asked], fallback)
+    tokens = _binding([one.tokens for one in asked], fallback)
+    denied_by: LimitName | None = None
+    if not allowed:
+        denied_by = "tokens" if requests.decision.allowed else "requests"
+    return Verdict(allowed, requests, tokens, denied_by)
+
+
+def _binding(buckets: Sequence[Bucket], fallback: str) -> Bucket:
+    """The refusing bucket with the longest wait, else the limited one with the least left
+    (``max`` and ``min`` keep the first of equals: ties go to the scope given first)."""
+    limited_ = [bucket for bucket in buckets if bucket.limit]
+    if refusing := [bucket for bucket in limited_ if not bucket.decision.allowed]:
+        return max(refusing, key=lambda bucket: bucket.decision.retry_after_s)
+    if limited_:
+        return min(limited_, key=lambda bucket: bucket.decision.remaining)
+    return Bucket(fallback, 0, decide(0.0, 0.0, 0, 0)[1])
+
+
+def _check(scopes: Sequence[Scope], tokens: int) -> None:
     if tokens < 0:
         raise ValueError(f"a token count cannot be negative: {tokens}")
+    names = [scope.name for scope in scopes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"scope names must be unique within a call: {names}")
+
+
+def _with_tokens(scopes: Sequence[Scope]) -> list[Scope]:
+    """The scopes a refund concerns: those with a tokens bucket."""
+    return [scope for scope in scopes if scope.limits.tpm]
 
 
 class MemoryBackend:
@@ -114,36 +209,36 @@ class MemoryBackend:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._tats: dict[tuple[str, str], tuple[float, float]] = {}
+        self._tats: dict[tuple[str, str], Tats] = {}
         self._sweep_at = self._MIN_SWEEP
 
     def __len__(self) -> int:
         """How many scopes hold state (buckets not full)."""
         return len(self._tats)
 
-    async def reserve(self, scope: str, tenant: str, limits: Limits, tokens: int) -> Verdict:
+    async def reserve(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> Verdict:
+        _check(scopes, tokens)
         now = self._clock()
-        key = (tenant, scope)
-        requests_tat, tokens_tat = self._tats.get(key, (now, now))
-        requests_tat, tokens_tat, verdict = admit(requests_tat, tokens_tat, now, limits, tokens)
-        self._store(key, now, requests_tat, tokens_tat)
+        keys = [(tenant, scope.name) for scope in limited(scopes)]
+        new, verdict = admit(scopes, [self._tats.get(key, (now, now)) for key in keys], now, tokens)
+        for key, tats in zip(keys, new, strict=True):
+            self._store(key, now, tats)
         return verdict
 
-    async def refund(self, scope: str, tenant: str, limits: Limits, tokens: int) -> None:
-        _check_tokens(tokens)
+    async def refund(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> None:
+        _check(scopes, tokens)
         now = self._clock()
-        key = (tenant, scope)
-        if (state := self._tats.get(key)) is not None:
-            self._store(key, now, state[0], refund(state[1], now, limits.tpm, tokens))
+        for scope in _with_tokens(scopes):
+            key = (tenant, scope.name)
+            if (tats := self._tats.get(key)) is not None:
+                self._store(key, now, (tats[0], refund(tats[1], now, scope.limits.tpm, tokens)))
 
     async def aclose(self) -> None:
         self._tats.clear()
 
-    def _store(
-        self, key: tuple[str, str], now: float, requests_tat: float, tokens_tat: float
-    ) -> None:
-        if max(requests_tat, tokens_tat) > now:
-            self._tats[key] = (requests_tat, tokens_tat)
+    def _store(self, key: tuple[str, str], now: float, tats: Tats) -> None:
+        if max(tats) > now:
+            self._tats[key] = tats
         else:
             self._tats.pop(key, None)
         if len(self._tats) >= self._sweep_at:
@@ -153,8 +248,9 @@ class MemoryBackend:
 
 _EPOCH = 1_735_689_600  # 2025-01-01T00:00:00Z, the origin of the Lua clock
 
-# gcra.decide and gcra.refund in Lua, the same expressions in the same order. Lua numbers are
-# doubles (Redis embeds Lua 5.1), so both sides compute bit-identical TATs.
+# gcra.decide, gcra.refund and admit's all-or-nothing rule in Lua, the same expressions in the
+# same order. Lua numbers are doubles (Redis embeds Lua 5.1), so both sides compute bit-identical
+# TATs and decisions.
 _LUA_GCRA = """
 local WINDOW, SLACK = 60, 0.001
 
@@ -172,6 +268,18 @@ end
 local function give_back(tat, now, limit, amount)
   if limit == 0 then return tat end
   return math.min(tat, math.max(tat - amount * (WINDOW / limit), now))
+end
+
+-- admit: 1 request and `tokens` tokens from every bucket, all or nothing. `tats` and `limits`
+-- hold (requests, tokens) pairs, scope after scope; the new TATs, or nil when a bucket refuses
+local function admit(tats, now, limits, tokens)
+  local new = {}
+  for i = 1, #tats, 2 do
+    new[i] = take(tats[i], now, limits[i], 1)
+    new[i + 1] = take(tats[i + 1], now, limits[i + 1], tokens)
+    if not (new[i] and new[i + 1]) then return nil end
+  end
+  return new
 end
 
 local function fmt(x) return string.format('%.17g', x) end
@@ -197,27 +305,36 @@ local function store(key, now, tat_r, tat_t)
 end
 """
 
-# KEYS[1] = the scope's hash; ARGV = rpm, tpm, tokens. Returns now and the TATs it found.
+# KEYS = one hash per limited scope; ARGV = rpm, tpm per scope, then tokens.
+# Returns now and the TATs it found, two per scope.
 _LUA_RESERVE = """
-local key = KEYS[1]
-local rpm, tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local now = clock()
-local found = redis.call('HMGET', key, 'r', 't')
-local tat_r, tat_t = tonumber(found[1]) or now, tonumber(found[2]) or now
-local new_r, new_t = take(tat_r, now, rpm, 1), take(tat_t, now, tpm, tokens)
-if new_r and new_t then store(key, now, new_r, new_t) end
-return {fmt(now), fmt(tat_r), fmt(tat_t)}
+local tokens, now = tonumber(ARGV[#ARGV]), clock()
+local tats, limits, out = {}, {}, {fmt(now)}
+for i, key in ipairs(KEYS) do
+  local found = redis.call('HMGET', key, 'r', 't')
+  tats[2 * i - 1], tats[2 * i] = tonumber(found[1]) or now, tonumber(found[2]) or now
+  limits[2 * i - 1], limits[2 * i] = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
+  out[2 * i], out[2 * i + 1] = fmt(tats[2 * i - 1]), fmt(tats[2 * i])
+end
+local new = admit(tats, now, limits, tokens)
+if new then
+  for i, key in ipairs(KEYS) do store(key, now, new[2 * i - 1], new[2 * i]) end
+end
+return out
 """
 
-# KEYS[1] = the scope's hash; ARGV = tpm, tokens. An absent bucket is full: nothing to do.
+# KEYS = the hash of each scope with a tokens limit; ARGV = each one's tpm, then tokens.
+# An absent bucket is full: nothing to do.
 _LUA_REFUND = """
-local key = KEYS[1]
-local tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2])
-local found = redis.call('HMGET', key, 'r', 't')
-if not found[2] then return 0 end
-local now = clock()
-store(key, now, tonumber(found[1]) or now, give_back(tonumber(found[2]), now, tpm, tokens))
-return 1
+local tokens, now = tonumber(ARGV[#ARGV]), clock()
+for i, key in ipairs(KEYS) do
+  local found = redis.call('HMGET', key, 'r', 't')
+  if found[2] then
+    local tat_t = give_back(tonumber(found[2]), now, tonumber(ARGV[i]), tokens)
+    store(key, now, tonumber(found[1]) or now, tat_t)
+  end
+end
+return 0
 """
 
 
@@ -227,8 +344,8 @@ _REFUND = LuaScript(_LUA_GCRA + _LUA_STATE + _LUA_REFUND)
 
 class RedisBackend:
     """Buckets shared by every replica through Redis: one script call (one round trip) per
-    ``reserve`` and per ``refund``. The backend owns ``client``: ``aclose`` closes it.
-    ``key_prefix`` namespaces the keys (tests use a random one)."""
+    ``reserve`` and per ``refund``, whatever the number of scopes. The backend owns ``client``:
+    ``aclose`` closes it. ``key_prefix`` namespaces the keys (tests use a random one)."""
 
     def __init__(self, client: Redis, *, key_prefix: str = "") -> None:
         if "{" in key_prefix or "}" in key_prefix:
@@ -241,25 +358,30 @@ class RedisBackend:
         tag = tenant.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
         return f"{self._prefix}rl:{{{tag}}}:{scope}"
 
-    async def reserve(self, scope: str, tenant: str, limits: Limits, tokens: int) -> Verdict:
-        _check_tokens(tokens)
-        found = await _RESERVE(
-            self._client, [self.key(scope, tenant)], limits.rpm, limits.tpm, tokens
-        )
-        now, requests_tat, tokens_tat = _floats(found)
-        return admit(requests_tat, tokens_tat, now, limits, tokens)[2]
+    async def reserve(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> Verdict:
+        _check(scopes, tokens)
+        active = limited(scopes)
+        if not active:  # nothing limited: allowed, and no state to read or write
+            return admit(scopes, [], 0.0, tokens)[1]
+        keys = [self.key(scope.name, tenant) for scope in active]
+        limits = [n for scope in active for n in (scope.limits.rpm, scope.limits.tpm)]
+        now, tats = _found(await _RESERVE(self._client, keys, *limits, tokens), len(active))
+        return admit(scopes, tats, now, tokens)[1]
 
-    async def refund(self, scope: str, tenant: str, limits: Limits, tokens: int) -> None:
-        _check_tokens(tokens)
-        await _REFUND(self._client, [self.key(scope, tenant)], limits.tpm, tokens)
+    async def refund(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> None:
+        _check(scopes, tokens)
+        if tokens and (active := _with_tokens(scopes)):
+            keys = [self.key(scope.name, tenant) for scope in active]
+            await _REFUND(self._client, keys, *(scope.limits.tpm for scope in active), tokens)
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
 
-def _floats(reply: object) -> tuple[float, float, float]:
-    """The reserve script's reply: three numbers as strings (bytes unless decode_responses)."""
-    if not isinstance(reply, Sequence) or len(reply) != 3:
+def _found(reply: object, scopes: int) -> tuple[float, list[Tats]]:
+    """The reserve script's reply: now, then two TATs per scope, as strings (bytes unless
+    decode_responses)."""
+    if not isinstance(reply, Sequence) or len(reply) != 1 + 2 * scopes:
         raise TypeError(f"unexpected reply from the rate-limit script: {reply!r}")
-    now, requests_tat, tokens_tat = (float(value) for value in reply)
-    return now, requests_tat, tokens_tat
+    now, *tats = (float(value) for value in reply)
+    return now, list(zip(tats[::2], tats[1::2], strict=True))

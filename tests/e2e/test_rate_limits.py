@@ -20,7 +20,7 @@ import pytest
 from gateway.keycli import open_store
 from gateway.ledgersink import ensure_keys
 from gateway.servers import BackgroundServer
-from gateway.settings import Settings
+from gateway.settings import Settings, TenantPolicy
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import Stack, StackFactory, ledger_files
 from tests.e2e.processes import gateway_env, running_gateway
@@ -43,6 +43,17 @@ async def chat(url: str, key: str, **body: Any) -> httpx.Response:
     async with httpx.AsyncClient(timeout=30) as client:
         return await client.post(f"{url}/chat/completions", json=payload,
                                  headers={"authorization": f"Bearer {key}"})  # fmt: skip
+
+
+async def stream_status(url: str, key: str, **body: Any) -> int:
+    """The status of a streamed request, which is closed at once: admission happens before
+    the first byte, so the status says whether it was admitted, without waiting for the end."""
+    payload = {"model": "deepseek-r1", "messages": MESSAGES, "stream": True, **body}
+    async with httpx.AsyncClient(timeout=30) as client, client.stream(
+        "POST", f"{url}/chat/completions", json=payload,
+        headers={"authorization": f"Bearer {key}"},
+    ) as response:  # fmt: skip
+        return response.status_code
 
 
 def database(tmp_path: Path) -> str:
@@ -211,3 +222,92 @@ async def test_a_dead_redis_fails_closed_when_configured(
         refused = await chat(stack.url, key)
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "service_unavailable"
+
+
+async def test_two_gateway_processes_share_one_kv_budget(tmp_path: Path) -> None:
+    """A fixed capacity of 1,000 tokens admits 850 (0.85), 765 of them for standard work. A
+    stream holding ~540 tokens through one process leaves no room for a second one through the
+    other process; when the stream ends, the other process admits."""
+    files = ledger_files(tmp_path)
+    slow = SimConfig(ttft_ms=1, itl_ms=30)
+    async with redis_server() as (port, _), BackgroundServer(create_sim_app(slow)) as sim:
+        settings = Settings(upstreams=(f"{sim.url}/v1",), database_url=database(tmp_path),
+                            redis_url=f"redis://127.0.0.1:{port}/0", **files)  # fmt: skip
+        ensure_keys(settings, create=True)
+        async with open_store(settings) as store:
+            key = (await store.create(tenant="acme", role="client"))[0].secret
+        env = {**gateway_env(settings, files), "THINKGATE_REDIS_URL": settings.redis_url,
+               "THINKGATE_KV_CAPACITY_TOKENS": "1000",
+               "THINKGATE_ADMISSION_WAIT_MS": "0"}  # fmt: skip
+        async with running_gateway(env) as first, running_gateway(env) as second:
+            body = {"model": "deepseek-r1", "messages": MESSAGES, "max_tokens": 500}
+            headers = {"authorization": f"Bearer {key}"}
+            async with httpx.AsyncClient(timeout=30) as client, client.stream(
+                "POST", f"{first.url}/v1/chat/completions", headers=headers,
+                json={**body, "stream": True},
+            ) as held:  # fmt: skip
+                assert held.status_code == 200
+                refused = await chat(f"{second.url}/v1", key, max_tokens=500)
+                assert refused.status_code == 429, refused.text
+                assert refused.json()["error"]["code"] == "kv_budget_exhausted"
+                assert refused.headers["retry-after"] == "1"
+                # what still fits is admitted
+                assert await stream_status(f"{second.url}/v1", key, max_tokens=100) == 200
+
+            # the stream is closed: its lease is released, the other process admits again
+            async def admitted() -> bool:
+                return await stream_status(f"{second.url}/v1", key, max_tokens=500) == 200
+
+            await eventually(admitted, within_s=10, every=0.1)
+
+
+async def test_a_tenant_limit_binds_all_its_keys(
+    stack_factory: StackFactory, tmp_path: Path
+) -> None:
+    tenants = {"acme": TenantPolicy(rpm=3)}
+    stack = await stack_factory(sim=SimConfig(ttft_ms=1, itl_ms=0), tenants=tenants)
+    first = await limited_key(stack, database(tmp_path))  # the keys themselves are unlimited
+    second = await limited_key(stack, database(tmp_path))
+    statuses = []
+    for key in (first, second, first, second):
+        response = await chat(stack.url, key)
+        statuses.append(response.status_code)
+    assert statuses == [200, 200, 200, 429]
+    body = response.json()["error"]
+    assert body["type"] == "requests" and body["code"] == "rate_limit_exceeded"
+    assert "for your organization: Limit 3, Used 3, Requested 1" in body["message"]
+    assert response.headers["x-ratelimit-limit-requests"] == "3"
+    assert response.headers["x-ratelimit-remaining-requests"] == "0"
+
+
+async def test_the_ratelimit_headers_come_with_an_upstream_failure_too(
+    stack_factory: StackFactory, tmp_path: Path
+) -> None:
+    stack = await stack_factory(sim=SimConfig(error_rate=1.0))
+    key = await limited_key(stack, database(tmp_path), rpm=10, tpm=100_000)
+    failed = await chat(stack.url, key)
+    assert failed.status_code >= 500
+    assert failed.headers["x-ratelimit-limit-requests"] == "10"
+    assert failed.headers["x-ratelimit-remaining-requests"] == "9"
+    assert failed.headers["x-ratelimit-limit-tokens"] == "100000"
+
+
+async def test_priority_is_granted_per_key_not_claimed(
+    stack_factory: StackFactory, tmp_path: Path
+) -> None:
+    stack = await stack_factory(sim=SimConfig(ttft_ms=1, itl_ms=0))
+    key = await limited_key(stack, database(tmp_path))
+    claimed = await chat_with(stack.url, key, {"x-thinkgate-priority": "critical"})
+    assert claimed.status_code == 403
+    assert claimed.json()["error"]["code"] == "priority_not_allowed"
+    lowered = await chat_with(stack.url, key, {"x-thinkgate-priority": "sheddable"})
+    assert lowered.status_code == 200
+    wrong = await chat_with(stack.url, key, {"x-thinkgate-priority": "urgent"})
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "x-thinkgate-priority"
+
+
+async def chat_with(url: str, key: str, headers: dict[str, str]) -> httpx.Response:
+    payload = {"model": "deepseek-r1", "messages": MESSAGES, "max_tokens": 8}
+    async with httpx.AsyncClient(timeout=30) as client:
+        return await client.post(f"{url}/chat/completions", json=payload,
+                                 headers={"authorization": f"Bearer {key}", **headers})  # fmt: skip

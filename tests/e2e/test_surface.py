@@ -28,6 +28,10 @@ class RecordingUpstream:
         if scope["path"].endswith("/models"):
             await self._send(send, {"object": "list", "data": [{"id": "m", "object": "model"}]})
             return
+        if not scope["path"].endswith("/chat/completions"):  # /health, /metrics: none here
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
         raw = b""
         while True:
             message = await receive()

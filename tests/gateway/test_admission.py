@@ -12,20 +12,24 @@ import pytest
 
 from gateway.admission import KVAdmission, open_admission, priority_of
 from gateway.circuit import Circuit
-from gateway.errors import InvalidRequest, RateLimited
+from gateway.errors import InvalidRequest, PermissionDenied, RateLimited
 from gateway.servers import BackgroundServer
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from gateway.upstream import Upstream
 from ratelimit.aimd import Tuning
-from ratelimit.kvbudget import KVBudgetStore, MemoryKVBudgetStore
+from ratelimit.fairness import Priority
+from ratelimit.kvbudget import KVBudgetStore, MemoryKVBudgetStore, Rules
 from tests.waiting import eventually
 
 
-def admission(capacity: int | None, wait_s: float = 0.0) -> KVAdmission:
+def admission(
+    capacity: int | None, wait_s: float = 0.0, *, rules: Rules | None = None, queue_max: int = 64
+) -> KVAdmission:
     local = MemoryKVBudgetStore()
     store: Circuit[KVBudgetStore] = Circuit("KV budget", local, local, fail="open", errors=())
-    return KVAdmission(store, httpx.AsyncHTTPTransport(), capacity, Tuning(), wait_s)
+    return KVAdmission(store, httpx.AsyncHTTPTransport(), capacity, Tuning(), wait_s,
+                       rules or Rules(), queue_max)  # fmt: skip
 
 
 async def test_admits_up_to_the_limit_then_waits_then_refuses() -> None:
@@ -70,11 +74,83 @@ async def test_unknown_capacity_is_not_limited() -> None:
     assert grant.lease is None
 
 
-def test_priority_header() -> None:
+def test_priority_header_may_lower_but_not_raise_the_keys_ceiling() -> None:
     assert priority_of(None) == "standard"
-    assert priority_of(" Critical ") == "critical"
+    assert priority_of(None, "critical") == "critical"
+    assert priority_of(" Critical ", "critical") == "critical"
+    assert priority_of("sheddable") == "sheddable"
+    with pytest.raises(PermissionDenied):
+        priority_of("critical")  # a standard key cannot claim critical
+    with pytest.raises(PermissionDenied):
+        priority_of("standard", "sheddable")
     with pytest.raises(InvalidRequest):
-        priority_of("urgent")
+        priority_of("urgent", "critical")
+
+
+async def test_a_request_that_can_never_fit_is_refused_at_once() -> None:
+    kv = admission(capacity=1000, wait_s=5.0)
+    with pytest.raises(InvalidRequest) as refused:
+        await asyncio.wait_for(kv.admit([Upstream("http://e/v1")], "acme", "critical", 900), 1)
+    assert refused.value.code == "kv_request_too_large" and refused.value.param == "max_tokens"
+
+
+async def test_the_wait_queue_is_bounded() -> None:
+    kv = admission(capacity=1000, wait_s=5.0, queue_max=1)
+    engine = Upstream("http://e/v1")
+    held, _ = await kv.admit([engine], "acme", "critical", 800)
+    waiting = asyncio.create_task(kv.admit([engine], "acme", "critical", 800))
+    await eventually(lambda: kv.waiting == 1, within_s=1)
+    with pytest.raises(RateLimited) as refused:  # the queue is full: no wait at all
+        await asyncio.wait_for(kv.admit([engine], "other", "standard", 16), 1)
+    assert refused.value.code == "kv_budget_exhausted"
+    await kv.release(held)
+    second, _ = await asyncio.wait_for(waiting, 1)
+    await kv.release(second)
+    assert kv.waiting == 0 and not kv.queues
+
+
+async def test_a_tenants_requests_are_admitted_in_order_critical_first() -> None:
+    kv = admission(capacity=1000, wait_s=5.0)
+    engine = Upstream("http://e/v1")
+    held, _ = await kv.admit([engine], "acme", "critical", 800)
+    order: list[str] = []
+
+    async def ask(name: str, priority: Priority, tokens: int) -> None:
+        grant, _ = await kv.admit([engine], "acme", priority, tokens)
+        order.append(name)
+        await kv.release(grant)
+
+    standard = asyncio.create_task(ask("standard", "standard", 700))  # under the 90 % headroom
+    await eventually(lambda: kv.waiting == 1, within_s=1)
+    critical = asyncio.create_task(ask("critical", "critical", 800))
+    await eventually(lambda: kv.waiting == 2, within_s=1)
+    await kv.release(held)
+    await asyncio.wait_for(asyncio.gather(standard, critical), 2)
+    assert order == ["critical", "standard"]
+
+
+async def test_a_tenant_over_its_share_yields_to_a_waiting_tenant() -> None:
+    """acme holds 600 of 800 admitted; globex waits for 400. acme's next request, though it
+    fits, waits: globex is admitted first when acme releases."""
+    kv = admission(capacity=1000, wait_s=5.0, rules=Rules(pressure_threshold=1.0))
+    engine = Upstream("http://e/v1")
+    big, _ = await kv.admit([engine], "acme", "standard", 592)
+    order: list[str] = []
+
+    async def ask(tenant: str, tokens: int) -> None:
+        grant, _ = await kv.admit([engine], tenant, "standard", tokens)
+        order.append(tenant)
+        await eventually(lambda: len(order) == 2, within_s=2)
+        await kv.release(grant)
+
+    globex = asyncio.create_task(ask("globex", 400))
+    await eventually(lambda: "globex" in kv.queues, within_s=1)
+    acme = asyncio.create_task(ask("acme", 96))  # fits (592 + 96 <= 850), but over its share
+    await eventually(lambda: "acme" in kv.queues, within_s=1)
+    assert not acme.done() and list(kv.leases.values()) == [big.lease]  # acme asked and waits
+    await kv.release(big)
+    await asyncio.wait_for(asyncio.gather(globex, acme), 3)
+    assert order == ["globex", "acme"]
 
 
 @pytest.fixture
