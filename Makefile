@@ -53,3 +53,10 @@ $(VLLM_VENV)/.installed:
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# Admission and settlement: rate limits + KV budget in process and through the gateway, with
+# Redis (127.0.0.1:6379, db 14; --redis-url to change) and without (~2 minutes).
+# Updates bench/RESULTS.md.
+.PHONY: bench-admission
+bench-admission: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.admission --write

@@ -38,19 +38,30 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
 
-from gateway.circuit import Circuit
+from gateway.circuit import REDIS_ERRORS, Circuit
 from gateway.errors import InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable
 from gateway.settings import Settings
 from gateway.upstream import Upstream
 from ratelimit.aimd import AdmissionController, Tuning
+from ratelimit.autopipe import AutoPipeline
 from ratelimit.engine_metrics import EngineSnapshot, parse_engine_metrics
 from ratelimit.fairness import RANK, Priority, queue_order
-from ratelimit.kvbudget import Ask, Choice, KVBudgetStore, Lease, Placement, Rules, round_to_blocks
+from ratelimit.kvbudget import (
+    Ask,
+    Choice,
+    KVBudgetStore,
+    Lease,
+    MemoryKVBudgetStore,
+    Placement,
+    RedisKVBudgetStore,
+    Rules,
+    round_to_blocks,
+)
 
 log = logging.getLogger("thinkgate")
 
@@ -89,11 +100,11 @@ class KVAdmission:
     rules: Rules = field(default_factory=Rules)
     queue_max: int = 1024
     clock: Callable[[], float] = time.monotonic
-    close_store: Callable[[], Awaitable[None]] | None = None
     engines: dict[str, EngineState] = field(default_factory=dict)
     leases: dict[str, Lease] = field(default_factory=dict)
     queues: dict[str, list[_Waiter]] = field(default_factory=dict)
     _arrivals: itertools.count[int] = field(default_factory=itertools.count)
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def engine(self, upstream: Upstream) -> EngineState:
@@ -152,9 +163,7 @@ class KVAdmission:
         try:
             while True:
                 if queue_order(queue)[0] is waiter:
-                    placement = await self.store.call(
-                        functools.partial(_admit, ask=ask, rules=self.rules)
-                    )
+                    placement = await self._attempt(ask)
                     if placement.decision == "admit":
                         return placement
                     if placement.decision == "reject":
@@ -168,14 +177,27 @@ class KVAdmission:
                 del self.queues[ask.tenant]
             await self._notify()  # the next in line may ask now
 
+    async def _attempt(self, ask: Ask) -> Placement:
+        try:
+            return await self.store.call(functools.partial(_admit, ask=ask, rules=self.rules))
+        except asyncio.CancelledError:
+            # The script may still run: give back whatever it might reserve, at once rather
+            # than when the lease would expire.
+            task = asyncio.ensure_future(self._forget(ask))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            raise
+
+    async def _forget(self, ask: Ask) -> None:
+        for choice in ask.choices:
+            lease = Lease(choice.engine, ask.lease_id, choice.tokens, ask.tenant, ask.priority)
+            with contextlib.suppress(Exception):
+                await self.store.call(functools.partial(_release, lease=lease))
+
     async def _wait(self, seconds: float) -> None:
         async with self._changed:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), max(seconds, 0.001))
-
-    async def aclose(self) -> None:
-        if self.close_store is not None:
-            await self.close_store()
 
     async def release(self, grant: Grant) -> None:
         if grant.lease is None:
@@ -183,7 +205,7 @@ class KVAdmission:
         lease = grant.lease
         self.leases.pop(lease.lease_id, None)
         with contextlib.suppress(ServiceUnavailable):  # closed and away: the lease expires
-            await self.store.call(lambda s: s.release(lease))
+            await self.store.call(functools.partial(_release, lease=lease))
         await self._notify()
 
     async def _notify(self) -> None:
@@ -225,6 +247,10 @@ async def _renew(store: KVBudgetStore, *, lease: Lease) -> bool:
     return await store.renew(lease, LEASE_TTL_S)
 
 
+async def _release(store: KVBudgetStore, *, lease: Lease) -> None:
+    await store.release(lease)
+
+
 async def _admit(store: KVBudgetStore, *, ask: Ask, rules: Rules) -> Placement:
     return await store.admit(ask, LEASE_TTL_S, rules)
 
@@ -254,31 +280,22 @@ async def _read_metrics(client: httpx.AsyncClient, upstream: Upstream) -> Engine
         return None
 
 
-def open_admission(settings: Settings, transport: httpx.AsyncBaseTransport) -> KVAdmission:
-    """The shared store is Redis when ``REDIS_URL`` is set (one budget for all replicas),
-    otherwise this process's memory."""
-    from ratelimit.kvbudget import MemoryKVBudgetStore
-
+def open_admission(
+    settings: Settings, transport: httpx.AsyncBaseTransport, redis: AutoPipeline | None
+) -> KVAdmission:
+    """The shared store is Redis when there is one (one budget for all replicas, on the
+    process's one client, ``gateway.redisconn``), otherwise this process's memory."""
     local = MemoryKVBudgetStore()
     store: Circuit[KVBudgetStore] = Circuit("KV budget", local, local, fail="open", errors=())
-    close: Callable[[], Awaitable[None]] | None = None
-    if settings.redis_url:
-        from redis.exceptions import RedisError
-
-        from gateway.limiting import redis_client
-        from ratelimit.kvbudget import RedisKVBudgetStore
-
-        client = redis_client(settings.redis_url)
-        errors = (RedisError, OSError, TimeoutError)
-        shared = RedisKVBudgetStore(client)
-        store = Circuit("KV budget", shared, local, fail=settings.ratelimit_fail, errors=errors)
-        close = client.aclose
+    if redis is not None:
+        store = Circuit("KV budget", RedisKVBudgetStore(redis), local,
+                        fail=settings.ratelimit_fail, errors=REDIS_ERRORS)  # fmt: skip
     tuning = Tuning(target_utilization=settings.kv_target_utilization)
     weights = {name: p.weight for name, p in settings.tenants.items() if p.weight != 1}
     rules = Rules(weights=weights, waiting_ttl_s=5 * RECHECK_S)
     return KVAdmission(store, transport, settings.kv_capacity_tokens, tuning,
-                       settings.admission_wait_ms / 1000, rules, settings.admission_queue_max,
-                       close_store=close)  # fmt: skip
+                       settings.admission_wait_ms / 1000, rules,
+                       settings.admission_queue_max)  # fmt: skip
 
 
 def priority_of(header: str | None, ceiling: Priority = "standard") -> Priority:

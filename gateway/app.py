@@ -28,10 +28,12 @@ from gateway.keystore import KeyStore
 from gateway.ledgersink import LedgerSink, ensure_keys, open_ledger
 from gateway.limiting import open_limiter
 from gateway.ports import Limiter, RecordSink
+from gateway.redisconn import open_redis
 from gateway.servers import BackgroundServer
 from gateway.settings import Settings
 from gateway.state import AppState
 from gateway.upstream import UpstreamPool, create_transport
+from ratelimit.autopipe import AutoPipeline
 
 log = logging.getLogger("thinkgate")
 
@@ -50,12 +52,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            limits = limiter
-            if limits is None:
-                key_limiter = open_limiter(settings)
-                stack.push_async_callback(key_limiter.aclose)
-                limits = key_limiter
-            app.state.tg = await _start(stack, settings, limits, sink)
+            redis = open_redis(settings)
+            if redis is not None:  # closed last, once nothing uses it any more
+                stack.push_async_callback(redis.aclose)
+            limits = limiter or open_limiter(settings, redis)
+            app.state.tg = await _start(stack, settings, limits, sink, redis)
             if freeze_gc:
                 gc.collect()
                 gc.freeze()
@@ -84,7 +85,11 @@ def create_app(
 
 
 async def _start(
-    stack: contextlib.AsyncExitStack, settings: Settings, limiter: Limiter, sink: RecordSink | None
+    stack: contextlib.AsyncExitStack,
+    settings: Settings,
+    limiter: Limiter,
+    sink: RecordSink | None,
+    redis: AutoPipeline | None,
 ) -> AppState:
     if settings.demo and not settings.upstreams:
         from gateway.sim.app import SimConfig, create_sim_app
@@ -107,8 +112,7 @@ async def _start(
         stack.push_async_callback(ledger.aclose)
         sink = LedgerSink(ledger, settings)
     upstreams = UpstreamPool(transport, settings)
-    kv = open_admission(settings, transport)
-    stack.push_async_callback(kv.aclose)
+    kv = open_admission(settings, transport, redis)
     background = (kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),
                   upstreams.probe_forever())  # fmt: skip
     for work in background:
@@ -127,6 +131,7 @@ async def _start(
         sink=sink,
         ledger=ledger,
         registry=registry,
+        redis=redis,
     )
 
 

@@ -23,7 +23,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.admission import priority_of
+from gateway.admission import Grant, priority_of
 from gateway.auth import authenticate
 from gateway.errors import (
     GatewayError,
@@ -33,12 +33,15 @@ from gateway.errors import (
     UpstreamProtocolError,
 )
 from gateway.exchange import Exchange
+from gateway.keys import KeyInfo
+from gateway.ports import Admission
 from gateway.relay import Policy, Rewriter, StreamRelay, rewrite_completion
 from gateway.request import ChatRequest, parse_chat_request
 from gateway.sse import DONE_EVENT, KEEPALIVE_COMMENT, SSEParser, encode_event
 from gateway.state import AppState
 from gateway.streaming import DisconnectWatcher, RelayResponse
 from gateway.upstream import Opened, Upstream
+from ratelimit.fairness import Priority
 
 log = logging.getLogger("thinkgate")
 
@@ -54,14 +57,7 @@ async def chat_completions(request: Request) -> Response:
     priority = priority_of(request.headers.get("x-thinkgate-priority"), ceiling)
     candidates = await state.upstreams.route(chat.model)
     tokens = estimate_tokens(chat, state)
-    admission = await state.limiter.admit(key, tokens)
-    try:
-        grant, candidates = await state.kv.admit(candidates, key.tenant, priority, tokens)
-    except BaseException as exc:
-        await state.limiter.settle(admission, 0)  # refused: the reservation comes back whole
-        if isinstance(exc, GatewayError):
-            exc.context_headers = admission.headers
-        raise
+    admission, grant, candidates = await admit(state, key, candidates, priority, tokens)
     policy = Policy(
         parser=state.settings.parser_for(chat.model),
         show_reasoning=key.reasoning == "visible" and chat.wants_reasoning,
@@ -95,6 +91,29 @@ async def chat_completions(request: Request) -> Response:
             # disconnect is on its way out and must not be replaced by a ledger refusal.
             with contextlib.suppress(GatewayError):
                 await ex.finish()
+
+
+async def admit(
+    state: AppState, key: KeyInfo, candidates: list[Upstream], priority: Priority, tokens: int
+) -> tuple[Admission, Grant, list[Upstream]]:
+    """Rate limits and KV budget, asked at once: with Redis, their two scripts share one round
+    trip (``ratelimit.autopipe``). Whichever refuses, the other's reservation is given back."""
+    kv = asyncio.ensure_future(state.kv.admit(candidates, key.tenant, priority, tokens))
+    try:
+        admission = await state.limiter.admit(key, tokens)
+    except BaseException:
+        kv.cancel()  # a grant it already had is released below; one in flight, by the task
+        with contextlib.suppress(BaseException):
+            await state.kv.release((await kv)[0])
+        raise
+    try:
+        grant, ordered = await kv
+    except BaseException as exc:
+        await state.limiter.settle(admission, 0)  # refused: the reservation comes back whole
+        if isinstance(exc, GatewayError):
+            exc.context_headers = admission.headers
+        raise
+    return admission, grant, ordered
 
 
 async def open_relay(

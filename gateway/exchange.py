@@ -9,6 +9,7 @@ from the ledger.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from gateway.keys import KeyInfo
 from gateway.ports import Admission, CompletionRecord, Limiter, RecordSink, Status
 from gateway.relay import Rewriter
 from gateway.request import ChatRequest
+
+log = logging.getLogger("thinkgate")
 
 
 @dataclass(slots=True)
@@ -64,12 +67,25 @@ class Exchange:
         return asyncio.shield(self._finishing)
 
     async def _settle_and_record(self) -> None:
+        """Refund, release and record at once (with Redis, the first two share one round
+        trip). Only the record's fate reaches the caller: a settlement that fails (Redis away)
+        costs the client nothing, since unrefunded tokens refill and a lease expires."""
         record = self._record()
         used = int((record.usage or {}).get("total_tokens") or 0)
+        work: list[Awaitable[None]] = [
+            self.sink.submit(record),
+            self.limiter.settle(self.admission, used or self.admission.reserved_tokens),
+        ]
         if self.release_kv is not None:
-            await self.release_kv()
-        await self.limiter.settle(self.admission, used or self.admission.reserved_tokens)
-        await self.sink.submit(record)
+            work.append(self.release_kv())
+        recorded, *settled = await asyncio.gather(*work, return_exceptions=True)
+        for failure in settled:
+            if isinstance(failure, BaseException):
+                log.warning(
+                    "settling request %s failed: %s", self.request_id, type(failure).__name__
+                )
+        if isinstance(recorded, BaseException):
+            raise recorded
 
     def _record(self) -> CompletionRecord:
         choices = [self.rewriter.choices[i] for i in sorted(self.rewriter.choices)]

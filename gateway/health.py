@@ -1,5 +1,9 @@
 """``/healthz`` (the process answers), ``/readyz`` (its dependencies answer, and the ledger
-takes records), ``/metrics``."""
+takes records), ``/metrics``.
+
+Redis counts against readiness only with ``RATELIMIT_FAIL=closed``: with ``open`` a replica
+without Redis still serves (limits per replica), so taking it out of a load balancer would turn
+a degraded service into none; ``/readyz`` still says so in its body."""
 
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ async def readyz(request: Request) -> Response:
     )
     checks["ledger"] = "ok" if state.sink.accepting() else "refusing records"
     ok = all(v == "ok" for v in checks.values())
+    if state.redis is not None:
+        checks["redis"] = await _redis_ready(state)
+        ok = ok and (checks["redis"] == "ok" or state.settings.ratelimit_fail == "open")
     body = orjson.dumps({"status": "ok" if ok else "unavailable", "checks": checks})
     return Response(body, status_code=200 if ok else 503, media_type="application/json")
 
@@ -52,6 +59,16 @@ async def _database_ready(state: AppState) -> str:
         async with asyncio.timeout(2), state.engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
     except Exception:  # any failure means "not ready"; the reason goes to logs, not clients
+        return "unreachable"
+    return "ok"
+
+
+async def _redis_ready(state: AppState) -> str:
+    assert state.redis is not None
+    try:
+        async with asyncio.timeout(1):
+            await state.redis.ping()
+    except Exception:
         return "unreachable"
     return "ok"
 

@@ -22,14 +22,22 @@ Rules:
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from gateway.circuit import Circuit
+from gateway.circuit import REDIS_ERRORS, Circuit
 from gateway.errors import RateLimited
 from gateway.keys import KeyInfo
 from gateway.ports import Admission
 from gateway.settings import Settings
-from ratelimit.limits import Limits, MemoryBackend, RateLimitBackend, Scope, Verdict, limited
+from ratelimit.autopipe import AutoPipeline
+from ratelimit.limits import (
+    Limits,
+    MemoryBackend,
+    RateLimitBackend,
+    RedisBackend,
+    Scope,
+    Verdict,
+    limited,
+)
 
 
 class KeyLimiter:
@@ -61,9 +69,6 @@ class KeyLimiter:
         if scopes and unused > 0:
             tenant = admission.tenant
             await self._limits.call(lambda b: b.refund(tenant, scopes, unused))
-
-    async def aclose(self) -> None:
-        await self._limits.shared.aclose()
 
 
 def rate_headers(verdict: Verdict) -> tuple[tuple[str, str], ...]:
@@ -111,31 +116,14 @@ def duration(seconds: float) -> str:
     return f"{int(minutes)}m{rest_text}" if minutes else rest_text
 
 
-def redis_client(url: str) -> Any:
-    """A client whose pool waits (briefly) for a free connection rather than failing past 100:
-    a burst of admissions must not look like a Redis outage."""
-    import redis.asyncio as redis
-
-    pool = redis.BlockingConnectionPool.from_url(
-        url, max_connections=256, timeout=0.5, socket_connect_timeout=0.5, socket_timeout=0.5
-    )
-    return redis.Redis.from_pool(pool)  # the client owns the pool: closing it closes them all
-
-
-def open_limiter(settings: Settings) -> KeyLimiter:
-    """In-process limits without ``REDIS_URL``; shared Redis limits with it. Short socket
-    timeouts: a Redis that hangs must cost a request milliseconds, not seconds, before the
-    ``RATELIMIT_FAIL`` policy takes over."""
-    if not settings.redis_url:
+def open_limiter(settings: Settings, redis: AutoPipeline | None) -> KeyLimiter:
+    """In-process limits without Redis; shared Redis limits (on the process's one client,
+    ``gateway.redisconn``) with it."""
+    if redis is None:
         local = MemoryBackend()
         return KeyLimiter(Circuit("rate limits", local, local, fail="open", errors=()), settings)
-    from redis.exceptions import RedisError
-
-    from ratelimit.limits import RedisBackend
-
-    client = redis_client(settings.redis_url)
     circuit: Circuit[RateLimitBackend] = Circuit(
-        "rate limits", RedisBackend(client), MemoryBackend(), fail=settings.ratelimit_fail,
-        errors=(RedisError, OSError, TimeoutError),
+        "rate limits", RedisBackend(redis), MemoryBackend(), fail=settings.ratelimit_fail,
+        errors=REDIS_ERRORS,
     )  # fmt: skip
     return KeyLimiter(circuit, settings)

@@ -14,6 +14,7 @@ from gateway.keystore import KeyStore
 from gateway.ports import Limiter, RecordSink
 from gateway.settings import Settings
 from gateway.upstream import UpstreamPool
+from ratelimit.autopipe import AutoPipeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,3 +29,4 @@ class AppState:
     sink: RecordSink
     ledger: Ledger | None  # None when the app was given another sink
     registry: CollectorRegistry
+    redis: AutoPipeline | None = None  # the process's one Redis client, when configured

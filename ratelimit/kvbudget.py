@@ -38,8 +38,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from redis.asyncio import Redis
-
 from ratelimit.fairness import (
     PRESSURE_THRESHOLD,
     Decision,
@@ -48,7 +46,7 @@ from ratelimit.fairness import (
     route,
     weight_of,
 )
-from ratelimit.luascript import LuaScript
+from ratelimit.luascript import LuaScript, ScriptClient
 
 
 def round_to_blocks(tokens: int, block_size: int) -> int:
@@ -431,7 +429,7 @@ class RedisKVBudgetStore:
     _reserved = LuaScript(_PRELUDE + _RESERVED)
     _by_tenant = LuaScript(_PRELUDE + _BY_TENANT)
 
-    def __init__(self, client: Redis, *, prefix: str = "thinkgate:kv:") -> None:
+    def __init__(self, client: ScriptClient, *, prefix: str = "thinkgate:kv:") -> None:
         if "{" in prefix or "}" in prefix:
             raise ValueError("the key prefix must not contain braces (they mark the hash tag)")
         self._client = client

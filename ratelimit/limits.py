@@ -52,10 +52,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
-from redis.asyncio import Redis
-
 from ratelimit.gcra import Decision, decide, refund
-from ratelimit.luascript import LuaScript
+from ratelimit.luascript import LuaScript, ScriptClient
 
 LimitName = Literal["requests", "tokens"]
 
@@ -347,7 +345,7 @@ class RedisBackend:
     ``reserve`` and per ``refund``, whatever the number of scopes. The backend owns ``client``:
     ``aclose`` closes it. ``key_prefix`` namespaces the keys (tests use a random one)."""
 
-    def __init__(self, client: Redis, *, key_prefix: str = "") -> None:
+    def __init__(self, client: ScriptClient, *, key_prefix: str = "") -> None:
         if "{" in key_prefix or "}" in key_prefix:
             raise ValueError("key_prefix cannot contain braces: they would move the hash tag")
         self._client = client

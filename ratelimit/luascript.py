@@ -10,13 +10,17 @@ from collections.abc import Sequence
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
+from ratelimit.autopipe import AutoPipeline
+
+ScriptClient = Redis | AutoPipeline  # a plain client, or one that pipelines what comes together
+
 
 class LuaScript:
     def __init__(self, source: str) -> None:
         self.source = source
         self.sha = hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()
 
-    async def __call__(self, client: Redis, keys: Sequence[str], *args: str | int) -> object:
+    async def __call__(self, client: ScriptClient, keys: Sequence[str], *args: str | int) -> object:
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:

@@ -12,6 +12,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio as redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.engine import make_url
 
 from gateway.settings import Settings
@@ -65,3 +68,32 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite+aiosqlite:///{tmp_path / 'thinkgate.db'}"
     url: str = request.getfixturevalue("postgres_url")
     return url
+
+
+# --- Redis: each test gets its own key prefix and deletes only the keys under it, so nothing
+# global (no FLUSHDB) touches other tests' data. A gateway under test uses its own key names
+# (per key id, per engine URL), which no other test shares either.
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    return f"test:{secrets.token_hex(6)}:"
+
+
+@pytest.fixture
+async def redis_url(key_prefix: str) -> AsyncIterator[str]:
+    """``TEST_REDIS_URL`` once Redis answers; at teardown, the keys under ``key_prefix`` go."""
+    url = Settings().test_redis_url
+    client = redis.Redis.from_url(url, socket_connect_timeout=2)
+    try:
+        await client.ping()
+    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+        await client.aclose()
+        _unavailable("Redis", exc)
+    try:
+        yield url
+    finally:
+        keys = [key async for key in client.scan_iter(match=f"{key_prefix}*", count=1000)]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()

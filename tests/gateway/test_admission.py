@@ -164,7 +164,7 @@ async def test_the_simulators_metrics_drive_the_admitted_limit(
     sim: tuple[BackgroundServer, str],
 ) -> None:
     _server, base = sim
-    kv = open_admission(Settings(), httpx.AsyncHTTPTransport())
+    kv = open_admission(Settings(), httpx.AsyncHTTPTransport(), None)
     engine = Upstream(base)
     scraper = asyncio.create_task(kv.scrape_forever([engine]))
     try:
@@ -189,7 +189,6 @@ async def test_the_simulators_metrics_drive_the_admitted_limit(
     finally:
         scraper.cancel()
         await asyncio.gather(scraper, return_exceptions=True)
-        await kv.aclose()
 
 
 async def _hold(client: httpx.AsyncClient, body: dict[str, object]) -> None:

@@ -1,0 +1,29 @@
+"""The one Redis client of a gateway process, shared by the rate limits and the KV budget and
+auto-pipelined (``ratelimit.autopipe``), so the two scripts a request needs at admission go out
+in one round trip, and so do the two at settlement."""
+
+from __future__ import annotations
+
+from gateway.settings import Settings
+from ratelimit.autopipe import AutoPipeline
+
+
+def open_redis(settings: Settings) -> AutoPipeline | None:
+    """``None`` without ``REDIS_URL``. The pool waits (briefly) for a free connection rather
+    than failing past 256: a burst of admissions must not look like a Redis outage. Short socket
+    timeouts: a Redis that hangs must cost a request milliseconds, not seconds, before the
+    ``RATELIMIT_FAIL`` policy takes over."""
+    if not settings.redis_url:
+        return None
+    import redis.asyncio as redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    # One immediate retry (a pooled connection that died with a Redis restart reconnects),
+    # not redis-py's default of ten with exponential backoff, which turns an outage into
+    # requests that hang for seconds before the fallback policy can act.
+    pool = redis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=256, timeout=0.5, socket_connect_timeout=0.5,
+        socket_timeout=0.5, retry=Retry(NoBackoff(), 1),
+    )  # fmt: skip
+    return AutoPipeline(redis.Redis.from_pool(pool))  # closing the client closes the pool
