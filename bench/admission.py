@@ -64,7 +64,6 @@ import httpx
 import psutil
 import uvloop
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 
 from bench.client import Connection, Recorder
 from bench.loadgen import LoadSpec, Percentiles, _Target
@@ -283,9 +282,8 @@ async def run_micro(redis_url: str, seconds: float, shapes: Sequence[tuple[int, 
 
 
 class CommandLog:
-    """The commands every ``redis.asyncio`` client of this process sends while ``active``,
-    alone (``Redis.execute_command``) or queued in a pipeline (``Pipeline.execute_command``,
-    which the auto-pipeline uses)."""
+    """The commands the gateway's Redis client (``ratelimit.autopipe.AutoPipeline``, through
+    which every command of the request path goes) sends while ``active``."""
 
     def __init__(self) -> None:
         self.sent: list[str] = []
@@ -293,24 +291,18 @@ class CommandLog:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[CommandLog]:
-        originals: list[tuple[type[Redis], Any]] = [
-            (cls, cls.__dict__["execute_command"]) for cls in (Redis, Pipeline)
-        ]
-        for cls, original in originals:
-            cls.execute_command = self._counting(original)  # type: ignore[method-assign]
+        original = AutoPipeline._send
+
+        async def counting(pipe: AutoPipeline, batch: list[tuple[Any, Any]]) -> None:
+            if self.active:
+                self.sent += [str(command[0]).upper() for command, _ in batch]
+            await original(pipe, batch)
+
+        AutoPipeline._send = counting  # type: ignore[method-assign,assignment]
         try:
             yield self
         finally:
-            for cls, original in originals:
-                cls.execute_command = original  # type: ignore[method-assign]
-
-    def _counting(self, original: Any) -> Any:
-        def counting(client: Redis, *args: Any, **options: Any) -> Any:
-            if self.active:
-                self.sent.append(str(args[0]).upper())
-            return original(client, *args, **options)  # a coroutine, or the pipeline
-
-        return counting
+            AutoPipeline._send = original  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,10 +17,12 @@ Rules:
 - One store call per attempt routes and reserves together (``fairness.route``: the engine with
   the most free budget, fair share between tenants weighted by ``tenants.<name>.weight``,
   priority with headroom for ``critical``).
-- Waiting: each process keeps a queue per tenant, ordered by ``fairness.queue_order``; only
-  the head of each tenant's queue asks the store, when woken by a release or limit change in
+- A request asks the store at once (concurrent requests do so concurrently, sharing Redis
+  round trips), unless requests of its tenant already wait in this process: then it queues
+  behind them. Told to wait, it joins its tenant's queue, ordered by ``fairness.queue_order``;
+  only the head of each tenant's queue asks again, when woken by a release or limit change in
   this process or at least every ``RECHECK_S`` (for other replicas' releases). So a tenant's
-  requests are admitted in order, and no tenant's head waits behind another tenant's. At most
+  waiting requests are admitted in order, and no tenant's head waits behind another's. At most
   ``ADMISSION_QUEUE_MAX`` requests wait per process; beyond that, and after
   ``ADMISSION_WAIT_MS``, 429 ``kv_budget_exhausted`` with ``retry-after``: the cluster is full
   *for now*, which a client should retry. ``sheddable`` work under pressure is refused at once.
@@ -154,6 +156,17 @@ class KVAdmission:
         return Ask(secrets.token_hex(8), tenant, priority, tuple(choices))
 
     async def _queued(self, ask: Ask) -> Placement:
+        """Ask at once unless this tenant already has requests waiting here (they go first);
+        told to wait, join the tenant's queue."""
+        if ask.tenant not in self.queues:
+            placement = await self._attempt(ask)
+            if placement.decision == "admit":
+                return placement
+            if placement.decision == "reject":
+                raise _shed()
+        return await self._wait_in_line(ask)
+
+    async def _wait_in_line(self, ask: Ask) -> Placement:
         if self.waiting >= self.queue_max:
             raise _exhausted()
         deadline = self.clock() + self.wait_s
@@ -161,16 +174,16 @@ class KVAdmission:
         waiter = _Waiter(ask.priority, next(self._arrivals))
         queue.append(waiter)
         try:
-            while True:
-                if queue_order(queue)[0] is waiter:
-                    placement = await self._attempt(ask)
-                    if placement.decision == "admit":
-                        return placement
-                    if placement.decision == "reject":
-                        raise _shed()
-                if self.clock() >= deadline:
-                    raise _exhausted()
+            while self.clock() < deadline:
                 await self._wait(min(RECHECK_S, deadline - self.clock()))
+                if queue_order(queue)[0] is not waiter:
+                    continue
+                placement = await self._attempt(ask)
+                if placement.decision == "admit":
+                    return placement
+                if placement.decision == "reject":
+                    raise _shed()
+            raise _exhausted()
         finally:
             queue.remove(waiter)
             if not queue:

@@ -260,9 +260,10 @@ class MemoryKVBudgetStore:
 # An engine's keys, from base offset ``e`` into KEYS: e+1 expiries (sorted set lease id ->
 # expiry ms), e+2 leases (hash lease id -> "tokens|tenant"), e+3 tenants (hash tenant ->
 # tokens), e+4 total (string), e+5 waiting (sorted set tenant -> until ms). The running totals
-# make a reservation O(log n + expired) instead of a sum over every lease. Every key expires a
-# second after the last lease or waiter does, so an engine nobody uses leaves nothing behind;
-# when no lease is left the totals are reset, so they cannot drift even if a key was evicted.
+# make a reservation O(log n + expired) instead of a sum over every lease. Every key expires at
+# least a second, and at most about two lease TTLs, after the last lease or waiter it holds, so
+# an engine nobody uses leaves nothing behind; when no lease is left the totals are reset, so
+# they cannot drift even if a key was evicted.
 _PRELUDE = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -282,25 +283,30 @@ local function drop(e, id)
 end
 
 local function purge(e)
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[e+1], '-inf', now)) do drop(e, id) end
-  if redis.call('ZCARD', KEYS[e+1]) == 0 then redis.call('DEL', KEYS[e+2], KEYS[e+3], KEYS[e+4]) end
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[e+1], '-inf', now)
+  if #expired > 0 then
+    for _, id in ipairs(expired) do drop(e, id) end
+    if redis.call('ZCARD', KEYS[e+1]) == 0 then
+      redis.call('DEL', KEYS[e+2], KEYS[e+3], KEYS[e+4])
+    end
+  end
   redis.call('ZREMRANGEBYSCORE', KEYS[e+5], '-inf', now)
 end
 
 local function total(e) return tonumber(redis.call('GET', KEYS[e+4]) or '0') end
 
-local function keep(e)
-  local last = 0
-  for j = 1, 5, 4 do
-    local top = redis.call('ZRANGE', KEYS[e+j], -1, -1, 'WITHSCORES')
-    if top[2] then last = math.max(last, tonumber(top[2])) end
-  end
-  for j = 1, 5 do redis.call('PEXPIREAT', KEYS[e+j], last + 1000) end
+-- Keep keys e+j0..e+j1 alive until at least `until_ms` + 1 s. A short expiry is pushed twice
+-- as far as needed, so most calls only read one PTTL.
+local function outlive(e, j0, j1, until_ms)
+  local left = redis.call('PTTL', KEYS[e+j0])
+  if left >= 0 and now + left >= until_ms + 1000 then return end
+  local horizon = until_ms + 1000 + math.max(until_ms - now, 0)
+  for j = j0, j1 do redis.call('PEXPIREAT', KEYS[e+j], horizon) end
 end
 
 local function hold(e, id, expiry)
   redis.call('ZADD', KEYS[e+1], expiry, id)
-  keep(e)
+  outlive(e, 1, 4, expiry)
 end
 """
 
@@ -340,8 +346,8 @@ local function within_share(e, need, cap, waiting)
   return (mine + need) * sum <= cap * weight(tenant)
 end
 
-local function decide(e, cap, need)
-  local after = total(e) + need
+local function decide(e, reserved, cap, need)
+  local after = reserved + need
   if after > cap * threshold then
     if priority == 'sheddable' then return 'reject' end
     if priority == 'standard' then return 'wait' end
@@ -354,8 +360,12 @@ local function decide(e, cap, need)
   return 'wait'
 end
 
-local order, free = {}, {}
-for i = 1, n do order[i] = i; free[i] = total(5 * (i - 1)) - limit(i) end
+local order, free, totals = {}, {}, {}
+for i = 1, n do
+  totals[i] = total(5 * (i - 1))
+  order[i] = i
+  free[i] = totals[i] - limit(i)
+end
 table.sort(order, function(a, b)
   if free[a] ~= free[b] then return free[a] < free[b] end
   return a < b
@@ -364,7 +374,7 @@ end)
 local waits = false
 for _, i in ipairs(order) do
   local e, need = 5 * (i - 1), tokens(i)
-  local verdict = decide(e, limit(i), need)
+  local verdict = decide(e, totals[i], limit(i), need)
   if verdict == 'admit' then
     redis.call('HSET', KEYS[e+2], id, need .. '|' .. tenant)
     redis.call('HINCRBY', KEYS[e+3], tenant, need)
@@ -378,7 +388,7 @@ if not waits then return {-1, 0} end
 for i = 1, n do
   local e = 5 * (i - 1)
   redis.call('ZADD', KEYS[e+5], now + wttl, tenant)
-  keep(e)
+  outlive(e, 5, 5, now + wttl)
 end
 return {0, 0}
 """

@@ -13,7 +13,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
-from ratelimit.autopipe import AutoPipeline
+from ratelimit.autopipe import AutoPipeline, pack
 from ratelimit.luascript import LuaScript
 
 ECHO = LuaScript("return ARGV[1]")
@@ -95,3 +95,12 @@ async def test_closing_is_idempotent_and_refuses_new_commands(redis_url: str) ->
     await auto.aclose()
     with pytest.raises(RuntimeError):
         await auto.ping()
+
+
+def test_commands_are_packed_in_resp() -> None:
+    assert pack(("SET", "k", b"v\r\n", 42, "é")) == (
+        b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nv\r\n\r\n$2\r\n42\r\n$2\r\n\xc3\xa9\r\n"
+    )
+    for wrong in (1.5, True, None):
+        with pytest.raises(TypeError):
+            pack(("SET", "k", wrong))

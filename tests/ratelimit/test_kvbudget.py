@@ -531,8 +531,8 @@ async def test_all_keys_of_all_engines_share_one_cluster_slot_and_expire(
     assert sorted(keys) == sorted(store.keys(ENGINE) + store.keys(OTHER_ENGINE))
     assert {key_slot(k.encode()) for k in keys} == {key_slot(b"{pool}")}
     client = redis_backend.clients[0]
-    for key in keys:
-        assert 0 < await client.pttl(key) <= (LONG_TTL + 1) * 1000
+    for key in keys:  # alive a second past the last lease, at most about two TTLs
+        assert 0 < await client.pttl(key) <= (2 * LONG_TTL + 1) * 1000
     for wanted in held:
         await store.release(wanted)
     waiting = sorted([store.keys(ENGINE)[4], store.keys(OTHER_ENGINE)[4]])
