@@ -60,7 +60,7 @@ class KeyLimiter:
         verdict = await self._limits.call(lambda b: b.reserve(key.tenant, scopes, tokens))
         headers = rate_headers(verdict)
         if not verdict.allowed:
-            raise refusal(verdict, tokens, headers)
+            raise refusal(verdict, key, tokens, headers)
         return Admission(key.key_id, key.tenant, tokens, headers, scopes)
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
@@ -84,24 +84,27 @@ def rate_headers(verdict: Verdict) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def refusal(verdict: Verdict, tokens: int, headers: tuple[tuple[str, str], ...]) -> RateLimited:
+def refusal(
+    verdict: Verdict, key: KeyInfo, tokens: int, headers: tuple[tuple[str, str], ...]
+) -> RateLimited:
+    """OpenAI's wording: "Rate limit reached for <whom> on <limit>: Limit L, Used U, Requested
+    R. Please try again in T." (key ids and tenant names are the caller's own, not secrets)."""
     name = verdict.denied_by or "requests"
     bucket = verdict.tokens if name == "tokens" else verdict.requests
     decision, limit = bucket.decision, bucket.limit
     unit = "tokens per min (TPM)" if name == "tokens" else "requests per min (RPM)"
-    if bucket.scope == "tenant":
-        unit = f"{unit} for your organization"
+    whom = f"organization {key.tenant}" if bucket.scope == "tenant" else f"key {key.key_id}"
     requested = tokens if name == "tokens" else 1
     used = max(0, limit - decision.remaining)
     if decision.exceeds_limit:  # no wait helps: say so, as OpenAI does
         message = (
-            f"Request too large on {unit}: Limit {limit}, Requested {requested}. "
+            f"Request too large for {whom} on {unit}: Limit {limit}, Requested {requested}. "
             "Lower max_tokens or the prompt, or ask for a higher limit."
         )
     else:
         message = (
-            f"Rate limit reached on {unit}: Limit {limit}, Used {used}, Requested {requested}. "
-            f"Please try again in {duration(decision.retry_after_s)}."
+            f"Rate limit reached for {whom} on {unit}: Limit {limit}, Used {used}, "
+            f"Requested {requested}. Please try again in {duration(decision.retry_after_s)}."
         )
     return RateLimited(message, retry_after=decision.retry_after_s, limit_type=name,
                        headers=dict(headers))  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -77,9 +78,10 @@ async def test_requests_over_the_limit_get_openais_429(
     error = refused.json()["error"]
     assert error["type"] == "requests" and error["code"] == "rate_limit_exceeded"
     assert error["param"] is None
-    assert (
-        "Rate limit reached on requests per min (RPM): Limit 2, Used 2, Requested 1"
-        in (error["message"])
+    assert re.fullmatch(
+        r"Rate limit reached for key [0-9a-f]{12} on requests per min \(RPM\): Limit 2, "
+        r"Used 2, Requested 1\. Please try again in [0-9.]+s\.",
+        error["message"],
     )
     assert 20 <= int(refused.headers["retry-after"]) <= 31  # one request back every 30 s
     assert refused.headers["x-ratelimit-remaining-requests"] == "0"
@@ -275,7 +277,10 @@ async def test_a_tenant_limit_binds_all_its_keys(
     assert statuses == [200, 200, 200, 429]
     body = response.json()["error"]
     assert body["type"] == "requests" and body["code"] == "rate_limit_exceeded"
-    assert "for your organization: Limit 3, Used 3, Requested 1" in body["message"]
+    assert body["message"].startswith(
+        "Rate limit reached for organization acme on requests per min (RPM): Limit 3, Used 3, "
+        "Requested 1. Please try again in"
+    )
     assert response.headers["x-ratelimit-limit-requests"] == "3"
     assert response.headers["x-ratelimit-remaining-requests"] == "0"
 
@@ -311,3 +316,44 @@ async def chat_with(url: str, key: str, headers: dict[str, str]) -> httpx.Respon
     async with httpx.AsyncClient(timeout=30) as client:
         return await client.post(f"{url}/chat/completions", json=payload,
                                  headers={"authorization": f"Bearer {key}", **headers})  # fmt: skip
+
+
+async def test_the_engines_own_kv_usage_makes_the_gateway_admit_less(
+    stack_factory: StackFactory, tmp_path: Path
+) -> None:
+    """The gateway learns the simulator's capacity from its /metrics (4,096 tokens: 3,481
+    admitted). Someone else fills the engine's cache directly; vLLM-style usage passes 0.85,
+    the gateway shrinks its budget, and a request it admitted a moment ago is now refused."""
+    sim = create_sim_app(SimConfig(kv_capacity_tokens=4096, block_size=16, itl_ms=50))
+    async with BackgroundServer(sim) as engine:
+        stack = await stack_factory(extra_upstreams=(f"{engine.url}/v1",), admission_wait_ms=0)
+        key = stack.keys["hidden"]
+
+        async def capacity_known() -> bool:  # more than capacity × 0.85 can never fit
+            return await stream_status(stack.url, key, max_tokens=4000) == 400
+
+        await eventually(capacity_known, within_s=10, every=0.2)
+        assert await stream_status(stack.url, key, max_tokens=2000) == 200
+        body = {"model": "deepseek-r1", "stream": True, "max_tokens": 400,
+                "messages": [{"role": "user", "content": "word " * 800}]}  # fmt: skip
+        async with httpx.AsyncClient(base_url=f"{engine.url}/v1", timeout=30) as direct:
+            hogs = [asyncio.create_task(_hold(direct, body)) for _ in range(4)]
+            try:
+
+                async def refused() -> bool:
+                    return await stream_status(stack.url, key, max_tokens=2000) == 429
+
+                # nothing else went through the gateway and the key has no rate limits: only
+                # the engine's own metrics (usage, its queue, preemptions) changed its mind
+                await eventually(refused, within_s=15, every=0.2)
+                assert sim.sim.requests_total >= 4
+            finally:
+                for hog in hogs:
+                    hog.cancel()
+                await asyncio.gather(*hogs, return_exceptions=True)
+
+
+async def _hold(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    async with client.stream("POST", "/chat/completions", json=body) as response:
+        async for _ in response.aiter_raw():
+            pass
