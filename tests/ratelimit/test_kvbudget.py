@@ -47,6 +47,7 @@ from ratelimit.kvbudget import (
     Rules,
     round_to_blocks,
 )
+from tests.redis_commands import count_commands
 from tests.waiting import eventually
 
 ENGINE = "http://10.0.0.7:8000/v1"  # engines are named by URL: ':' and '/' in a key
@@ -500,19 +501,6 @@ async def test_a_waiting_tenant_is_seen_by_every_replica_until_its_entry_lapses(
 
 
 # --- Redis specifics --------------------------------------------------------------------------
-
-
-def count_commands(client: Redis, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The commands ``client`` sends from now on (one each: no pipelines here)."""
-    sent: list[str] = []
-    execute = client.execute_command
-
-    async def counting(*args: Any, **options: Any) -> Any:
-        sent.append(str(args[0]))
-        return await execute(*args, **options)
-
-    monkeypatch.setattr(client, "execute_command", counting)
-    return sent
 
 
 async def test_all_keys_of_all_engines_share_one_cluster_slot_and_expire(

@@ -15,7 +15,6 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
 
 import pytest
 import redis.asyncio as redis
@@ -37,6 +36,7 @@ from ratelimit.limits import (
     admit,
     limited,
 )
+from tests.redis_commands import count_commands
 from tests.waiting import eventually
 
 SCOPE, TENANT = "key:k1", "acme"
@@ -452,19 +452,6 @@ async def client(redis_url: str) -> AsyncIterator[redis.Redis]:
         yield client
     finally:
         await client.aclose()
-
-
-def count_commands(client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The commands ``client`` sends from now on (one each: no pipelines here)."""
-    sent: list[str] = []
-    execute = client.execute_command
-
-    async def counting(*args: Any, **options: Any) -> Any:
-        sent.append(str(args[0]))
-        return await execute(*args, **options)
-
-    monkeypatch.setattr(client, "execute_command", counting)
-    return sent
 
 
 async def test_redis_one_round_trip_per_call(
