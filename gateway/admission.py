@@ -27,6 +27,9 @@ Rules:
   ``ADMISSION_WAIT_MS``, 429 ``kv_budget_exhausted`` with ``retry-after``: the cluster is full
   *for now*, which a client should retry. ``sheddable`` work under pressure is refused at once.
   503 is kept for no engine at all (``no_healthy_upstream``).
+- The choice is made before the first byte: the granted engine is tried first. If it fails
+  before the first byte and the core retries on the next candidate, the lease stays where it
+  was granted (a rare case; it is released when the request ends either way).
 - A request that cannot fit even an empty engine (more than ``capacity × target utilisation``
   everywhere) can never run: 400 ``kv_request_too_large`` at once, naming ``max_tokens``.
 """
