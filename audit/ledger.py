@@ -28,7 +28,7 @@ from audit.note import NoteSigner
 from audit.record import Body, Facts, Seal, Sealed, encode_header, parse_header
 from audit.sequencer import Sequencer
 from audit.spool import Spool
-from audit.writer import LedgerWriter, Mode, WriterStats
+from audit.writer import LedgerWriter, Mode, WriterEvent, WriterStats
 
 NO_KEY = "none"
 T = TypeVar("T")
@@ -159,6 +159,14 @@ class Ledger(LedgerReader):
     @property
     def stats(self) -> WriterStats:
         return self._writer.stats
+
+    @property
+    def listener(self) -> Callable[[WriterEvent], None] | None:
+        return self._writer.listener
+
+    @listener.setter
+    def listener(self, listener: Callable[[WriterEvent], None] | None) -> None:
+        self._writer.listener = listener
 
     @property
     def spool_pending(self) -> int:

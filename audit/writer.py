@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -60,6 +60,19 @@ class WriterStats:
     last_checkpoint_at: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class WriterEvent:
+    """What changed, for an observer (the gateway's metrics): records committed by this event
+    and how long the commit took (``None``: no commit, e.g. the spool changed), and the state
+    after it."""
+
+    committed: int
+    commit_seconds: float | None
+    tree_size: int
+    spool_pending: int
+    last_checkpoint_at: float | None
+
+
 _Item = tuple[Sealed, "asyncio.Future[None] | None"]
 _STOP = object()
 
@@ -88,6 +101,8 @@ class LedgerWriter:
         self._unavailable = False
         self._task: asyncio.Task[None] | None = None
         self.stats = WriterStats()
+        # Told of every commit and spool change; must not raise or block (metrics).
+        self.listener: Callable[[WriterEvent], None] | None = None
 
     @property
     def spool_pending(self) -> int:
@@ -167,6 +182,12 @@ class LedgerWriter:
         self.stats.last_commit_seconds = seconds
         self.stats.last_checkpoint_at = time.time()
         self._unavailable = False
+        self._tell(count, seconds)
+
+    def _tell(self, committed: int, seconds: float | None) -> None:
+        if self.listener is not None:
+            self.listener(WriterEvent(committed, seconds, self._sequencer.size,
+                                      len(self._spool), self.stats.last_checkpoint_at))  # fmt: skip
 
     async def _to_spool(self, batch: list[_Item]) -> None:
         keys = [k for k in self._keys.unsaved.values() if k.dek_id not in self._spooled_keys]
@@ -182,6 +203,7 @@ class LedgerWriter:
         self._spooled_keys.update(k.dek_id for k in keys)
         self.stats.spooled += len(batch)
         _resolve(batch, None)
+        self._tell(0, None)
 
     async def _recover(self) -> None:
         if len(self._spool) > 0:
@@ -206,7 +228,9 @@ class LedgerWriter:
         await asyncio.to_thread(self._spool.clear)
         self._spooled_keys.clear()
         self.stats.replayed += len(records)
+        self.stats.last_checkpoint_at = time.time()
         log.info("ledger replayed %d spooled records", len(records))
+        self._tell(len(records), None)
         return True
 
     async def _commit_in_chunks(self, records: Sequence[Sealed]) -> None:

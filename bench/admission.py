@@ -32,8 +32,8 @@ process and through the gateway, with Redis and without.
   runs, in process); ``on`` with ``REDIS_URL``, a key with rpm / tpm 10⁷ / 10¹² and
   ``KV_CAPACITY_TOKENS`` 10⁹. Both record into a ``DiscardSink`` (the ledger has its own
   benchmark; here it would only add noise). Load: 64 workers streaming ``max_tokens`` 8 back
-  to back through ``bench.loadgen``'s client, which also times each whole request (written →
-  response ended); 1 s warm-up. The simulator is paced (by default TTFT 200 ms, 20 ms between
+  to back through ``bench.loadgen``, which also times each whole request (written → response
+  ended); 1 s warm-up. The simulator is paced (by default TTFT 200 ms, 20 ms between
   tokens) so that the ``off`` gateway stays below saturation on 2 shared cores; flat out, the
   difference would be queueing for the CPU. Added latency = on − off within a round; gateway
   CPU per request from ``procs.CpuMeter``.
@@ -65,8 +65,7 @@ import psutil
 import uvloop
 from redis.asyncio import Redis
 
-from bench.client import Connection, Recorder
-from bench.loadgen import LoadSpec, Percentiles, _Target
+from bench.loadgen import LoadSpec, Percentiles, run_load
 from bench.procs import THINKGATE, CpuMeter, ServerProcess, Workdir, free_port, start_sim
 from bench.sections import cpu_model, revision, write_section
 from gateway.admission import Grant, KVAdmission, open_admission
@@ -474,62 +473,6 @@ def create_key(work: Workdir, tenant: str, limited: bool) -> str:
     return out.stdout.decode().strip().splitlines()[-1]
 
 
-class _TimedRecorder(Recorder):
-    def __init__(self) -> None:
-        super().__init__()
-        self.latencies: list[float] = []
-
-
-class _TimedConnection(Connection):
-    """``bench.client``'s connection, also timing each whole request (written → ended)."""
-
-    def __init__(self, rec: _TimedRecorder) -> None:
-        super().__init__(rec)
-        self._timed = rec
-
-    async def send(self, request: bytes) -> None:
-        start = time.perf_counter()
-        await super().send(request)
-        if self._timed.recording and start >= self._timed.window_start:
-            self._timed.latencies.append(time.perf_counter() - start)
-
-
-async def _timed_worker(target: _Target, rec: _TimedRecorder, index: int) -> None:
-    """``bench.loadgen``'s worker with the timed connection."""
-    loop = asyncio.get_running_loop()
-    conn: _TimedConnection | None = None
-    for sent in range(index, sys.maxsize):
-        while conn is None or conn.closed:
-            try:
-                _, conn = await loop.create_connection(lambda: _TimedConnection(rec),
-                                                       target.host, target.port)  # fmt: skip
-            except OSError as exc:
-                rec.error(f"connect: {exc}")
-                await asyncio.sleep(0.1)
-        await conn.send(target.requests[sent % len(target.requests)])
-
-
-async def timed_load(spec: LoadSpec, meter: CpuMeter) -> _TimedRecorder:
-    """``bench.loadgen.run_load``'s window rules; the recorder holds what it saw."""
-    target, rec = _Target.parse(spec), _TimedRecorder()
-    workers = [asyncio.create_task(_timed_worker(target, rec, i))
-               for i in range(spec.concurrency)]  # fmt: skip
-    try:
-        await asyncio.sleep(spec.warmup_s)
-        rec.open_window()
-        meter.start()
-        await asyncio.sleep(spec.duration_s)
-        meter.stop()
-        rec.close_window()
-    finally:
-        for task in workers:
-            task.cancel()
-        for conn in list(rec.connections):
-            conn.abort()
-        await asyncio.gather(*workers, return_exceptions=True)
-    return rec
-
-
 def gateway_round(plan: GatewayPlan, gateway: ServerProcess, key: str, mode: Mode,
                   round_: int) -> GatewayRound:  # fmt: skip
     spec = LoadSpec(url=gateway.base_url, api_key=key, concurrency=GATEWAY_CONCURRENCY,
@@ -537,13 +480,11 @@ def gateway_round(plan: GatewayPlan, gateway: ServerProcess, key: str, mode: Mod
                     warmup_s=plan.warmup_s)  # fmt: skip
     meter = CpuMeter({"gateway": psutil.Process(gateway.popen.pid)})
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        rec = runner.run(timed_load(spec, meter))
-    if rec.errors or not rec.requests:
-        raise RuntimeError(f"{mode}: {rec.errors} errors, first: {rec.first_error}")
-    elapsed = rec.window_end - rec.window_start
-    return GatewayRound(mode, round_, rec.requests, elapsed, Percentiles.of(rec.ttfts),
-                        Percentiles.of(rec.latencies),
-                        meter.cpu_s["gateway"] / rec.requests * 1e6)  # fmt: skip
+        load = runner.run(run_load(spec, meter))
+    if load.errors or not load.requests:
+        raise RuntimeError(f"{mode}: {load.errors} errors, first: {load.first_error}")
+    return GatewayRound(mode, round_, load.requests, load.elapsed_s, load.ttft, load.e2e,
+                        meter.cpu_s["gateway"] / load.requests * 1e6)  # fmt: skip
 
 
 def run_gateway(plan: GatewayPlan) -> list[GatewayRound]:

@@ -11,10 +11,12 @@ Rules:
 - TTFT: from writing the request to the socket read that carried its first chunk. Inter-chunk
   gap: between the reads that carried consecutive chunks of one request (0 when one read
   carried both: the client saw them at the same moment).
+- End-to-end latency (e2e): from writing the request until its worker saw the response end.
+  A failed response is timed too, as wrk times non-2xx ones (errors are counted apart).
 - Window: after ``warmup_s`` the counters start (``Meter.start``); ``duration_s`` later they
   stop (``Meter.stop``) and every connection is aborted, as wrk does. Only samples inside the
-  window count: a TTFT whose first chunk came in it, a gap whose both ends are in it. The
-  abort at the end is not an error.
+  window count: a TTFT whose first chunk came in it, a gap or an e2e latency whose both ends
+  are in it. The abort at the end is not an error.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import asyncio
 import json
 import math
 import ssl
+import time
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -69,6 +72,7 @@ class LoadResult:
     errors: int
     ttft: Percentiles
     gap: Percentiles
+    e2e: Percentiles  # whole requests: written -> response ended
     first_error: str | None = None
 
     @property
@@ -94,8 +98,9 @@ async def run_load(spec: LoadSpec, meter: Meter | None = None) -> LoadResult:
         raise ValueError("LoadSpec needs concurrency >= 1, duration_s > 0, warmup_s >= 0")
     target = _Target.parse(spec)
     rec = Recorder()
+    e2e: list[float] = []
     workers = [
-        asyncio.create_task(_worker(target, rec, index)) for index in range(spec.concurrency)
+        asyncio.create_task(_worker(target, rec, e2e, index)) for index in range(spec.concurrency)
     ]
     try:
         await asyncio.sleep(spec.warmup_s)
@@ -120,6 +125,7 @@ async def run_load(spec: LoadSpec, meter: Meter | None = None) -> LoadResult:
         errors=rec.errors,
         ttft=Percentiles.of(rec.ttfts),
         gap=Percentiles.of(rec.gaps),
+        e2e=Percentiles.of(e2e),
         first_error=rec.first_error,
     )
 
@@ -129,13 +135,15 @@ def report(result: LoadResult) -> str:
     spec = result.spec
     header = (
         f"{'conc':>5} {'window s':>8} {'requests':>8} {'req/s':>8} {'chunks/s':>10} "
-        f"{'TTFT p50':>9} {'TTFT p99':>9} {'gap p50':>8} {'gap p99':>8} {'errors':>6}"
+        f"{'TTFT p50':>9} {'TTFT p99':>9} {'gap p50':>8} {'gap p99':>8} "
+        f"{'e2e p50':>9} {'e2e p99':>9} {'errors':>6}"
     )
     row = (
         f"{spec.concurrency:>5} {result.elapsed_s:>8.2f} {result.requests:>8} "
         f"{result.requests_per_s:>8.1f} {result.chunks_per_s:>10.0f} "
         f"{_ms(result.ttft.p50):>9} {_ms(result.ttft.p99):>9} "
-        f"{_ms(result.gap.p50):>8} {_ms(result.gap.p99):>8} {result.errors:>6}"
+        f"{_ms(result.gap.p50):>8} {_ms(result.gap.p99):>8} "
+        f"{_ms(result.e2e.p50):>9} {_ms(result.e2e.p99):>9} {result.errors:>6}"
     )
     lines = [f"{spec.url}  model={spec.model}  max_tokens={spec.max_tokens}", header, row]
     if result.first_error:
@@ -193,7 +201,7 @@ def _request(spec: LoadSpec, host: str, path: str, n: int) -> bytes:
     return head.encode() + body
 
 
-async def _worker(target: _Target, rec: Recorder, index: int) -> None:
+async def _worker(target: _Target, rec: Recorder, e2e: list[float], index: int) -> None:
     loop = asyncio.get_running_loop()
     conn: Connection | None = None
     sent = index
@@ -207,7 +215,10 @@ async def _worker(target: _Target, rec: Recorder, index: int) -> None:
                 rec.error(f"connect: {exc}")
                 await asyncio.sleep(_RECONNECT_BACKOFF_S)
                 continue
+        start = time.perf_counter()
         await conn.send(target.requests[sent % len(target.requests)])
+        if rec.recording and start >= rec.window_start:
+            e2e.append(time.perf_counter() - start)
         sent += 1
 
 

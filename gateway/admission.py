@@ -50,6 +50,7 @@ import httpx
 
 from gateway.circuit import REDIS_ERRORS, Circuit
 from gateway.errors import InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable
+from gateway.metrics import Metrics
 from gateway.settings import Settings
 from gateway.upstream import Upstream
 from ratelimit.aimd import AdmissionController, Tuning
@@ -108,6 +109,7 @@ class KVAdmission:
     engines: dict[str, EngineState] = field(default_factory=dict)
     leases: dict[str, Lease] = field(default_factory=dict)
     queues: dict[str, list[_Waiter]] = field(default_factory=dict)
+    metrics: Metrics | None = None
     _arrivals: itertools.count[int] = field(default_factory=itertools.count)
     _background: set[asyncio.Task[None]] = field(default_factory=set)
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -134,7 +136,12 @@ class KVAdmission:
         if unknown:
             return Grant(unknown[0]), _first(unknown[0], candidates)
         ask = self._ask(candidates, tenant, priority, tokens)
-        placement = await self._queued(ask)
+        started = self.clock()
+        try:
+            placement = await self._queued(ask)
+        finally:
+            if self.metrics is not None:
+                self.metrics.admission_wait.observe(self.clock() - started)
         assert placement.lease is not None
         self.leases[placement.lease.lease_id] = placement.lease
         upstream = next(u for u in candidates if u.base_url == placement.lease.engine)
@@ -249,6 +256,26 @@ class KVAdmission:
         if state.controller is not None:
             state.controller.observe(snapshot, now)
             state.controller.tick(now)
+        if self.metrics is not None:
+            await self._export(upstream, state, snapshot)
+
+    async def _export(
+        self, upstream: Upstream, state: EngineState, snapshot: EngineSnapshot | None
+    ) -> None:
+        """The engine's figures as the gateway's gauges (once per scrape, not per request)."""
+        assert self.metrics is not None
+        m, url = self.metrics, upstream.base_url
+        m.upstream_healthy.labels(url).set(1 if upstream.health.serving else 0)
+        if snapshot is not None and snapshot.kv_usage is not None:
+            m.upstream_kv_usage.labels(url).set(snapshot.kv_usage)
+        if snapshot is not None and snapshot.requests_waiting is not None:
+            m.upstream_waiting.labels(url).set(snapshot.requests_waiting)
+        if state.controller is not None:
+            with contextlib.suppress(ServiceUnavailable):
+                reserved = await self.store.call(functools.partial(_reserved, engine=url))
+                m.kv_budget.labels(url, "reserved").set(reserved)
+            m.kv_budget.labels(url, "capacity").set(state.controller.capacity)
+            m.kv_budget.labels(url, "admitted_limit").set(state.controller.limit)
 
     async def renew_forever(self) -> None:
         while True:
@@ -261,6 +288,10 @@ class KVAdmission:
 
 async def _renew(store: KVBudgetStore, *, lease: Lease) -> bool:
     return await store.renew(lease, LEASE_TTL_S)
+
+
+async def _reserved(store: KVBudgetStore, *, engine: str) -> int:
+    return await store.reserved(engine)
 
 
 async def _release(store: KVBudgetStore, *, lease: Lease) -> None:

@@ -14,19 +14,20 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from prometheus_client import CollectorRegistry, ProcessCollector
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from audit.ledger import Ledger
 from gateway import admin, auditor, chat, health
-from gateway.admission import open_admission
+from gateway.admission import KVAdmission, open_admission
 from gateway.db import create_engine, create_schema
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.frontdoor import FrontDoor, error_response
 from gateway.keystore import KeyStore
 from gateway.ledgersink import LedgerSink, ensure_keys, open_ledger
-from gateway.limiting import open_limiter
+from gateway.limiting import KeyLimiter, open_limiter
+from gateway.metrics import Metrics
 from gateway.ports import Limiter, RecordSink
 from gateway.redisconn import open_redis
 from gateway.servers import BackgroundServer
@@ -113,13 +114,12 @@ async def _start(
         sink = LedgerSink(ledger, settings)
     upstreams = UpstreamPool(transport, settings)
     kv = open_admission(settings, transport, redis)
+    metrics = observe(settings, upstreams, kv, limiter, ledger)
     background = (kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),
                   upstreams.probe_forever())  # fmt: skip
     for work in background:
         task = asyncio.create_task(work)
         stack.push_async_callback(_cancel, task)
-    registry = CollectorRegistry(auto_describe=True)
-    ProcessCollector(registry=registry)
     return AppState(
         settings=settings,
         transport=transport,
@@ -130,9 +130,25 @@ async def _start(
         kv=kv,
         sink=sink,
         ledger=ledger,
-        registry=registry,
+        metrics=metrics,
         redis=redis,
     )
+
+
+def observe(
+    settings: Settings, upstreams: UpstreamPool, kv: KVAdmission, limiter: Limiter,
+    ledger: Ledger | None,
+) -> Metrics:  # fmt: skip
+    """The app's metrics, and every component told where to report."""
+    metrics = Metrics(settings.tenants.keys(), settings.metrics_tenants)
+    upstreams.on_failure = metrics.upstream_failed
+    kv.metrics = metrics
+    kv.store.on_change = metrics.fallback.labels("kv_budget").set
+    if isinstance(limiter, KeyLimiter):
+        limiter.circuit.on_change = metrics.fallback.labels("rate_limits").set
+    if ledger is not None:
+        ledger.listener = metrics.ledger_event
+    return metrics
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

@@ -48,16 +48,10 @@ log = logging.getLogger("thinkgate")
 
 async def chat_completions(request: Request) -> Response:
     state: AppState = request.app.state.tg
+    t0, started_at = time.perf_counter(), time.time()
     raw = await read_body(request, state.settings.max_body_bytes)
     key = await authenticate(state.keys, request.headers.get("authorization"), "client")
-    chat = parse_chat_request(raw)
-    if not state.sink.accepting():
-        raise LedgerUnavailable("The audit ledger cannot store records; try again later.")
-    ceiling = state.settings.priority_ceiling(key.key_id, key.tenant)
-    priority = priority_of(request.headers.get("x-thinkgate-priority"), ceiling)
-    candidates = await state.upstreams.route(chat.model)
-    tokens = estimate_tokens(chat, state)
-    admission, grant, candidates = await admit(state, key, candidates, priority, tokens)
+    chat, admission, grant, candidates = await prepare(state, request, key, raw)
     policy = Policy(
         parser=state.settings.parser_for(chat.model),
         show_reasoning=key.reasoning == "visible" and chat.wants_reasoning,
@@ -66,7 +60,8 @@ async def chat_completions(request: Request) -> Response:
         repair_leak=chat.stream and chat.has_stop,
     )
     relay = StreamRelay(policy) if chat.stream else Rewriter(policy)
-    ex = Exchange(request.state.request_id, key, chat, relay, admission, state.limiter, state.sink)
+    ex = Exchange(request.state.request_id, key, chat, relay, admission, state.limiter, state.sink,
+                  started_at=started_at, t0=t0, metrics=state.metrics)  # fmt: skip
     ex.release_kv = functools.partial(state.kv.release, grant)
     watcher = DisconnectWatcher(request.receive)
     streaming = False
@@ -91,6 +86,30 @@ async def chat_completions(request: Request) -> Response:
             # disconnect is on its way out and must not be replaced by a ledger refusal.
             with contextlib.suppress(GatewayError):
                 await ex.finish()
+
+
+async def prepare(
+    state: AppState, request: Request, key: KeyInfo, raw: bytes
+) -> tuple[ChatRequest, Admission, Grant, list[Upstream]]:
+    """Validate, route and admit: everything that may refuse the request before any upstream
+    is asked. A refusal is counted (``thinkgate_requests_total``, and by kind for limits)."""
+    try:
+        chat = parse_chat_request(raw)
+    except GatewayError as exc:
+        state.metrics.refused(exc, "unknown", key.tenant, stream=False)
+        raise
+    try:
+        if not state.sink.accepting():
+            raise LedgerUnavailable("The audit ledger cannot store records; try again later.")
+        ceiling = state.settings.priority_ceiling(key.key_id, key.tenant)
+        priority = priority_of(request.headers.get("x-thinkgate-priority"), ceiling)
+        candidates = await state.upstreams.route(chat.model)
+        tokens = estimate_tokens(chat, state)
+        admission, grant, candidates = await admit(state, key, candidates, priority, tokens)
+    except GatewayError as exc:
+        state.metrics.refused(exc, chat.model, key.tenant, chat.stream)
+        raise
+    return chat, admission, grant, candidates
 
 
 async def admit(
@@ -124,6 +143,7 @@ async def open_relay(
     watcher: DisconnectWatcher,
 ) -> RelayResponse:
     """Open the upstream stream (status and first bytes checked) and wrap it for the client."""
+    ex.overhead_s = time.perf_counter() - ex.t0
     opened = await state.upstreams.open_stream(candidates, ex.chat.upstream_body)
     ex.upstream = opened.upstream.base_url
 
@@ -136,21 +156,32 @@ async def open_relay(
 
     parser = SSEParser(state.settings.max_sse_event_bytes)
     body = relay_stream(ex, opened, relay, parser, state.settings.keepalive_s)
-    return RelayResponse(body, watcher, cleanup, ex.admission.headers)
+    return RelayResponse(body, watcher, cleanup, (*ex.admission.headers, _overhead_header(ex)))
 
 
 async def complete(state: AppState, ex: Exchange, candidates: list[Upstream]) -> Response:
+    ex.overhead_s = time.perf_counter() - ex.t0
     upstream, body = await state.upstreams.complete(candidates, ex.chat.upstream_body)
     ex.upstream = upstream.base_url
     ex.mark_first_token()
+    arrived = time.perf_counter()
     try:
         rewrite_completion(ex.rewriter, body)
     except RemoteProtocolError as exc:
         raise UpstreamProtocolError(str(exc)) from None
+    if ex.rewriter.has_content:
+        ex.mark_first_content()
     ex.status = "ok"
+    ex.overhead_s += time.perf_counter() - arrived
     await ex.finish()
-    headers = dict(ex.admission.headers)
+    headers = dict((*ex.admission.headers, _overhead_header(ex)))
     return Response(orjson.dumps(body), media_type="application/json", headers=headers)
+
+
+def _overhead_header(ex: Exchange) -> tuple[str, str]:
+    """``x-thinkgate-overhead-ms``: the gateway's own time so far (for a stream, what it spent
+    before the response started; the whole figure is in ``thinkgate_overhead_seconds``)."""
+    return "x-thinkgate-overhead-ms", f"{ex.overhead_s * 1000:.3f}"
 
 
 async def relay_stream(
@@ -159,17 +190,23 @@ async def relay_stream(
     """The relay loop: upstream reads in, one client write per upstream read out. Closing the
     upstream and the final ``finish`` belong to the response's cleanup, which also runs when
     this generator is cancelled or never started."""
-    last_sent = time.monotonic()
+    last_sent = time.perf_counter()
+    gaps = ex.gaps
     try:
         async for raw in opened:
+            arrived = time.perf_counter()
+            gaps.tick(arrived)
             out, error = _relay_read(relay, parser, raw)
+            if ex.first_content_at is None and relay.has_content:
+                ex.mark_first_content()
+            ex.overhead_s += time.perf_counter() - arrived
             if out:
                 ex.mark_first_token()
                 yield out
-                last_sent = time.monotonic()
-            elif time.monotonic() - last_sent > keepalive_s:
+                last_sent = time.perf_counter()
+            elif arrived - last_sent > keepalive_s:
                 yield KEEPALIVE_COMMENT  # upstream is busy with withheld reasoning
-                last_sent = time.monotonic()
+                last_sent = time.perf_counter()
             if error is not None:
                 raise error
             if relay.done:

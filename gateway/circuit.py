@@ -46,6 +46,7 @@ class Circuit(Generic[B]):
         self._retry_s = retry_s
         self._clock = clock
         self._down_since: float | None = None
+        self.on_change: Callable[[bool], None] | None = None  # told True when it goes down
 
     @property
     def degraded(self) -> bool:
@@ -65,6 +66,8 @@ class Circuit(Generic[B]):
         if backend is self.shared and self._down_since is not None:
             log.warning("%s: the shared backend answers again", self.name)
             self._down_since = None
+            if self.on_change is not None:
+                self.on_change(False)
         return result
 
     def _pick(self) -> B:
@@ -79,6 +82,8 @@ class Circuit(Generic[B]):
             policy = "in-process, per replica" if self._fail == "open" else "refusing requests"
             log.error("%s: shared backend unreachable (%s): %s", self.name,
                       type(exc).__name__, policy)  # fmt: skip
+            if self.on_change is not None:
+                self.on_change(True)
         self._down_since = self._clock()
 
     def _refusal(self) -> ServiceUnavailable:

@@ -14,8 +14,9 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, UpstreamError
 from gateway.keys import KeyInfo
+from gateway.metrics import CompletedRequest, GapCounts, Metrics
 from gateway.ports import Admission, CompletionRecord, Limiter, RecordSink, Status
 from gateway.relay import Rewriter
 from gateway.request import ChatRequest
@@ -40,15 +41,25 @@ class Exchange:
     error_code: str | None = None
     client_disconnected: bool = False
     release_kv: Callable[[], Awaitable[None]] | None = None
+    metrics: Metrics | None = None
+    overhead_s: float = 0.0  # inside the gateway, waiting for the upstream excluded
+    first_content_at: float | None = None
+    gaps: GapCounts = field(default_factory=GapCounts)
     _finishing: asyncio.Future[None] | None = None
 
     def mark_first_token(self) -> None:
         if self.first_token_at is None:
             self.first_token_at = self.started_at + (time.perf_counter() - self.t0)
 
+    def mark_first_content(self) -> None:
+        if self.first_content_at is None:
+            self.first_content_at = self.started_at + (time.perf_counter() - self.t0)
+
     def fail(self, error: GatewayError) -> None:
         self.status = "upstream_error" if error.type in ("upstream_error", "timeout") else "error"
         self.error_code = error.code
+        if self.metrics is not None and isinstance(error, UpstreamError) and self.upstream:
+            self.metrics.upstream_failed(self.upstream, error)
 
     def disconnected(self) -> None:
         self.client_disconnected = True
@@ -71,6 +82,11 @@ class Exchange:
         trip). Only the record's fate reaches the caller: a settlement that fails (Redis away)
         costs the client nothing, since unrefunded tokens refill and a lease expires."""
         record = self._record()
+        if self.metrics is not None:
+            done = CompletedRequest(
+                record, record.status, self.overhead_s, self.first_content_at, self.gaps
+            )
+            self.metrics.observe_completion(done)
         used = int((record.usage or {}).get("total_tokens") or 0)
         work: list[Awaitable[None]] = [
             self.sink.submit(record),

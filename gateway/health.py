@@ -44,7 +44,8 @@ async def readyz(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state: AppState = request.app.state.tg
-    return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+    registry = state.metrics.exposition_registry()
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 async def _upstream_ready(state: AppState) -> str:

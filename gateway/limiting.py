@@ -42,7 +42,7 @@ from ratelimit.limits import (
 
 class KeyLimiter:
     def __init__(self, limits: Circuit[RateLimitBackend], settings: Settings) -> None:
-        self._limits = limits
+        self.circuit = limits
         self._settings = settings
 
     def scopes(self, key: KeyInfo) -> tuple[Scope, ...]:
@@ -57,7 +57,7 @@ class KeyLimiter:
         scopes = self.scopes(key)
         if not scopes:
             return Admission(key.key_id, key.tenant, tokens)
-        verdict = await self._limits.call(lambda b: b.reserve(key.tenant, scopes, tokens))
+        verdict = await self.circuit.call(lambda b: b.reserve(key.tenant, scopes, tokens))
         headers = rate_headers(verdict)
         if not verdict.allowed:
             raise refusal(verdict, key, tokens, headers)
@@ -68,7 +68,7 @@ class KeyLimiter:
         scopes = [s for s in admission.scopes if s.limits.tpm]
         if scopes and unused > 0:
             tenant = admission.tenant
-            await self._limits.call(lambda b: b.refund(tenant, scopes, unused))
+            await self.circuit.call(lambda b: b.refund(tenant, scopes, unused))
 
 
 def rate_headers(verdict: Verdict) -> tuple[tuple[str, str], ...]:

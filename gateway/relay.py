@@ -70,6 +70,11 @@ class Rewriter:
         self.choices: dict[int, ChoiceState] = {}
         self.usage: dict[str, Any] | None = None
 
+    @property
+    def has_content(self) -> bool:
+        """Whether any answer text (not reasoning) has been produced yet."""
+        return any(state.content for state in self.choices.values())
+
     def choice(self, index: int) -> ChoiceState:
         state = self.choices.get(index)
         if state is None:

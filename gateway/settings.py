@@ -115,6 +115,14 @@ class Settings(BaseSettings):
     # after this much silence keeps proxies and load balancers from closing the connection.
     keepalive_s: float = Field(15.0, gt=0)
 
+    # Observability. Tenants named in ``tenants`` always get their own label; of the others, the
+    # first ``METRICS_TENANTS`` seen do, the rest share ``other`` (bounded cardinality).
+    metrics_tenants: int = Field(20, ge=0)
+    metrics_token: SecretStr = SecretStr("")  # bearer token for /metrics; empty = open
+    metrics_port: int = Field(0, ge=0, le=65535)  # a second, open /metrics listener; 0 = none
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
+
     bench_key: SecretStr = SecretStr("")  # the key ``thinkgate bench`` sends by default
 
     test_redis_url: str = "redis://127.0.0.1:6379/15"

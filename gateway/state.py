@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
-from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit.ledger import Ledger
 from gateway.admission import KVAdmission
 from gateway.keystore import KeyStore
+from gateway.metrics import Metrics
 from gateway.ports import Limiter, RecordSink
 from gateway.settings import Settings
 from gateway.upstream import UpstreamPool
@@ -28,5 +28,5 @@ class AppState:
     kv: KVAdmission
     sink: RecordSink
     ledger: Ledger | None  # None when the app was given another sink
-    registry: CollectorRegistry
+    metrics: Metrics
     redis: AutoPipeline | None = None  # the process's one Redis client, when configured

@@ -160,6 +160,8 @@ class UpstreamPool:
         self._model_cards: list[dict[str, Any]] = []
         self._catalogue_at = -1.0
         self._catalogue_lock = asyncio.Lock()
+        # Told of every failed attempt (metrics): the URL and the error.
+        self.on_failure: Callable[[str, UpstreamError], None] | None = None
 
     # -- models ------------------------------------------------------------------------------
 
@@ -256,6 +258,8 @@ class UpstreamPool:
             try:
                 result = await attempt(upstream)
             except UpstreamError as exc:
+                if self.on_failure is not None:
+                    self.on_failure(upstream.base_url, exc)
                 if not exc.retryable:
                     raise
                 upstream.health.request_failed()

@@ -43,6 +43,9 @@ async def test_counts_requests_chunks_and_ordered_percentiles(sim_url: str) -> N
     assert result.ttft.n > 0 and result.gap.n > 0
     assert 0 < result.ttft.p50 <= result.ttft.p99
     assert 0 <= result.gap.p50 <= result.gap.p99
+    # e2e: requests both written and ended inside the window, a subset of those counted
+    assert 0 < result.e2e.n <= result.requests
+    assert 0 < result.e2e.p50 <= result.e2e.p99
     assert result.chunks_per_s > 0 and result.requests_per_s > 0
     assert 0.9 <= result.elapsed_s < 5.0
 
@@ -54,7 +57,7 @@ async def test_report_is_a_compact_table(sim_url: str) -> None:
 
     lines = text.splitlines()
     assert len(lines) == 3
-    assert "chunks/s" in lines[1] and "TTFT p50" in lines[1]
+    assert "chunks/s" in lines[1] and "TTFT p50" in lines[1] and "e2e p99" in lines[1]
     assert lines[2].split()[0] == "2"
 
 
