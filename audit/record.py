@@ -69,6 +69,7 @@ class Facts:
     capture: Capture = "full"
     subject: int | None = None  # access records: the index that was read
     statement: str | None = None  # shred records: the signed note that orders the shredding
+    traceparent: str | None = None  # completions: the caller's W3C trace context, if any
 
 
 @dataclass(frozen=True, slots=True)

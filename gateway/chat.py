@@ -34,12 +34,15 @@ from gateway.errors import (
 )
 from gateway.exchange import Exchange
 from gateway.keys import KeyInfo
+from gateway.logs import log_refusal
+from gateway.metrics import refusal_status
 from gateway.ports import Admission
 from gateway.relay import Policy, Rewriter, StreamRelay, rewrite_completion
 from gateway.request import ChatRequest, parse_chat_request
 from gateway.sse import DONE_EVENT, KEEPALIVE_COMMENT, SSEParser, encode_event
 from gateway.state import AppState
 from gateway.streaming import DisconnectWatcher, RelayResponse
+from gateway.traceparent import parse_traceparent
 from gateway.upstream import Opened, Upstream
 from ratelimit.fairness import Priority
 
@@ -61,7 +64,8 @@ async def chat_completions(request: Request) -> Response:
     )
     relay = StreamRelay(policy) if chat.stream else Rewriter(policy)
     ex = Exchange(request.state.request_id, key, chat, relay, admission, state.limiter, state.sink,
-                  started_at=started_at, t0=t0, metrics=state.metrics)  # fmt: skip
+                  started_at=started_at, t0=t0, metrics=state.metrics,
+                  traceparent=parse_traceparent(request.headers.get("traceparent")))  # fmt: skip
     ex.release_kv = functools.partial(state.kv.release, grant)
     watcher = DisconnectWatcher(request.receive)
     streaming = False
@@ -96,7 +100,7 @@ async def prepare(
     try:
         chat = parse_chat_request(raw)
     except GatewayError as exc:
-        state.metrics.refused(exc, "unknown", key.tenant, stream=False)
+        _refused(state, request, key, exc, "unknown", stream=False)
         raise
     try:
         if not state.sink.accepting():
@@ -107,9 +111,19 @@ async def prepare(
         tokens = estimate_tokens(chat, state)
         admission, grant, candidates = await admit(state, key, candidates, priority, tokens)
     except GatewayError as exc:
-        state.metrics.refused(exc, chat.model, key.tenant, chat.stream)
+        _refused(state, request, key, exc, chat.model, chat.stream)
         raise
     return chat, admission, grant, candidates
+
+
+def _refused(
+    state: AppState, request: Request, key: KeyInfo, error: GatewayError, model: str,
+    stream: bool,
+) -> None:  # fmt: skip
+    state.metrics.refused(error, model, key.tenant, stream)
+    traceparent = parse_traceparent(request.headers.get("traceparent"))
+    log_refusal(request.state.request_id, key.tenant, key.key_id, model, refusal_status(error),
+                error.code, traceparent)  # fmt: skip
 
 
 async def admit(
@@ -144,7 +158,9 @@ async def open_relay(
 ) -> RelayResponse:
     """Open the upstream stream (status and first bytes checked) and wrap it for the client."""
     ex.overhead_s = time.perf_counter() - ex.t0
-    opened = await state.upstreams.open_stream(candidates, ex.chat.upstream_body)
+    opened = await state.upstreams.open_stream(
+        candidates, ex.chat.upstream_body, ex.upstream_headers
+    )
     ex.upstream = opened.upstream.base_url
 
     async def cleanup(disconnected: bool) -> None:
@@ -161,7 +177,9 @@ async def open_relay(
 
 async def complete(state: AppState, ex: Exchange, candidates: list[Upstream]) -> Response:
     ex.overhead_s = time.perf_counter() - ex.t0
-    upstream, body = await state.upstreams.complete(candidates, ex.chat.upstream_body)
+    upstream, body = await state.upstreams.complete(
+        candidates, ex.chat.upstream_body, ex.upstream_headers
+    )
     ex.upstream = upstream.base_url
     ex.mark_first_token()
     arrived = time.perf_counter()

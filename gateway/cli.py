@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,8 @@ def _capacity_parser(sub: Any) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from gateway.logs import log_config
+
     overrides: dict[str, Any] = {"demo": args.demo}
     if args.host:
         overrides["host"] = args.host
@@ -145,15 +148,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "port": settings.port,
         "loop": "uvloop",
         "http": "httptools",
-        "access_log": False,
-        "log_level": "info",
+        "access_log": False,  # thinkgate.access replaces it (gateway/logs.py)
+        "log_config": log_config(settings),
     }
     if args.workers == 1:
         from gateway.app import create_app
 
         uvicorn.run(create_app(settings, freeze_gc=True), **run)
         return 0
-    # Workers are separate processes: they read their settings from the environment.
+    # Workers are separate processes: they read their settings from the environment, and
+    # keep their metrics in files that /metrics adds up (prometheus-client multiprocess mode).
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="thinkgate-metrics-"))
     for name, value in overrides.items():
         os.environ[f"THINKGATE_{name.upper()}"] = (
             ",".join(value) if isinstance(value, tuple) else str(value)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from gateway.errors import GatewayError, UpstreamError
 from gateway.keys import KeyInfo
+from gateway.logs import log_completion
 from gateway.metrics import CompletedRequest, GapCounts, Metrics
 from gateway.ports import Admission, CompletionRecord, Limiter, RecordSink, Status
 from gateway.relay import Rewriter
@@ -42,6 +43,7 @@ class Exchange:
     client_disconnected: bool = False
     release_kv: Callable[[], Awaitable[None]] | None = None
     metrics: Metrics | None = None
+    traceparent: str | None = None
     overhead_s: float = 0.0  # inside the gateway, waiting for the upstream excluded
     first_content_at: float | None = None
     gaps: GapCounts = field(default_factory=GapCounts)
@@ -66,6 +68,13 @@ class Exchange:
         self.status = "client_disconnected"
 
     @property
+    def upstream_headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """This request's own headers for the upstream: the caller's trace context."""
+        if self.traceparent is None:
+            return ()
+        return ((b"traceparent", self.traceparent.encode()),)
+
+    @property
     def finishing(self) -> bool:
         """Whether the record is already on its way (its outcome is then fixed)."""
         return self._finishing is not None
@@ -87,6 +96,7 @@ class Exchange:
                 record, record.status, self.overhead_s, self.first_content_at, self.gaps
             )
             self.metrics.observe_completion(done)
+        log_completion(record, overhead_s=self.overhead_s, first_content_at=self.first_content_at)
         used = int((record.usage or {}).get("total_tokens") or 0)
         work: list[Awaitable[None]] = [
             self.sink.submit(record),
@@ -124,4 +134,5 @@ class Exchange:
             params=self.chat.params,
             reasoning=tuple("".join(c.reasoning) for c in choices),
             content=tuple("".join(c.content) for c in choices),
+            traceparent=self.traceparent,
         )

@@ -73,6 +73,7 @@ def record_facts(record: CompletionRecord, capture: Any) -> Facts:
         error_code=record.error_code,
         client_disconnected=record.client_disconnected,
         capture=capture,
+        traceparent=record.traceparent,
     )
 
 

@@ -240,15 +240,11 @@ class Metrics:
 
     def refused(self, error: GatewayError, model: str, tenant: str, stream: bool) -> None:
         """A request that ended before it reached an upstream: invalid, rate-limited, ..."""
-        status = "invalid" if isinstance(error, ClientError) else "error"
         if isinstance(error, RateLimited):
-            status = "rate_limited"
             kind = "kv_budget" if error.code == "kv_budget_exhausted" else error.type
             self.rejections.labels(kind).inc()
-        elif isinstance(error, UpstreamError | ServiceUnavailable):
-            status = "upstream_error"
         flag = "true" if stream else "false"
-        self.requests.labels(model, self.tenant(tenant), status, flag).inc()
+        self.requests.labels(model, self.tenant(tenant), refusal_status(error), flag).inc()
 
     def upstream_failed(self, upstream: str, error: UpstreamError) -> None:
         self.upstream_errors.labels(upstream, _KINDS.get(type(error), "status")).inc()
@@ -263,6 +259,17 @@ class CompletedRequest:
     overhead_s: float
     first_content_at: float | None = None  # wall clock, like the record's times
     gaps: GapCounts | None = None
+
+
+def refusal_status(error: GatewayError) -> str:
+    """The ``status`` of a request refused before any upstream answered it."""
+    if isinstance(error, RateLimited):
+        return "rate_limited"
+    if isinstance(error, ClientError):
+        return "invalid"
+    if isinstance(error, UpstreamError | ServiceUnavailable):
+        return "upstream_error"
+    return "error"
 
 
 def add_counts(child: Histogram, gaps: GapCounts) -> None:

@@ -42,6 +42,7 @@ class CompletionRecord:
     params: dict[str, Any]  # the request's other fields, as forwarded
     reasoning: tuple[str, ...]  # per choice
     content: tuple[str, ...]  # per choice
+    traceparent: str | None = None  # the caller's W3C trace context, as passed upstream
 
 
 class RecordSink(Protocol):

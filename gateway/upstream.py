@@ -51,6 +51,7 @@ from gateway.relay import upstream_error
 from gateway.settings import Settings
 
 T = TypeVar("T")
+Headers = Sequence[tuple[bytes, bytes]]
 log = logging.getLogger("thinkgate")
 
 PROBE_S = 1.0
@@ -242,13 +243,20 @@ class UpstreamPool:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def open_stream(self, candidates: Sequence[Upstream], body: bytes) -> Opened:
-        """POST a streaming request; return once the status is OK and first bytes are in."""
-        return await self._with_retry(candidates, lambda u: self._open_stream_once(u, body))
+    async def open_stream(
+        self, candidates: Sequence[Upstream], body: bytes, headers: Headers = ()
+    ) -> Opened:
+        """POST a streaming request; return once the status is OK and first bytes are in.
+        ``headers``: this request's own (``traceparent``), after the pool's."""
+        return await self._with_retry(
+            candidates, lambda u: self._open_stream_once(u, body, headers)
+        )
 
-    async def complete(self, candidates: Sequence[Upstream], body: bytes) -> tuple[Upstream, Any]:
+    async def complete(
+        self, candidates: Sequence[Upstream], body: bytes, headers: Headers = ()
+    ) -> tuple[Upstream, Any]:
         """POST a non-streaming request and return the decoded JSON body."""
-        return await self._with_retry(candidates, lambda u: self._complete_once(u, body))
+        return await self._with_retry(candidates, lambda u: self._complete_once(u, body, headers))
 
     async def _with_retry(
         self, candidates: Sequence[Upstream], attempt: Callable[[Upstream], Awaitable[T]]
@@ -270,12 +278,12 @@ class UpstreamPool:
         assert last is not None
         raise last
 
-    async def _open_stream_once(self, upstream: Upstream, body: bytes) -> Opened:
+    async def _open_stream_once(self, upstream: Upstream, body: bytes, headers: Headers) -> Opened:
         upstream.in_flight += 1
         response: httpx.Response | None = None
         try:
             async with asyncio.timeout(self._settings.first_token_timeout_s):
-                response = await self._send("POST", upstream.chat_url, body)
+                response = await self._send("POST", upstream.chat_url, body, headers)
                 if response.status_code >= 400:
                     raise upstream_error(
                         _json_or_none(await response.aread()), response.status_code
@@ -293,11 +301,13 @@ class UpstreamPool:
                 raise translate(exc, started=response is not None) from exc
             raise
 
-    async def _complete_once(self, upstream: Upstream, body: bytes) -> tuple[Upstream, Any]:
+    async def _complete_once(
+        self, upstream: Upstream, body: bytes, headers: Headers
+    ) -> tuple[Upstream, Any]:
         upstream.in_flight += 1
         try:
             async with asyncio.timeout(self._settings.first_token_timeout_s):
-                response = await self._send("POST", upstream.chat_url, body)
+                response = await self._send("POST", upstream.chat_url, body, headers)
                 decoded = _json_or_none(await response.aread())
             if response.status_code >= 400:
                 raise upstream_error(decoded, response.status_code)
@@ -309,12 +319,14 @@ class UpstreamPool:
         finally:
             upstream.in_flight -= 1
 
-    async def _send(self, method: str, url: httpx.URL, body: bytes) -> httpx.Response:
+    async def _send(
+        self, method: str, url: httpx.URL, body: bytes, headers: Headers = ()
+    ) -> httpx.Response:
         """The response with its status and headers; the body is still to be read."""
         request = httpx.Request(
             method,
             url,
-            headers=self._headers,
+            headers=[*self._headers, *headers] if headers else self._headers,
             content=body,
             extensions={"timeout": self._timeouts},
         )

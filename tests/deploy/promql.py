@@ -30,6 +30,7 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import httpx
@@ -59,11 +60,13 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 AGGREGATIONS = frozenset(
-    "sum min max avg group stddev stdvar count count_values bottomk topk quantile limitk "
-    "limit_ratio".split()
+    {"sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values", "bottomk",
+     "topk", "quantile", "limitk", "limit_ratio"}
+)  # fmt: skip
+LABEL_LISTS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+KEYWORDS = (
+    AGGREGATIONS | LABEL_LISTS | {"and", "or", "unless", "atan2", "bool", "offset", "inf", "nan"}
 )
-LABEL_LISTS = frozenset("by without on ignoring group_left group_right".split())
-KEYWORDS = AGGREGATIONS | LABEL_LISTS | frozenset("and or unless atan2 bool offset inf nan".split())
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,8 @@ def metric_names(expr: str) -> set[str]:
         token = tokens[index]
         if token.text == "{":
             index = _matchers(tokens, index, names)
+        elif token.text == "[":  # a range or subquery: durations, and ':' that may look like
+            index = _closing(tokens, index, "]")  # the start of a name (`[1h:5m]`)
         elif token.kind == "ident" and token.text.lower() in LABEL_LISTS:
             index = _label_list(tokens, index)
         elif token.kind == "ident" and _is_metric(tokens, index):
@@ -172,7 +177,7 @@ GRAFANA_SAMPLES: Mapping[str, str] = {
     "gpu_hourly_usd": "2.5",
     "gpus": "8",
 }
-_VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)(?::\w+)?\}|([A-Za-z_]\w*))")
 
 
 def substitute(expr: str, samples: Mapping[str, str] = GRAFANA_SAMPLES) -> str:
@@ -238,12 +243,14 @@ class Catalogue:
             types |= {family.name: family.type for family in text_string_to_metric_families(text)}
         return cls(types)
 
-    def series_names(self) -> frozenset[str]:
-        return frozenset(
-            name + suffix
+    @cached_property
+    def owners(self) -> Mapping[str, str]:
+        """Series name → the family it belongs to (``x_total`` → counter ``x``, ...)."""
+        return {
+            name + suffix: name
             for name, kind in self.types.items()
             for suffix in _SERIES.get(kind, ("",))
-        )
+        }
 
     def family(self, name: str) -> str:
         """``name`` less ``_bucket``/``_sum``/``_count`` when it is a histogram's or summary's
@@ -255,8 +262,18 @@ class Catalogue:
         return name
 
     def missing(self, names: Iterable[str]) -> list[str]:
-        exported = self.series_names()
-        return sorted({self.family(name) for name in names if name not in exported})
+        """The names no exported family has (a histogram's series by the histogram's name)."""
+        return sorted({self.family(name) for name in names if name not in self.owners})
+
+    def unread(self, names: Iterable[str], prefix: str) -> list[str]:
+        """Families under ``prefix`` none of whose series is in ``names`` (``_created``
+        timestamps aside)."""
+        read = {self.owners.get(name) for name in names}
+        return sorted(
+            family
+            for family in self.types
+            if family.startswith(prefix) and not family.endswith("_created") and family not in read
+        )
 
 
 async def scrape_catalogue(directory: Path) -> Catalogue:
@@ -276,8 +293,11 @@ async def scrape_catalogue(directory: Path) -> Catalogue:
         ) as client:  # fmt: skip
             statuses = [await _chat(client, key, stream) for key, stream in _traffic(keys)]
             statuses += [await _chat(client, limited.secret, False) for _ in range(2)]
-            assert statuses == [200, 200, 200, 429], statuses
-            expositions = [(await client.get("/metrics")).text, (await client.get(f"{sim.url}/metrics")).text]
+            assert statuses == [200, 200, 200, 200, 429], statuses
+            expositions = [
+                (await client.get("/metrics")).text,
+                (await client.get(f"{sim.url}/metrics")).text,
+            ]
     return Catalogue.parse(*expositions)
 
 
