@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -24,6 +25,7 @@ from gateway.admission import KVAdmission, open_admission
 from gateway.db import create_engine, create_schema
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.frontdoor import FrontDoor, error_response
+from gateway.health import metrics_app
 from gateway.keystore import KeyStore
 from gateway.ledgersink import LedgerSink, ensure_keys, open_ledger
 from gateway.limiting import KeyLimiter, open_limiter
@@ -45,10 +47,13 @@ def create_app(
     limiter: Limiter | None = None,
     sink: RecordSink | None = None,
     freeze_gc: bool = False,
+    instrument: bool = True,
 ) -> FrontDoor:
     """The gateway as an ASGI app. ``freeze_gc`` (for the process that serves, not for tests):
     after start-up, move every object alive into the GC's permanent generation, so the
-    collector stops rescanning the framework's hundreds of thousands of long-lived objects."""
+    collector stops rescanning the framework's hundreds of thousands of long-lived objects.
+    ``instrument=False`` (benchmarks only, like ``sink``): requests are not measured, so the
+    cost of metrics can be measured against the gateway without them."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -57,7 +62,12 @@ def create_app(
             if redis is not None:  # closed last, once nothing uses it any more
                 stack.push_async_callback(redis.aclose)
             limits = limiter or open_limiter(settings, redis)
-            app.state.tg = await _start(stack, settings, limits, sink, redis)
+            state = await _start(stack, settings, limits, sink, redis)
+            app.state.tg = state = dataclasses.replace(state, instrument=instrument)
+            if settings.metrics_port:
+                server = BackgroundServer(metrics_app(state), settings.host,
+                                          settings.metrics_port, reuse_port=True)  # fmt: skip
+                await stack.enter_async_context(server)
             if freeze_gc:
                 gc.collect()
                 gc.freeze()

@@ -64,7 +64,8 @@ async def chat_completions(request: Request) -> Response:
     )
     relay = StreamRelay(policy) if chat.stream else Rewriter(policy)
     ex = Exchange(request.state.request_id, key, chat, relay, admission, state.limiter, state.sink,
-                  started_at=started_at, t0=t0, metrics=state.metrics,
+                  started_at=started_at, t0=t0,
+                  metrics=state.metrics if state.instrument else None,
                   traceparent=parse_traceparent(request.headers.get("traceparent")))  # fmt: skip
     ex.release_kv = functools.partial(state.kv.release, grant)
     watcher = DisconnectWatcher(request.receive)
@@ -209,15 +210,11 @@ async def relay_stream(
     upstream and the final ``finish`` belong to the response's cleanup, which also runs when
     this generator is cancelled or never started."""
     last_sent = time.perf_counter()
-    gaps = ex.gaps
     try:
         async for raw in opened:
             arrived = time.perf_counter()
-            gaps.tick(arrived)
             out, error = _relay_read(relay, parser, raw)
-            if ex.first_content_at is None and relay.has_content:
-                ex.mark_first_content()
-            ex.overhead_s += time.perf_counter() - arrived
+            ex.observe_read(arrived)
             if out:
                 ex.mark_first_token()
                 yield out

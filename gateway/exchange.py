@@ -57,6 +57,16 @@ class Exchange:
         if self.first_content_at is None:
             self.first_content_at = self.started_at + (time.perf_counter() - self.t0)
 
+    def observe_read(self, arrived: float) -> None:
+        """One upstream read, which arrived at ``arrived``, was processed: count its gap, note
+        the first answer text, add the time it cost (nothing when not measured)."""
+        if self.metrics is None:
+            return
+        self.gaps.tick(arrived)
+        if self.first_content_at is None and self.rewriter.has_content:
+            self.mark_first_content()
+        self.overhead_s += time.perf_counter() - arrived
+
     def fail(self, error: GatewayError) -> None:
         self.status = "upstream_error" if error.type in ("upstream_error", "timeout") else "error"
         self.error_code = error.code

@@ -8,15 +8,18 @@ a degraded service into none; ``/readyz`` still says so in its body."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 
 import orjson
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
-from gateway.errors import GatewayError
+from gateway.errors import AuthError, GatewayError
 from gateway.state import AppState
 
 
@@ -43,9 +46,33 @@ async def readyz(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """With ``METRICS_TOKEN`` set, only ``Authorization: Bearer <token>`` may read them (a
+    scraper's credential, compared in constant time); ``METRICS_PORT`` serves them open on a
+    second listener (``metrics_app``) for a scraper inside the cluster."""
     state: AppState = request.app.state.tg
+    token = state.settings.metrics_token.get_secret_value()
+    if token and not _bearer(request.headers.get("authorization"), token):
+        raise AuthError("/metrics needs the metrics bearer token.", code="invalid_api_key")
+    return exposition(state)
+
+
+def exposition(state: AppState) -> Response:
     registry = state.metrics.exposition_registry()
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def metrics_app(state: AppState) -> Starlette:
+    """``GET /metrics`` alone, without authentication: for ``METRICS_PORT``."""
+
+    async def open_metrics(_request: Request) -> Response:
+        return exposition(state)
+
+    return Starlette(routes=[Route("/metrics", open_metrics, methods=["GET"])])
+
+
+def _bearer(header: str | None, token: str) -> bool:
+    presented = header[7:] if header is not None and header[:7].lower() == "bearer " else ""
+    return hmac.compare_digest(presented.encode(), token.encode())
 
 
 async def _upstream_ready(state: AppState) -> str:

@@ -95,6 +95,7 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         self.tenant = TenantLabels(frozenset(tenants), tenant_limit)
+        self._cache: dict[tuple[str, str, bool, str], _Children] = {}
         r = self.registry
         self.requests = Counter("thinkgate_requests", "Chat completions by outcome.",
                                 ["model", "tenant", "status", "stream"], registry=r)  # fmt: skip
@@ -207,22 +208,44 @@ class Metrics:
     # -- per request ---------------------------------------------------------------------
 
     def observe_completion(self, done: CompletedRequest) -> None:
-        record, stream = done.record, "true" if done.record.stream else "false"
-        model, tenant = record.model, self.tenant(record.tenant)
-        self.requests.labels(model, tenant, done.status, stream).inc()
-        self.duration.labels(model, tenant, stream).observe(record.ended_at - record.started_at)
-        self.overhead.labels(stream).observe(done.overhead_s)
+        record = done.record
+        c = self._children(record.model, self.tenant(record.tenant), record.stream, done.status)
+        c.requests.inc()
+        c.duration.observe(record.ended_at - record.started_at)
+        c.overhead.observe(done.overhead_s)
         if record.first_token_at is not None:
-            self.ttft.labels(model, tenant).observe(record.first_token_at - record.started_at)
+            c.ttft.observe(record.first_token_at - record.started_at)
         if done.first_content_at is not None:
-            self.ttfc.labels(model, tenant).observe(done.first_content_at - record.started_at)
+            c.ttfc.observe(done.first_content_at - record.started_at)
         if done.gaps is not None and done.gaps.last is not None:
-            add_counts(self.itl.labels(model), done.gaps)
+            add_counts(c.itl, done.gaps)
         if record.client_disconnected:
-            self.disconnects.labels(model, tenant).inc()
-        self._tokens(record, model, tenant)
+            c.disconnects.inc()
+        self._tokens(record, c)
 
-    def _tokens(self, record: CompletionRecord, model: str, tenant: str) -> None:
+    def _children(self, model: str, tenant: str, stream: bool, status: str) -> _Children:
+        """The labelled children of one (model, tenant, stream, status), made once: label
+        lookups cost more than the observations themselves."""
+        key = (model, tenant, stream, status)
+        found = self._cache.get(key)
+        if found is None:
+            flag = "true" if stream else "false"
+            found = self._cache[key] = _Children(
+                requests=self.requests.labels(model, tenant, status, flag),
+                duration=self.duration.labels(model, tenant, flag),
+                overhead=self.overhead.labels(flag),
+                ttft=self.ttft.labels(model, tenant),
+                ttfc=self.ttfc.labels(model, tenant),
+                itl=self.itl.labels(model),
+                disconnects=self.disconnects.labels(model, tenant),
+                prompt=self.prompt_tokens.labels(model, tenant),
+                reasoning=self.reasoning_tokens.labels(model, tenant),
+                content=self.content_tokens.labels(model, tenant),
+                ratio=self.reasoning_ratio.labels(model),
+            )
+        return found
+
+    def _tokens(self, record: CompletionRecord, c: _Children) -> None:
         usage = record.usage or {}
         prompt = _int(usage.get("prompt_tokens"))
         completion = _int(usage.get("completion_tokens"))
@@ -230,13 +253,13 @@ class Metrics:
         reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, dict) else 0
         reasoning = min(reasoning, completion)
         if prompt:
-            self.prompt_tokens.labels(model, tenant).inc(prompt)
+            c.prompt.inc(prompt)
         if reasoning:
-            self.reasoning_tokens.labels(model, tenant).inc(reasoning)
+            c.reasoning.inc(reasoning)
         if completion - reasoning:
-            self.content_tokens.labels(model, tenant).inc(completion - reasoning)
+            c.content.inc(completion - reasoning)
         if completion:
-            self.reasoning_ratio.labels(model).observe(reasoning / completion)
+            c.ratio.observe(reasoning / completion)
 
     def refused(self, error: GatewayError, model: str, tenant: str, stream: bool) -> None:
         """A request that ended before it reached an upstream: invalid, rate-limited, ..."""
@@ -248,6 +271,21 @@ class Metrics:
 
     def upstream_failed(self, upstream: str, error: UpstreamError) -> None:
         self.upstream_errors.labels(upstream, _KINDS.get(type(error), "status")).inc()
+
+
+@dataclass(frozen=True, slots=True)
+class _Children:
+    requests: Any
+    duration: Any
+    overhead: Any
+    ttft: Any
+    ttfc: Any
+    itl: Any
+    disconnects: Any
+    prompt: Any
+    reasoning: Any
+    content: Any
+    ratio: Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,9 +28,15 @@ class _EmbeddedServer(uvicorn.Server):
 class BackgroundServer:
     """``async with BackgroundServer(app) as server: server.url``; stopped on exit."""
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False
+    ) -> None:
+        """``reuse_port``: several processes may listen on the one port (each ``--workers``
+        process serves the metrics port; the kernel spreads connections between them)."""
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         self._sock.bind((host, port))
         self._sock.listen(2048)
         self._sock.setblocking(False)

@@ -30,3 +30,4 @@ class AppState:
     ledger: Ledger | None  # None when the app was given another sink
     metrics: Metrics
     redis: AutoPipeline | None = None  # the process's one Redis client, when configured
+    instrument: bool = True  # measure each request (off only in benchmarks of the metrics)
