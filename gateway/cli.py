@@ -56,6 +56,14 @@ def _parser() -> argparse.ArgumentParser:
     _ledger_parser(sub)
     _capacity_parser(sub)
 
+    doctor = sub.add_parser("doctor", help="production-readiness checks of upstreams and services")
+    doctor.add_argument("--upstream", action="append", default=None, metavar="URL",
+                        help="e.g. http://vllm:8000/v1 (default: UPSTREAMS)")  # fmt: skip
+    doctor.add_argument("--model", default=None, help="the model to probe (default: the first)")
+    doctor.add_argument("--no-gateway", action="store_true",
+                        help="skip Redis, database and ledger (check upstreams only)")  # fmt: skip
+    doctor.set_defaults(func=cmd_doctor)
+
     bench = sub.add_parser("bench", help="load generator: TTFT, inter-token latency, throughput")
     bench.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8080/v1")
     bench.add_argument("--concurrency", type=int, default=32)
@@ -300,6 +308,28 @@ def cmd_ledger_public_key(args: argparse.Namespace) -> int:
 
     print(verifier_key(Settings()))
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Prints the checklist; exit 1 if a check failed, 2 if there is nothing to check."""
+    from gateway import doctor
+
+    settings = Settings()
+    urls = list(args.upstream or settings.upstreams)
+    if not urls:
+        print("no upstream: pass --upstream URL or set THINKGATE_UPSTREAMS", file=sys.stderr)
+        return 2
+
+    async def examine() -> list[tuple[str, list[doctor.Check]]]:
+        key = settings.upstream_api_key.get_secret_value()
+        sections = await doctor.gather_upstreams(urls, key, args.model)
+        if not args.no_gateway:
+            sections.append(("gateway", await doctor.examine_gateway(settings)))
+        return sections
+
+    sections = asyncio.run(examine())
+    print(doctor.render(sections))
+    return 1 if doctor.failed(sections) else 0
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ class SimConfig:
     drop_rate: float = 0.0
     stall_ms: float = 0.0
     max_model_len: int = 32768
+    prefix_caching: bool = True  # as vLLM's V1 engine, on by default; in cache_config_info
 
     def __post_init__(self) -> None:
         if not self.models:

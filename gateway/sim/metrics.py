@@ -62,7 +62,8 @@ def _success_samples(config: SimConfig, state: SimState) -> list[str]:
 def _cache_labels(config: SimConfig) -> str:
     blocks = config.kv_capacity_tokens // config.block_size + 1
     return (
-        f'block_size="{config.block_size}",cache_dtype="auto",enable_prefix_caching="False",'
+        f'block_size="{config.block_size}",cache_dtype="auto",'
+        f'enable_prefix_caching="{config.prefix_caching}",'
         f'engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="0",num_gpu_blocks="{blocks}"'
     )
 
