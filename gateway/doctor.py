@@ -60,8 +60,9 @@ def judge_models(status: int | None, body: Any) -> list[Check]:
     if status != 200 or not isinstance(data, list) or not data:
         got = "unreachable" if status is None else f"{status}, no model list"
         return [Check("upstream /v1/models", "fail", got)]
-    checks = [Check("upstream /v1/models", "pass", ", ".join(str(c.get("id")) for c in data))]
-    for card in data:
+    cards = [c for c in data if isinstance(c, dict)]
+    checks = [Check("upstream /v1/models", "pass", ", ".join(str(c.get("id")) for c in cards))]
+    for card in cards:
         length = card.get("max_model_len")
         if isinstance(length, int):
             checks.append(Check(f"max_model_len of {card.get('id')}", "info", f"{length:,}"))
@@ -74,7 +75,11 @@ def judge_models(status: int | None, body: Any) -> list[Check]:
 def judge_metrics(text: str | None) -> list[Check]:
     if text is None:
         return [Check("upstream /metrics", "fail", "unreachable: no adaptive KV budget")]
-    labels = _cache_config(text)
+    try:  # a proxy's HTML page or a truncated body: the parser raises ValueError
+        labels = _cache_config(text)
+        capacity = parse_engine_metrics(text).kv_capacity_tokens
+    except ValueError as exc:
+        return [Check("upstream /metrics", "fail", f"not Prometheus text: {exc}"[:160])]
     checks = [Check("upstream /metrics", "pass", "Prometheus text")]
     checks.append(_kv_usage_name(text))
     if labels is None:
@@ -86,7 +91,6 @@ def judge_metrics(text: str | None) -> list[Check]:
                         "on" if prefix else "off: pass --enable-prefix-caching"))  # fmt: skip
     layout = f"{labels.get('cache_dtype', '?')} / {labels.get('block_size', '?')}"
     checks.append(Check("KV cache dtype / block size", "info", layout))
-    capacity = parse_engine_metrics(text).kv_capacity_tokens
     if capacity:
         checks.append(Check("KV capacity", "pass", f"{capacity:,} tokens"))
     else:
@@ -127,7 +131,10 @@ def judge_probe(status: int | None, body: Any) -> list[Check]:
                             "the engine separates reasoning (--reasoning-parser); thinkgate "
                             "reads its field whatever REASONING_PARSER says"))  # fmt: skip
     elif "</think>" in content:
-        opened = content.lstrip().startswith("<think>") or "<think>" not in content
+        # Only the text before the first </think> says how the block was opened; a <think>
+        # after it is part of the answer (think_tags would wrongly reopen reasoning there).
+        before = content[: content.index("</think>")]
+        opened = before.lstrip().startswith("<think>") or "<think>" not in before
         setting = "deepseek_r1" if opened else "think_tags"
         checks.append(Check("reasoning parser", "warn",
                             f"none on the engine: tags in the text; set REASONING_PARSER="
@@ -137,6 +144,11 @@ def judge_probe(status: int | None, body: Any) -> list[Check]:
         checks.append(Check("reasoning parser", "warn",
                             "none on the engine: an open <think> in the text; set "
                             "REASONING_PARSER=think_tags for this model"))  # fmt: skip
+    elif _finish_reason(body) == "length":
+        # Cut off before any tag: a template that opened <think> (R1) looks exactly like this.
+        checks.append(Check("reasoning parser", "warn",
+                            "inconclusive: the probe hit max_tokens before any tag; if its "
+                            "template opens <think>, REASONING_PARSER=deepseek_r1"))  # fmt: skip
     else:
         checks.append(Check("reasoning parser", "info",
                             "no reasoning seen in the probe: a model that does not reason wants "
@@ -150,6 +162,10 @@ def _message(body: Any) -> dict[str, Any] | None:
         return None
     message = choices[0].get("message")
     return message if isinstance(message, dict) else None
+
+
+def _finish_reason(body: Any) -> Any:
+    return body["choices"][0].get("finish_reason")  # _message found choices[0], a dict
 
 
 def _error(body: Any) -> str:
@@ -169,7 +185,9 @@ async def examine_upstream(
     """Every upstream check for the OpenAI base URL ``url`` (``http://vllm:8000/v1``)."""
     root = url.rstrip("/").removesuffix("/v1")
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(transport=transport, timeout=60, headers=headers) as client:
+    # 10 s per request, 60 s for the probe completion (a reasoning model may queue)
+    timeout = httpx.Timeout(10.0, read=60.0)
+    async with httpx.AsyncClient(transport=transport, timeout=timeout, headers=headers) as client:
         health, _ = await _get(client, f"{root}/health")
         status, models = await _get(client, f"{url.rstrip('/')}/models")
         _, metrics = await _get(client, f"{root}/metrics", text=True)
@@ -259,7 +277,12 @@ async def _redis(settings: Settings) -> Check:
         return Check("Redis", "info", "not configured: limits and KV budget per process")
     import redis.asyncio as redis
 
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client = redis.Redis.from_url(
+            settings.redis_url, socket_connect_timeout=2, socket_timeout=2
+        )
+    except ValueError as exc:
+        return Check("Redis", "fail", f"REDIS_URL is not a Redis URL: {exc}")
     try:
         await client.ping()
     except (OSError, redis.RedisError) as exc:
