@@ -150,7 +150,8 @@ def observe(
     ledger: Ledger | None,
 ) -> Metrics:  # fmt: skip
     """The app's metrics, and every component told where to report."""
-    metrics = Metrics(settings.tenants.keys(), settings.metrics_tenants)
+    metrics = Metrics(settings.tenants.keys(), settings.metrics_tenants,
+                      multiprocess=bool(settings.prometheus_multiproc_dir))  # fmt: skip
     upstreams.on_failure = metrics.upstream_failed
     kv.metrics = metrics
     kv.store.on_change = metrics.fallback.labels("kv_budget").set

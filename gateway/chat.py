@@ -52,8 +52,12 @@ log = logging.getLogger("thinkgate")
 async def chat_completions(request: Request) -> Response:
     state: AppState = request.app.state.tg
     t0, started_at = time.perf_counter(), time.time()
-    raw = await read_body(request, state.settings.max_body_bytes)
-    key = await authenticate(state.keys, request.headers.get("authorization"), "client")
+    try:
+        raw = await read_body(request, state.settings.max_body_bytes)
+        key = await authenticate(state.keys, request.headers.get("authorization"), "client")
+    except GatewayError as exc:  # counted and logged too: key guessing must leave a trace
+        _refused(state, request, None, exc, "unknown", stream=False)
+        raise
     chat, admission, grant, candidates = await prepare(state, request, key, raw)
     policy = Policy(
         parser=state.settings.parser_for(chat.model),
@@ -103,27 +107,32 @@ async def prepare(
     except GatewayError as exc:
         _refused(state, request, key, exc, "unknown", stream=False)
         raise
+    served = False  # a metrics label only for a model an upstream serves: labels stay bounded
     try:
         if not state.sink.accepting():
             raise LedgerUnavailable("The audit ledger cannot store records; try again later.")
         ceiling = state.settings.priority_ceiling(key.key_id, key.tenant)
         priority = priority_of(request.headers.get("x-thinkgate-priority"), ceiling)
         candidates = await state.upstreams.route(chat.model)
+        served = True
         tokens = estimate_tokens(chat, state)
         admission, grant, candidates = await admit(state, key, candidates, priority, tokens)
     except GatewayError as exc:
-        _refused(state, request, key, exc, chat.model, chat.stream)
+        _refused(state, request, key, exc, chat.model, chat.stream, served=served)
         raise
     return chat, admission, grant, candidates
 
 
 def _refused(
-    state: AppState, request: Request, key: KeyInfo, error: GatewayError, model: str,
-    stream: bool,
+    state: AppState, request: Request, key: KeyInfo | None, error: GatewayError, model: str,
+    stream: bool, *, served: bool = False,
 ) -> None:  # fmt: skip
-    state.metrics.refused(error, model, key.tenant, stream)
+    """Count and log a refusal. The log line names the model asked for; the metrics label
+    only one an upstream serves (``unknown`` otherwise)."""
+    tenant, key_id = (key.tenant, key.key_id) if key is not None else ("unknown", "")
+    state.metrics.refused(error, model if served else "unknown", tenant, stream)
     traceparent = parse_traceparent(request.headers.get("traceparent"))
-    log_refusal(request.state.request_id, key.tenant, key.key_id, model, refusal_status(error),
+    log_refusal(request.state.request_id, tenant, key_id, model, refusal_status(error),
                 error.code, traceparent)  # fmt: skip
 
 

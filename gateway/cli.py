@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,13 +168,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
     # Workers are separate processes: they read their settings from the environment, and
     # keep their metrics in files that /metrics adds up (prometheus-client multiprocess mode).
-    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="thinkgate-metrics-"))
+    # A directory given by the operator is emptied first, as prometheus-client requires (old
+    # files would add a previous run's counts); one made here is removed at the end.
     for name, value in overrides.items():
         os.environ[f"THINKGATE_{name.upper()}"] = (
             ",".join(value) if isinstance(value, tuple) else str(value)
         )
-    uvicorn.run("gateway.cli:app_from_env", factory=True, workers=args.workers, **run)
+    with _metrics_directory(settings.prometheus_multiproc_dir) as directory:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        uvicorn.run("gateway.cli:app_from_env", factory=True, workers=args.workers, **run)
     return 0
+
+
+@contextlib.contextmanager
+def _metrics_directory(given: str) -> Iterator[str]:
+    if given:
+        for stale in Path(given).glob("*.db"):
+            stale.unlink()
+        yield given
+        return
+    made = tempfile.mkdtemp(prefix="thinkgate-metrics-")
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def app_from_env() -> Any:

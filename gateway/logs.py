@@ -51,7 +51,7 @@ class TextFormatter(logging.Formatter):
         text = f"{_iso(record.created)} {record.levelname} {record.name}: {record.getMessage()}"
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            text += "".join(f" {k}={v}" for k, v in fields.items() if v is not None)
+            text += "".join(f" {k}={_text_value(v)}" for k, v in fields.items() if v is not None)
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text
@@ -68,6 +68,7 @@ def log_config(settings: Settings) -> dict[str, Any]:
         "disable_existing_loggers": False,
         "formatters": {"main": {"()": f"{formatter.__module__}.{formatter.__qualname__}"}},
         "handlers": {"main": handler},
+        "root": {"handlers": ["main"], "level": "WARNING"},  # libraries: same format, not raw
         "loggers": {
             "thinkgate": {"handlers": ["main"], "level": level, "propagate": False},
             "uvicorn": {"handlers": ["main"], "level": level, "propagate": False},
@@ -125,6 +126,15 @@ def log_refusal(
             "trace_id": trace_id(traceparent) if traceparent else None,
         }  # fmt: skip
         ACCESS.info("chat completion refused", extra={"fields": fields})
+
+
+def _text_value(value: Any) -> str:
+    """A field for ``key=value`` text: strings that could forge a line or a field (spaces,
+    quotes, ``=``, control characters) are quoted and escaped as JSON strings."""
+    if isinstance(value, str) and (not value or any(c in value for c in ' "=') or
+                                   not value.isprintable()):  # fmt: skip
+        return orjson.dumps(value).decode()
+    return str(value)
 
 
 def _iso(created: float) -> str:

@@ -20,7 +20,6 @@ Rules:
 from __future__ import annotations
 
 import bisect
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,9 +90,13 @@ class TenantLabels:
 
 
 class Metrics:
-    def __init__(self, tenants: Iterable[str] = (), tenant_limit: int = 20) -> None:
+    def __init__(
+        self, tenants: Iterable[str] = (), tenant_limit: int = 20, *, multiprocess: bool = False
+    ) -> None:
+        """``multiprocess``: ``PROMETHEUS_MULTIPROC_DIR`` is set (prometheus-client reads it
+        itself to keep values in files; here it decides what ``/metrics`` serves)."""
         self.registry = CollectorRegistry(auto_describe=True)
-        self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+        self.multiprocess = multiprocess
         self.tenant = TenantLabels(frozenset(tenants), tenant_limit)
         self._cache: dict[tuple[str, str, bool, str], _Children] = {}
         r = self.registry
