@@ -9,7 +9,9 @@ Rules:
 - A scraper reads every engine's ``/metrics`` once per ``SCRAPE_S`` and feeds the engine's
   ``AdmissionController`` (``ratelimit.aimd``): the admitted limit shrinks when KV usage or the
   waiting queue passes its threshold, preemptions rise or metrics go stale, and grows back
-  slowly while healthy.
+  slowly while healthy. An engine whose ``/metrics`` answers 404 exports none there (Ray Serve
+  LLM): its budget stays at ``capacity × target`` (``KV_CAPACITY_TOKENS`` must then be set),
+  since no signal is not a bad signal; a scrape that fails otherwise counts as unhealthy.
 - A request reserves ``prompt estimate + max_tokens`` rounded up to the engine's block size, as
   a lease in the shared store (``ratelimit.kvbudget``: Redis when configured, so all replicas
   share one budget), renewed by one task per process while the request runs, released when it
@@ -82,6 +84,10 @@ class EngineState:
     controller: AdmissionController | None  # None until the capacity is known
     block_size: int = DEFAULT_BLOCK_SIZE
     snapshot: EngineSnapshot | None = None
+    no_metrics_logged: bool = False
+
+
+NO_METRICS = EngineSnapshot(None, None, None, None, None, None)  # a 404: none exported
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +254,12 @@ class KVAdmission:
         now = self.clock()
         snapshot = await _read_metrics(client, upstream)
         state = self.engine(upstream)
+        if snapshot is NO_METRICS:  # nothing to adapt to: keep the budget, say so once
+            if not state.no_metrics_logged:
+                log.warning("%s has no /metrics: its KV budget stays fixed (no AIMD)",
+                            upstream.base_url)  # fmt: skip
+                state.no_metrics_logged = True
+            return
         if snapshot is not None and snapshot.kv_capacity_tokens and state.controller is None:
             state.controller = AdmissionController(snapshot.kv_capacity_tokens, self.tuning)
         if snapshot is not None and snapshot.block_size:
@@ -317,9 +329,14 @@ def _shed() -> RateLimited:
 
 
 async def _read_metrics(client: httpx.AsyncClient, upstream: Upstream) -> EngineSnapshot | None:
+    """The engine's snapshot; ``None`` for a failed scrape (unhealthy); ``NO_METRICS`` when
+    the engine answers 404: it exports none there (e.g. Ray Serve LLM, whose metrics go to Ray's
+    metrics agent), which is no signal rather than a bad one."""
     url = upstream.base_url.removesuffix("/v1") + "/metrics"
     try:
         response = await client.get(url)
+        if response.status_code == 404:
+            return NO_METRICS
         if response.status_code != 200:
             return None
         return parse_engine_metrics(response.text)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -195,3 +196,38 @@ async def _hold(client: httpx.AsyncClient, body: dict[str, object]) -> None:
     async with client.stream("POST", "/chat/completions", json=body) as response:
         async for _ in response.aiter_raw():
             pass
+
+
+class MetricsAnswer:
+    """A model server whose /metrics always answers ``status`` (and counts the scrapes)."""
+
+    def __init__(self, status: int) -> None:
+        self.status, self.scrapes = status, 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        self.scrapes += scope["path"] == "/metrics"
+        await send({"type": "http.response.start", "status": self.status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+@pytest.mark.parametrize(("status", "adapts"), [(404, False), (500, True)])
+async def test_an_engine_without_metrics_keeps_its_budget_a_failing_one_loses_it(
+    status: int, adapts: bool
+) -> None:
+    """404: the engine exports no metrics there (Ray Serve LLM): no signal, the budget stays.
+    500: a failed scrape is a bad signal: the budget shrinks (AIMD)."""
+    app = MetricsAnswer(status)
+    async with BackgroundServer(app) as server:
+        kv = admission(capacity=1000)
+        engine = Upstream(f"{server.url}/v1")
+        controller = kv.engine(engine).controller
+        assert controller is not None and controller.limit == 850
+        scraper = asyncio.create_task(kv.scrape_forever([engine]))
+        try:
+            await eventually(lambda: app.scrapes >= 2, within_s=10)
+        finally:
+            scraper.cancel()
+            await asyncio.gather(scraper, return_exceptions=True)
+    assert (controller.limit < 850) is adapts
