@@ -60,3 +60,40 @@ clean:
 .PHONY: bench-admission
 bench-admission: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.admission --write
+
+# The container image's hash-pinned lock files (Dockerfile, tests/deploy/test_dockerfile.py):
+# requirements/runtime.lock from [project].dependencies (no dev extras) and
+# requirements/build.lock from [build-system].requires, both resolved by uv for the image's
+# CPython (LOCK_PYTHON: keep it equal to the Dockerfile's base image) on Linux, with every
+# artefact's sha256. uv lives in a throwaway venv outside the repo (it is not a project
+# dependency). Existing pins are kept unless `make lock UPGRADE=1`. Each file's header records
+# a sha256 of its input list, so a test fails when pyproject.toml's dependencies change
+# without a relock.
+LOCK_UV_VERSION ?= 0.13.9
+LOCK_UV_VENV ?= $(or $(TMPDIR),/tmp)/thinkgate-uv-$(LOCK_UV_VERSION)
+LOCK_UV := $(LOCK_UV_VENV)/bin/uv
+LOCK_PYTHON ?= 3.11.15
+LOCK_FLAGS = --quiet --generate-hashes --python-version $(LOCK_PYTHON) --python-platform linux \
+	--custom-compile-command 'make lock' $(if $(UPGRADE),--upgrade)
+# `$(LOCK_INPUT) TABLE KEY` prints the list; `$(LOCK_INPUT) TABLE KEY sha256` its hash
+# (sha256 of the JSON of the sorted list, as tests/deploy/test_dockerfile.py computes it).
+LOCK_INPUT = $(PYTHON) -c 'import hashlib, json, sys, tomllib; \
+	items = sorted(tomllib.load(open("pyproject.toml", "rb"))[sys.argv[1]][sys.argv[2]]); \
+	print(hashlib.sha256(json.dumps(items).encode()).hexdigest() if sys.argv[3:] else "\n".join(items))'
+
+.PHONY: lock
+lock: $(LOCK_UV)
+	@mkdir -p requirements
+	$(LOCK_UV) pip compile pyproject.toml $(LOCK_FLAGS) -o requirements/runtime.lock
+	$(LOCK_INPUT) build-system requires | $(LOCK_UV) pip compile - $(LOCK_FLAGS) -o requirements/build.lock
+	@for name in runtime:project:dependencies build:build-system:requires; do \
+		file=requirements/$${name%%:*}.lock; input=$${name#*:}; \
+		{ echo "# thinkgate lock: pyproject.toml [$${input%%:*}].$${input#*:}; regenerate with 'make lock'."; \
+		  echo "# input-sha256: $$($(LOCK_INPUT) $${input%%:*} $${input#*:} sha256)"; \
+		  echo "# resolved-for: cpython $(LOCK_PYTHON) linux"; \
+		  cat $$file; } > $$file.new && mv $$file.new $$file; \
+	done
+
+$(LOCK_UV):
+	$(PYTHON) -m venv $(LOCK_UV_VENV)
+	$(LOCK_UV_VENV)/bin/pip install -q uv==$(LOCK_UV_VERSION)
