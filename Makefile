@@ -97,3 +97,10 @@ lock: $(LOCK_UV)
 $(LOCK_UV):
 	$(PYTHON) -m venv $(LOCK_UV_VENV)
 	$(LOCK_UV_VENV)/bin/pip install -q uv==$(LOCK_UV_VERSION)
+
+# Known vulnerabilities in the image's exact pins (docs/security.md). Not in `check`: pip-audit
+# needs PyPI's vulnerability API, which some networks (this project's CI among them) cannot reach.
+.PHONY: audit
+audit: $(VENV)/.installed-dev
+	$(BIN)/pip install -q pip-audit
+	$(BIN)/pip-audit --strict -r requirements/runtime.lock --require-hashes

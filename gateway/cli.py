@@ -159,6 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "loop": "uvloop",
         "http": "httptools",
         "access_log": False,  # thinkgate.access replaces it (gateway/logs.py)
+        "server_header": False,  # no "server: uvicorn": nothing to fingerprint
         "log_config": log_config(settings),
     }
     if args.workers == 1:

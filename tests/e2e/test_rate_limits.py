@@ -253,6 +253,7 @@ async def test_two_gateway_processes_share_one_kv_budget(tmp_path: Path) -> None
                 assert refused.status_code == 429, refused.text
                 assert refused.json()["error"]["code"] == "kv_budget_exhausted"
                 assert refused.headers["retry-after"] == "1"
+                assert "server" not in refused.headers  # thinkgate serve sends no server header
                 # what still fits is admitted
                 assert await stream_status(f"{second.url}/v1", key, max_tokens=100) == 200
 
