@@ -55,7 +55,9 @@ async def gateway(
         upstreams=(vllm_servers["parsed"].url, vllm_servers["raw"].url),
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
         models={"tiny-r1-tags": {"reasoning_parser": "think_tags"}},
-        first_token_timeout_s=60,
+        # a non-streamed request waits for its whole answer within this bound: a burst of
+        # twelve on a CPU engine that runs two at a time takes a minute on a busy machine
+        first_token_timeout_s=180,
     )
     keys = await make_keys(settings)
     sink = RecordingSink()
