@@ -27,8 +27,8 @@ class KeyCreate(BaseModel):
     tenant: str = Field(min_length=1, max_length=64)
     role: Role = "client"
     reasoning: ReasoningPolicy = "hidden"
-    rpm: int | None = Field(None, ge=1)
-    tpm: int | None = Field(None, ge=1)
+    rpm: int | None = Field(None, ge=1, le=2**31 - 1)  # an INTEGER column on PostgreSQL
+    tpm: int | None = Field(None, ge=1, le=2**31 - 1)
 
 
 def key_view(info: KeyInfo) -> dict[str, Any]:

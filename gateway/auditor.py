@@ -190,6 +190,9 @@ async def export_records(request: Request) -> Response:
     return StreamingResponse(export.export_lines(ledger, where), media_type="application/jsonl")
 
 
+MAX_INDEX = 2**63 - 1  # the database's BIGINT
+
+
 def _int(params: Any, name: str, *, default: int | None = None, low: int = 0,
          high: int | None = None) -> int:  # fmt: skip
     raw = params.get(name)
@@ -197,11 +200,11 @@ def _int(params: Any, name: str, *, default: int | None = None, low: int = 0,
         return default
     if raw is None:
         raise InvalidRequest(f"Missing required parameter: '{name}'.", param=name)
-    text = str(raw)
-    if not (text.isascii() and text.isdigit()) or int(text) < low or (high and int(text) > high):
-        bound = f" between {low} and {high}" if high is not None else f" >= {low}"
-        raise InvalidRequest(f"'{name}' must be an integer{bound}.", param=name)
-    return int(raw)
+    text, top = str(raw), MAX_INDEX if high is None else min(high, MAX_INDEX)
+    # at most 19 digits before int(): Python refuses past 4,300, and the database past 2**63
+    if not (text.isascii() and text.isdigit() and len(text) <= 19) or not low <= int(text) <= top:
+        raise InvalidRequest(f"'{name}' must be an integer between {low} and {top}.", param=name)
+    return int(text)
 
 
 def _time(params: Any, name: str) -> float | None:
@@ -227,8 +230,9 @@ def _cursor(raw: str | None) -> int | None:
     if raw is None:
         return None
     try:
-        return int(base64.b64decode(raw, validate=True).decode("ascii"))
+        value = int(base64.b64decode(raw, validate=True).decode("ascii")) if len(raw) <= 64 else -1
     except ValueError:
-        raise InvalidRequest(
-            "'cursor' is not a cursor this API returned.", param="cursor"
-        ) from None
+        value = -1
+    if not 0 <= value <= MAX_INDEX:
+        raise InvalidRequest("'cursor' is not a cursor this API returned.", param="cursor")
+    return value

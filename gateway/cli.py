@@ -47,8 +47,8 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--tenant", required=True)
     create.add_argument("--role", choices=["client", "auditor", "admin"], required=True)
     create.add_argument("--reasoning", choices=["hidden", "visible"], default="hidden")
-    create.add_argument("--rpm", type=int, default=None)
-    create.add_argument("--tpm", type=int, default=None)
+    create.add_argument("--rpm", type=_limit, default=None, help="requests per minute; 0: none")
+    create.add_argument("--tpm", type=_limit, default=None, help="tokens per minute; 0: none")
     create.set_defaults(func=cmd_keys_create)
     keys.add_parser("list", help="list keys").set_defaults(func=cmd_keys_list)
     revoke = keys.add_parser("revoke", help="revoke a key")
@@ -219,6 +219,14 @@ def cmd_sim(args: argparse.Namespace) -> int:
         log_level="warning",
     )
     return 0
+
+
+def _limit(text: str) -> int:
+    """A per-minute limit as the key table stores it (a 32-bit INTEGER on PostgreSQL)."""
+    value = int(text)
+    if not 0 <= value <= 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {2**31 - 1}")
+    return value
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:

@@ -100,8 +100,17 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         has_stop=bool(body.get("stop")),
         messages=body["messages"],
         params={k: v for k, v in body.items() if k != "messages"},
-        upstream_body=orjson.dumps(body),
+        upstream_body=_encode(body),
     )
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    """The body as forwarded. orjson reads 1,024 levels of nesting but writes only 254: a
+    field nested deeper than that passes validation and must still be the client's error."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        raise InvalidRequest("The request is nested too deeply (254 levels at most).") from None
 
 
 def _invalid(exc: ValidationError) -> InvalidRequest:

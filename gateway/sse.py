@@ -130,6 +130,8 @@ class SSEParser:
         if field == b"data":
             self._data.append(value)
             self._pending_size += len(value) + 1
+            if self._pending_size > self._max_event:  # whatever the line ends and the reads
+                self._check_size()
         elif field == b"event":
             self._event = value.decode("utf-8", "replace")
 
