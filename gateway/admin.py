@@ -48,7 +48,8 @@ def key_view(info: KeyInfo) -> dict[str, Any]:
 async def create_key(request: Request) -> Response:
     state = await _admin(request)
     try:
-        spec = KeyCreate.model_validate_json(await read_body(request, 64 * 1024))
+        raw = await read_body(request, 64 * 1024, state.settings.body_timeout_s)
+        spec = KeyCreate.model_validate_json(raw)
     except ValidationError as exc:
         loc = ".".join(str(p) for p in exc.errors()[0]["loc"]) or None
         raise InvalidRequest(f"Invalid value for '{loc}'.", param=loc) from None

@@ -92,7 +92,8 @@ def create_app(
     health.add_routes(app)
     admin.add_routes(app)
     auditor.add_routes(app)
-    return FrontDoor(app, {("POST", "/v1/chat/completions"): chat.chat_completions})
+    lanes = {("POST", "/v1/chat/completions"): chat.chat_completions}
+    return FrontDoor(app, lanes, settings.max_header_bytes)
 
 
 async def _start(

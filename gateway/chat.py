@@ -20,15 +20,17 @@ import time
 from collections.abc import AsyncIterator
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.admission import Grant, priority_of
 from gateway.auth import authenticate
 from gateway.errors import (
+    ClientClosedRequest,
     GatewayError,
     LedgerUnavailable,
     RemoteProtocolError,
+    RequestTimeout,
     RequestTooLarge,
     UpstreamProtocolError,
 )
@@ -52,9 +54,9 @@ log = logging.getLogger("thinkgate")
 async def chat_completions(request: Request) -> Response:
     state: AppState = request.app.state.tg
     t0, started_at = time.perf_counter(), time.time()
-    try:
-        raw = await read_body(request, state.settings.max_body_bytes)
+    try:  # the key first: a client without one cannot make the gateway read a body
         key = await authenticate(state.keys, request.headers.get("authorization"), "client")
+        raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
     except GatewayError as exc:  # counted and logged too: key guessing must leave a trace
         _refused(state, request, None, exc, "unknown", stream=False)
         raise
@@ -292,17 +294,25 @@ async def models(request: Request) -> Response:
     return Response(orjson.dumps({"object": "list", "data": cards}), media_type="application/json")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    """At most ``limit`` bytes within ``timeout_s``: a client that uploads a byte at a time
+    cannot hold a request (and its buffer) open for ever."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RequestTooLarge(f"The request body exceeds the limit of {limit} bytes.")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestTooLarge(f"The request body exceeds the limit of {limit} bytes.")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise RequestTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(f"The request body was not received within {timeout_s:g} s.") from None
+    except ClientDisconnect:
+        raise ClientClosedRequest("The client closed the connection during the upload.") from None
     return b"".join(chunks)
 
 

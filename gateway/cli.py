@@ -160,6 +160,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "http": "httptools",
         "access_log": False,  # thinkgate.access replaces it (gateway/logs.py)
         "server_header": False,  # no "server: uvicorn": nothing to fingerprint
+        "limit_concurrency": settings.max_client_connections,
         "log_config": log_config(settings),
     }
     if args.workers == 1:

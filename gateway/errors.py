@@ -6,6 +6,9 @@
     ├── ClientError                     the caller did something wrong (4xx)
     │   ├── InvalidRequest              400 invalid_request_error, with ``param``
     │   ├── RequestTooLarge             413 invalid_request_error / request_too_large
+    │   ├── RequestTimeout              408 request_timeout (body not sent in BODY_TIMEOUT_S)
+    │   ├── ClientClosedRequest         499 client_closed_request (gone mid-upload)
+    │   ├── HeadersTooLarge             431 headers_too_large
     │   ├── AuthError                   401 authentication_error / invalid_api_key
     │   ├── PermissionDenied            403 permission_error
     │   ├── NotFound                    404 not_found_error (``model_not_found`` for models)
@@ -105,6 +108,26 @@ class RequestTooLarge(ClientError):
     status = 413
     type = "invalid_request_error"
     code = "request_too_large"
+
+
+class RequestTimeout(ClientError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class ClientClosedRequest(ClientError):
+    """The client went away before its request was read (nginx's 499; nobody reads it)."""
+
+    status = 499
+    type = "invalid_request_error"
+    code = "client_closed_request"
+
+
+class HeadersTooLarge(ClientError):
+    status = 431
+    type = "invalid_request_error"
+    code = "headers_too_large"
 
 
 class AuthError(ClientError):

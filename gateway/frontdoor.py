@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, HeadersTooLarge
 
 Handler = Callable[[Request], Awaitable[Response]]
 log = logging.getLogger("thinkgate")
@@ -39,9 +39,13 @@ def error_response(error: GatewayError) -> Response:
 
 
 class FrontDoor:
-    def __init__(self, framework: ASGIApp, lanes: Mapping[tuple[str, str], Handler]) -> None:
+    def __init__(
+        self, framework: ASGIApp, lanes: Mapping[tuple[str, str], Handler],
+        max_header_bytes: int = 64 << 10,
+    ) -> None:  # fmt: skip
         self.framework = framework
         self.lanes = lanes
+        self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -49,6 +53,13 @@ class FrontDoor:
             return
         request_id = _incoming(scope) or b"req_" + secrets.token_hex(12).encode()
         scope.setdefault("state", {})["request_id"] = request_id.decode()
+        if sum(len(k) + len(v) for k, v in scope["headers"]) > self.max_header_bytes:
+            # httptools has no limit of its own; past this one nothing is looked at
+            refused = error_response(HeadersTooLarge(
+                f"The request headers exceed {self.max_header_bytes} bytes."))  # fmt: skip
+            refused.raw_headers.append((b"x-request-id", request_id))
+            await refused(scope, receive, send)
+            return
         handler = self.lanes.get((scope["method"], scope["path"]))
         if handler is None:
             await self.framework(scope, receive, _with_id(send, request_id))

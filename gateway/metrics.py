@@ -306,6 +306,8 @@ def refusal_status(error: GatewayError) -> str:
     """The ``status`` of a request refused before any upstream answered it."""
     if isinstance(error, RateLimited):
         return "rate_limited"
+    if error.code == "client_closed_request":
+        return "client_disconnected"
     if isinstance(error, ClientError):
         return "invalid"
     if isinstance(error, UpstreamError | ServiceUnavailable):

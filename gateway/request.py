@@ -45,9 +45,9 @@ class _ChatBody(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: StrictStr = Field(min_length=1, max_length=256)
     messages: Annotated[list[_Message], Field(min_length=1)]
-    stream: StrictBool = False
+    stream: StrictBool | None = False  # null: the default, as OpenAI's reference allows
     stream_options: _StreamOptions | None = None
-    n: Annotated[int, Field(ge=1, le=MAX_N, strict=True)] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_N, strict=True)] | None = 1
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT, strict=True)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT, strict=True)] | None = (
         None
@@ -92,11 +92,11 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     return ChatRequest(
         model=checked.model,
-        stream=checked.stream,
+        stream=bool(checked.stream),
         include_usage=include_usage,
         wants_reasoning=wants_reasoning,
         max_tokens=checked.max_completion_tokens or checked.max_tokens,
-        n=checked.n,
+        n=checked.n or 1,
         has_stop=bool(body.get("stop")),
         messages=body["messages"],
         params={k: v for k, v in body.items() if k != "messages"},

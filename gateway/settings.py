@@ -109,6 +109,11 @@ class Settings(BaseSettings):
 
     # Client side.
     max_body_bytes: int = Field(4 << 20, ge=1024)
+    body_timeout_s: float = Field(30.0, gt=0)  # the whole request body, once headers are in
+    max_header_bytes: int = Field(64 << 10, ge=1024)  # all request headers together
+    # uvicorn's limit_concurrency: connections and requests at once per process; past it, 503.
+    # Bounds what idle or half-sent connections can hold (uvicorn has no header timeout).
+    max_client_connections: int = Field(4096, ge=1)
     max_sse_event_bytes: int = Field(1 << 20, ge=1024)
     key_cache_ttl_s: float = Field(5.0, ge=0)
     # While reasoning is withheld from a client it may see no byte for minutes; an SSE comment
