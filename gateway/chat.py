@@ -32,6 +32,7 @@ from gateway.errors import (
     RemoteProtocolError,
     RequestTimeout,
     RequestTooLarge,
+    UpstreamError,
     UpstreamProtocolError,
 )
 from gateway.exchange import Exchange
@@ -83,7 +84,11 @@ async def chat_completions(request: Request) -> Response:
             return response
         return await complete(state, ex, candidates)
     except GatewayError as exc:
-        ex.fail(exc)
+        ex.fail(exc)  # (the pool counted its own failures: not counted again here)
+        if ex.upstream is None and isinstance(exc, UpstreamError):
+            ex.upstream = (
+                exc.upstream_url
+            )  # failed before the response: which server, for the record
         exc.context_headers = admission.headers
         raise
     except asyncio.CancelledError as exc:
@@ -277,14 +282,19 @@ def _relay_read(
     error that cut it short, if any: the good events before a bad one still go out."""
     out: list[bytes] = []
     try:
-        for event in parser.feed(raw):
+        try:
+            events = parser.feed(raw)
+            error: RemoteProtocolError | None = None
+        except RemoteProtocolError as exc:  # keep what came before the bad event
+            events, error = exc.events, exc
+        for event in events:
             data = relay.feed(event)
             if relay.done:
                 break
             out.append(data)
     except (GatewayError, RemoteProtocolError) as exc:
         return b"".join(out), exc
-    return b"".join(out), None
+    return b"".join(out), error
 
 
 async def models(request: Request) -> Response:

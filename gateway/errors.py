@@ -48,7 +48,10 @@ class ProtocolError(Exception):
 
 
 class RemoteProtocolError(ProtocolError):
-    """The peer sent bytes that violate the protocol (its fault, not ours)."""
+    """The peer sent bytes that violate the protocol (its fault, not ours). ``events``: what a
+    parser had already decoded from the same input before the violation (still good)."""
+
+    events: list[Any] = []  # noqa: RUF012 (set per instance where it matters)
 
 
 class LocalProtocolError(ProtocolError):
@@ -184,6 +187,8 @@ class UpstreamError(GatewayError):
     code = "upstream_error"
     # Whether another upstream may be tried: true only when nothing reached the model yet.
     retryable = False
+    # Which model server failed, once known (set where the attempt was made): for the record.
+    upstream_url: str | None = None
 
 
 class UpstreamConnectError(UpstreamError):

@@ -68,17 +68,21 @@ class SSEParser:
         blocks = chunk.split(b"\n\n")
         tail = blocks.pop()
         events: list[Event] = []
-        for block in blocks:
-            if block[:6] == b"data: " and b"\n" not in block:
-                if len(block) - 6 > self._max_event:
-                    raise RemoteProtocolError(
-                        f"server-sent event larger than {self._max_event} bytes"
-                    )
-                events.append(Event(block[6:]))
-            elif block:
-                events += self._feed_lines(block + b"\n\n")
-        if tail:
-            events += self._feed_lines(tail)
+        try:
+            for block in blocks:
+                if block[:6] == b"data: " and b"\n" not in block:
+                    if len(block) - 6 > self._max_event:
+                        raise RemoteProtocolError(
+                            f"server-sent event larger than {self._max_event} bytes"
+                        )
+                    events.append(Event(block[6:]))
+                elif block:
+                    events += self._feed_lines(block + b"\n\n")
+            if tail:
+                events += self._feed_lines(tail)
+        except RemoteProtocolError as exc:
+            exc.events = events  # the good events before the bad one still count
+            raise
         return events
 
     def _feed_lines(self, chunk: bytes) -> list[Event]:

@@ -266,6 +266,7 @@ class UpstreamPool:
             try:
                 result = await attempt(upstream)
             except UpstreamError as exc:
+                exc.upstream_url = upstream.base_url
                 if self.on_failure is not None:
                     self.on_failure(upstream.base_url, exc)
                 if not exc.retryable:
@@ -287,6 +288,11 @@ class UpstreamPool:
                 if response.status_code >= 400:
                     raise upstream_error(
                         _json_or_none(await response.aread()), response.status_code
+                    )
+                kind = response.headers.get("content-type", "text/event-stream")
+                if "event-stream" not in kind:  # a proxy's HTML page, say: nothing valid came
+                    raise UpstreamProtocolError(
+                        f"the model server answered a stream with {kind.split(';')[0]}"
                     )
                 stream = response.stream
                 assert isinstance(stream, httpx.AsyncByteStream)  # an async transport's
