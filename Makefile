@@ -104,3 +104,11 @@ $(LOCK_UV):
 audit: $(VENV)/.installed-dev
 	$(BIN)/pip install -q pip-audit
 	$(BIN)/pip-audit --strict -r requirements/runtime.lock --require-hashes
+
+# Soak: 128 streams for 10 minutes through a gateway process (PostgreSQL ledger in a fresh
+# database, Redis db 13) with disconnects, upstream errors and 429s; checks RSS, fds, KV
+# reservations, Redis keys, ledger records == requests and `ledger verify` (~14 minutes; not
+# in CI, tests/e2e/test_soak.py is the short version). Updates bench/RESULTS.md.
+.PHONY: soak
+soak: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.soak --write
