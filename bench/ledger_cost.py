@@ -45,11 +45,12 @@ class Cost:
     us_per_chunk: float
 
 
-def start_gateway(work: Workdir, upstream: str, mode: str) -> ServerProcess:
+def start_gateway(work: Workdir, upstream: str, mode: str, launch: str = LAUNCH) -> ServerProcess:
+    """A gateway process running ``launch`` (a script given ``mode`` and the port)."""
     port = free_port()
     env = {**work.env, "THINKGATE_UPSTREAMS": upstream,
            "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
-    argv = [sys.executable, "-c", LAUNCH, mode, str(port)]
+    argv = [sys.executable, "-c", launch, mode, str(port)]
     server = work.spawn(f"gateway-{mode}-{port}", argv, env, port, "/healthz")
     server.wait_ready()
     return server

@@ -17,13 +17,11 @@ per-request cost). CPU of the gateway process (all threads) per request and per 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
-from bench.ledger_cost import measure
-from bench.procs import ServerProcess, Workdir, create_client_key, free_port, start_sim
+from bench.ledger_cost import Cost, measure, start_gateway
+from bench.procs import Workdir, create_client_key, start_sim
 from bench.sections import revision, write_section
 
 LAUNCH = """
@@ -46,32 +44,12 @@ WATCHED = ("gateway", "bench/observability_cost.py")
 CELLS = ((32, 256), (4, 1))
 
 
-@dataclass(frozen=True, slots=True)
-class Cost:
-    mode: str
-    concurrency: int
-    max_tokens: int
-    requests: int
-    us_per_request: float
-    us_per_chunk: float
-
-
-def start_gateway(work: Workdir, upstream: str, mode: str) -> ServerProcess:
-    port = free_port()
-    env = {**work.env, "THINKGATE_UPSTREAMS": upstream,
-           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
-    server = work.spawn(f"gateway-{mode}-{port}", [sys.executable, "-c", LAUNCH, mode, str(port)],
-                        env, port, "/healthz")  # fmt: skip
-    server.wait_ready()
-    return server
-
-
 def run(work: Workdir, duration_s: float, rounds: int) -> list[Cost]:
     key = create_client_key(work)
     costs = []
     with start_sim(work, 0, 0) as sim:
         for mode in MODES * rounds:
-            with start_gateway(work, sim.base_url, mode) as gateway:
+            with start_gateway(work, sim.base_url, mode, LAUNCH) as gateway:
                 for cell in CELLS:
                     requests, chunks, cpu = measure(work, key, gateway, cell, duration_s)
                     costs.append(Cost(mode, *cell, requests, cpu / requests * 1e6,
