@@ -75,6 +75,8 @@ async def test_spooled_records_survive_kill_9_and_are_replayed(
                 await proxy.stop()  # the database goes away
                 for i in range(10):
                     acknowledged.append(await chat(client, key, stream=i % 2 == 0))
+                # the metrics say where the records are (the spool alert's gauge)
+                assert await gauge(client, "thinkgate_ledger_spool_records") >= 10
             await gateway.kill_9()
 
         spooled = files["audit_spool_file"].read_bytes()
@@ -87,8 +89,12 @@ async def test_spooled_records_survive_kill_9_and_are_replayed(
         async def replayed() -> bool:
             return len(await stored_request_ids(postgres_url)) >= len(acknowledged)
 
-        async with running_gateway(env):
+        async with running_gateway(env) as successor:
             await eventually(replayed, within_s=20)
+            async with httpx.AsyncClient(base_url=successor.url, timeout=30) as client:
+                # replayed: the spool is empty again and the tree holds every record
+                assert await gauge(client, "thinkgate_ledger_spool_records") == 0
+                assert await gauge(client, "thinkgate_ledger_tree_size") == len(acknowledged)
     assert await stored_request_ids(postgres_url) == acknowledged  # all, once, in order
     engine = create_engine(postgres_url)
     try:
@@ -96,3 +102,15 @@ async def test_spooled_records_survive_kill_9_and_are_replayed(
     finally:
         await engine.dispose()
     assert report.size == len(acknowledged)
+
+
+async def gauge(client: httpx.AsyncClient, name: str) -> float:
+    """One unlabelled gauge of the gateway's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = (await client.get("/metrics")).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and not sample.labels:
+                return sample.value
+    raise AssertionError(f"no {name} in /metrics")

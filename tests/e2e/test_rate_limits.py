@@ -200,8 +200,9 @@ async def test_a_dead_redis_fails_open_then_recovers(stack_factory: StackFactory
         assert await limit_keys(port)  # the shared limit lives in Redis
         proc.kill()
         proc.wait()
-        # Fail open: served, with in-process limits on this replica.
+        # Fail open: served, with in-process limits on this replica, and the metrics say so.
         assert (await chat(stack.url, key)).status_code == 200
+        assert await fallback(stack) == 1
     async with redis_server(port):  # Redis is back, empty, on the same address
 
         async def shared_again() -> bool:
@@ -209,6 +210,22 @@ async def test_a_dead_redis_fails_open_then_recovers(stack_factory: StackFactory
             return bool(await limit_keys(port))
 
         await eventually(shared_again, within_s=10, every=0.2)
+        assert await fallback(stack) == 0  # the alert's gauge clears with the outage
+
+
+async def fallback(stack: Stack) -> float:
+    """``thinkgate_ratelimit_fallback_active{backend="rate_limits"}`` as scraped."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(f"{stack.root}/metrics")).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "thinkgate_ratelimit_fallback_active" and sample.labels == {
+                "backend": "rate_limits"
+            }:
+                return sample.value
+    raise AssertionError("no thinkgate_ratelimit_fallback_active{backend=rate_limits}")
 
 
 async def test_a_dead_redis_fails_closed_when_configured(
