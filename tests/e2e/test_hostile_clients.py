@@ -454,8 +454,9 @@ SLOW_ATTACKS = [
         "connections that never finish their headers are held forever: uvicorn's httptools "
         "protocol (0.54) arms timeout_keep_alive only after a response (httptools_impl.py:345, "
         "on_response_complete), never in connection_made (:101), and disarms it on every "
-        "data_received (:171); uvicorn has no header-read timeout, and gateway/servers.py:45 "
-        "and gateway/cli.py:156-164 set no limit_concurrency either")),
+        "data_received (:171); uvicorn has no header-read timeout. MAX_CLIENT_CONNECTIONS "
+        "(uvicorn's limit_concurrency, set by thinkgate serve) bounds how many; an ingress "
+        "header timeout closes them (docs/security.md)")),
     pytest.param(during_body, id="during-body"),
 ]  # fmt: skip
 
