@@ -26,6 +26,7 @@ from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys
 from tests.e2e.processes import gateway_env, running_gateway
+from tests.scrape import sample
 from tests.tcpproxy import TcpProxy
 from tests.waiting import eventually
 
@@ -106,11 +107,4 @@ async def test_spooled_records_survive_kill_9_and_are_replayed(
 
 async def gauge(client: httpx.AsyncClient, name: str) -> float:
     """One unlabelled gauge of the gateway's /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = (await client.get("/metrics")).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and not sample.labels:
-                return sample.value
-    raise AssertionError(f"no {name} in /metrics")
+    return await sample(client, "/metrics", name)

@@ -26,6 +26,7 @@ from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import Stack, StackFactory, ledger_files
 from tests.e2e.processes import gateway_env, running_gateway
 from tests.gateway.test_cli import free_port
+from tests.scrape import sample
 from tests.waiting import eventually
 
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
@@ -215,17 +216,9 @@ async def test_a_dead_redis_fails_open_then_recovers(stack_factory: StackFactory
 
 async def fallback(stack: Stack) -> float:
     """``thinkgate_ratelimit_fallback_active{backend="rate_limits"}`` as scraped."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     async with httpx.AsyncClient(timeout=10) as client:
-        text = (await client.get(f"{stack.root}/metrics")).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "thinkgate_ratelimit_fallback_active" and sample.labels == {
-                "backend": "rate_limits"
-            }:
-                return sample.value
-    raise AssertionError("no thinkgate_ratelimit_fallback_active{backend=rate_limits}")
+        name = "thinkgate_ratelimit_fallback_active"
+        return await sample(client, f"{stack.root}/metrics", name, backend="rate_limits")
 
 
 async def test_a_dead_redis_fails_closed_when_configured(
