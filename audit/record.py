@@ -70,6 +70,8 @@ class Facts:
     subject: int | None = None  # access records: the index that was read
     statement: str | None = None  # shred records: the signed note that orders the shredding
     traceparent: str | None = None  # completions: the caller's W3C trace context, if any
+    reasoning_format: str | None = None  # completions: the format that split the answer
+    thinking: bool | None = None  # completions: False when the request switched thinking off
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,7 +72,7 @@ def _sse_parser() -> Callable[[], object]:
 
 def _relay(show_reasoning: bool, answer: bool) -> Callable[[], Callable[[], object]]:
     def make() -> Callable[[], object]:
-        relay = StreamRelay(Policy("deepseek_r1", show_reasoning, "reasoning_content"))
+        relay = StreamRelay(Policy.named("deepseek_r1", show_reasoning, "reasoning_content"))
         if answer:
             relay.feed(Event(_END_OF_REASONING))
         event = Event(PAYLOAD)
@@ -83,7 +83,7 @@ def _relay(show_reasoning: bool, answer: bool) -> Callable[[], Callable[[], obje
 
 def _parse_and_relay() -> Callable[[], object]:
     parser = SSEParser()
-    relay = StreamRelay(Policy("deepseek_r1", True, "reasoning_content"))
+    relay = StreamRelay(Policy.named("deepseek_r1", True, "reasoning_content"))
 
     def step() -> object:
         return [relay.feed(event) for event in parser.feed(EVENT_BYTES)]

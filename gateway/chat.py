@@ -62,8 +62,11 @@ async def chat_completions(request: Request) -> Response:
         _refused(state, request, None, exc, "unknown", stream=False)
         raise
     chat, admission, grant, candidates = await prepare(state, request, key, raw)
+    reasoning = state.settings.reasoning_for(chat.model)
     policy = Policy(
-        parser=state.settings.parser_for(chat.model),
+        format=reasoning.format,
+        source=reasoning.source,
+        thinking=reasoning.format.thinking(chat.params),
         show_reasoning=key.reasoning == "visible" and chat.wants_reasoning,
         reasoning_field=state.settings.reasoning_field,
         include_usage=chat.include_usage,

@@ -5,21 +5,33 @@ per delta (or once per whole message) and keeps what the choice produced for the
 
 Rules:
 
-- A choice is *text-split* until its upstream sends a reasoning field (``reasoning`` or
-  ``reasoning_content``, as vLLM does with ``--reasoning-parser``); from then on it is
-  *separated*. Text-split content goes through the ``ThinkSplitter`` of the model's parser.
+- Where reasoning comes from is configured per model (``REASONING_SOURCE``, see
+  ``ChoiceState.start``), never guessed from the first delta:
+
+  - ``text``: the choice is *text-split* (its content goes through the ``ThinkSplitter`` of the
+    model's format) until its upstream sends a reasoning field (``reasoning`` or
+    ``reasoning_content``); from then on it is *separated*;
+  - ``upstream``: the engine runs a reasoning parser, so the choice is separated from the first
+    byte: content with no reasoning field is content (vLLM drops a lone ``</think>`` token and
+    sends only content when the reasoning was empty).
+
+- Thinking off for the request (``ReasoningFormat.thinking``): nothing is split and every text
+  field, the upstream's reasoning field included, is the answer: a hybrid model in
+  non-thinking mode does not reason, whatever an engine's parser calls its output (vLLM's
+  ``deepseek_r1`` parser puts all of it in ``reasoning`` when no ``</think>`` comes).
 - Separated choices still guard against two upstream defects, both seen in real vLLM 0.32:
 
   1. vLLM's parser finds ``</think>`` by token id, so a tag the model *spelled* across several
      tokens stays in the reasoning field, and the answer after it too. Reasoning text of a
-     separated choice therefore goes through a splitter that looks for ``</think>`` only (the
-     block's ``<think>`` was removed upstream): what follows a spelled ``</think>`` is content.
+     separated choice therefore goes through a splitter that looks for the format's close
+     marker and ``ends`` only (the block's opening was removed upstream): what follows a
+     spelled ``</think>`` is content.
   2. With ``stop`` strings, streaming garbles the boundary (vllm-project/vllm#51641): the
      reasoning may end in a piece of the tag (``"…42.\n</thi"``) and the first content may
      start with a piece of it (``"k>"``, ``"hink>"``, ``"\n</think>"``, even a lone ``">"``),
      and text in between may be lost. When the request has ``stop`` (``repair_leak``): a tag
      prefix that ends the reasoning field is dropped, and the first content loses a leading
-     ``\n?`` + tail of ``</think>`` when a newline follows it (R1's answer starts with one, so
+     ``\n?`` + tail of the close marker when a newline follows it (R1's answer starts with one, so
      a quote such as ``"> text"`` is left alone). Lost text stays lost. Each repair is
      counted in ``leaks_repaired``.
 
@@ -30,16 +42,18 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 
-from gateway.thinksplit import Reasoning, SplitEvent, State, ThinkSplitter
+from gateway.formats import NONE, THINK_CLOSE, ReasoningFormat, ReasoningSource
+from gateway.thinksplit import REASONING_STATES, Reasoning, SplitEvent, ThinkSplitter
 
-_REASONING_STATES = frozenset({State.R1_OPENING, State.R1_REASONING, State.REASONING})
-_TAG = "</think>"
-# What #51641 leaves at the start of content: a tail of the tag, maybe after a newline; each
-# counts as a leak only when the answer's newline follows it.
-_LEAKS = tuple(
-    sorted({p + _TAG[i:] for i in range(len(_TAG)) for p in ("", "\n")}, key=len, reverse=True)
-)
+
+@cache
+def _leaks(close: str) -> tuple[str, ...]:
+    """What #51641 leaves at the start of content: a tail of the close marker, maybe after a
+    newline, longest first; each counts as a leak only when the answer's newline follows it."""
+    tails = {p + close[i:] for i in range(len(close)) for p in ("", "\n")}
+    return tuple(sorted(tails, key=len, reverse=True))
 
 
 @dataclass(slots=True)
@@ -47,6 +61,8 @@ class ChoiceState:
     splitter: ThinkSplitter
     repair_leak: bool = False
     separated: bool = False
+    close: str = THINK_CLOSE  # the format's close marker, for the #51641 repair
+    thinking: bool = True  # False: no splitting at all, every text field is the answer
     finish_reason: str | None = None
     deltas: int = 0
     reasoning_deltas: int = 0
@@ -57,6 +73,18 @@ class ChoiceState:
     _leak_held: str = ""
     _leak_armed: bool = False
 
+    @classmethod
+    def start(
+        cls, fmt: ReasoningFormat, source: ReasoningSource, *, thinking: bool, repair_leak: bool
+    ) -> ChoiceState:
+        """A choice of a request in ``fmt``, reasoning from ``source``, thinking on or off."""
+        if not thinking:
+            return cls(ThinkSplitter(NONE), thinking=False)
+        state = cls(ThinkSplitter(fmt), repair_leak, close=fmt.close or THINK_CLOSE)
+        if source == "upstream":
+            state._become_separated()
+        return state
+
     @property
     def quiet(self) -> bool:
         """Nothing is pending a decision: the fast path may take this choice's chunks."""
@@ -64,16 +92,19 @@ class ChoiceState:
 
     def plain_reasoning(self, text: str) -> bool:
         """True when all of ``text`` is certainly reasoning: the splitter is inside reasoning,
-        holds nothing, and ``text`` has no ``<`` that could start a tag."""
-        return self.splitter.state in _REASONING_STATES and self.splitter.idle and "<" not in text
+        holds nothing, and ``text`` has no character that could start a marker."""
+        splitter = self.splitter
+        return splitter.in_reasoning and splitter.idle and not splitter.could_hold(text)
 
     def take(
         self, text: str | None, upstream_reasoning: str | None, final: bool
     ) -> tuple[str, str]:
         """``(reasoning, content)`` of one delta or message, counted and kept for the record."""
+        if not self.thinking and upstream_reasoning is not None:
+            text, upstream_reasoning = upstream_reasoning + (text or ""), None
         if upstream_reasoning is not None and not self.separated:
             self._become_separated()
-        was_reasoning = self.splitter.state in _REASONING_STATES
+        was_reasoning = self.splitter.state in REASONING_STATES
         fed = upstream_reasoning if self.separated else text
         events = self.splitter.feed(fed) if fed else []
         extra = ""
@@ -93,8 +124,9 @@ class ChoiceState:
         return reasoning, content
 
     def _become_separated(self) -> None:
+        """From now on reasoning comes in its own field."""
         self.separated = True
-        self.splitter = ThinkSplitter.inside_reasoning()
+        self.splitter = self.splitter.inside()
         self._leak_armed = self.repair_leak
 
     def _repair(self, text: str) -> str:
@@ -103,7 +135,7 @@ class ChoiceState:
             self._leak_armed = False  # a spelled </think> was found by our own splitter
             return text
         held = self._leak_held + text
-        stripped = strip_leaked_tag(held, final=False)
+        stripped = strip_leaked_tag(held, final=False, close=self.close)
         if stripped is None:
             self._leak_held = held  # could still be a leaked tail: wait for more
             return ""
@@ -137,12 +169,13 @@ def _join(events: list[SplitEvent]) -> tuple[str, str]:
     return reasoning, content
 
 
-def strip_leaked_tag(text: str, *, final: bool) -> str | None:
-    """``text`` without a leading leaked tag piece (see rule 2), or ``None`` while more text
-    could still decide it."""
-    for leak in _LEAKS:
+def strip_leaked_tag(text: str, *, final: bool, close: str = THINK_CLOSE) -> str | None:
+    """``text`` without a leading leaked piece of ``close`` (see rule 2), or ``None`` while
+    more text could still decide it."""
+    leaks = _leaks(close)
+    for leak in leaks:
         if text.startswith(leak + "\n"):
             return text[len(leak) :]
-    if not final and any((leak + "\n").startswith(text) for leak in _LEAKS):
+    if not final and any((leak + "\n").startswith(text) for leak in leaks):
         return None
     return text

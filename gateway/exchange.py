@@ -145,4 +145,6 @@ class Exchange:
             reasoning=tuple("".join(c.reasoning) for c in choices),
             content=tuple("".join(c.content) for c in choices),
             traceparent=self.traceparent,
+            reasoning_format=self.rewriter.policy.format.name,
+            thinking=self.rewriter.policy.thinking,
         )

@@ -74,6 +74,8 @@ def record_facts(record: CompletionRecord, capture: Any) -> Facts:
         client_disconnected=record.client_disconnected,
         capture=capture,
         traceparent=record.traceparent,
+        reasoning_format=record.reasoning_format,
+        thinking=None if record.thinking else False,
     )
 
 

@@ -43,6 +43,8 @@ class CompletionRecord:
     reasoning: tuple[str, ...]  # per choice
     content: tuple[str, ...]  # per choice
     traceparent: str | None = None  # the caller's W3C trace context, as passed upstream
+    reasoning_format: str | None = None  # the format the answer was split by
+    thinking: bool = True  # False: the request switched thinking off, nothing was split
 
 
 class RecordSink(Protocol):

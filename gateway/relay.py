@@ -8,9 +8,11 @@ per-choice code, so the two can never disagree.
 Rules, per choice (state is kept per ``index``, so ``n > 1`` works):
 
 - Each choice's text is split by its ``ChoiceState`` (``gateway.choice``): ``content`` through
-  the model's parser, or, once the upstream separates reasoning itself (vLLM with
-  ``--reasoning-parser``), its reasoning field, repaired for vLLM's known defects. A chunk with
-  ``finish_reason`` closes the choice so held-back text leaves with it.
+  the model's reasoning format, or, where the upstream separates reasoning itself (vLLM with
+  ``--reasoning-parser``: ``reasoning_source: upstream``, or a reasoning field seen), its
+  reasoning field, repaired for vLLM's known defects; with thinking off for the request,
+  nothing is split. A chunk with ``finish_reason`` closes the choice so held-back text leaves
+  with it.
 - Reasoning goes to the client only when the policy shows it, in ``reasoning_content``,
   ``reasoning`` or both (``REASONING_FIELD``). A hidden policy removes every byte of it,
   including ``logprobs`` of chunks that carried reasoning (they would spell it out).
@@ -36,9 +38,10 @@ import orjson
 
 from gateway.choice import ChoiceState
 from gateway.errors import RemoteProtocolError, UpstreamStatusError
+from gateway.formats import BUILTIN, ReasoningFormat, ReasoningSource
 from gateway.settings import ReasoningField
 from gateway.sse import DONE_EVENT, Event, encode_data
-from gateway.thinksplit import ReasoningParser, State, ThinkSplitter
+from gateway.thinksplit import State
 
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning")
 _UNCHANGED, _CHANGED, _DROPPED = object(), object(), object()
@@ -55,11 +58,19 @@ _RENAMES = {
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    parser: ReasoningParser
+    format: ReasoningFormat
     show_reasoning: bool
     reasoning_field: ReasoningField
     include_usage: bool = False
     repair_leak: bool = False  # streamed with ``stop``: see gateway.choice (vLLM #51641)
+    source: ReasoningSource = "text"
+    thinking: bool = True  # the request's own switch (ReasoningFormat.thinking)
+
+    @classmethod
+    def named(cls, parser: str, show_reasoning: bool, reasoning_field: ReasoningField,
+              **kwargs: Any) -> Policy:  # fmt: skip
+        """A policy for a built-in format by name (tests, benchmarks)."""
+        return cls(BUILTIN[parser], show_reasoning, reasoning_field, **kwargs)
 
 
 class Rewriter:
@@ -78,8 +89,11 @@ class Rewriter:
     def choice(self, index: int) -> ChoiceState:
         state = self.choices.get(index)
         if state is None:
-            splitter = ThinkSplitter(self.policy.parser)
-            state = self.choices[index] = ChoiceState(splitter, self.policy.repair_leak)
+            p = self.policy
+            state = ChoiceState.start(
+                p.format, p.source, thinking=p.thinking, repair_leak=p.repair_leak
+            )
+            self.choices[index] = state
         return state
 
     def rewrite_fields(

@@ -6,7 +6,12 @@ file uses the same names in lower case, and may also carry per-model overrides::
 
     models:
       qwq-32b: {reasoning_parser: think_tags}
-      deepseek-v3: {reasoning_parser: none}
+      qwen3-coder: {reasoning_parser: qwen3, reasoning_source: upstream}
+      my-model: {reasoning_format: {open: "<reason>", close: "</reason>", opened: false}}
+
+(``reasoning_format`` overrides fields of the model's named format, ``REASONING_PARSER`` when it
+names none; see ``gateway.formats``; an unknown name or an impossible format stops the start
+with one line naming the model and the known formats)
 
 and the policies of tenants and keys (limits, fair-share weight, priority; README "Rate limits
 and KV admission")::
@@ -22,12 +27,21 @@ deployed like the rest, while the table holds what ``keys create`` mints.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -36,16 +50,44 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from gateway.thinksplit import ReasoningParser
+from gateway.formats import FormatError, ReasoningFormat, ReasoningSource, lookup
 from ratelimit.fairness import MAX_WEIGHT, Priority
 
 ReasoningField = Literal["reasoning_content", "reasoning", "both"]
 HttpTransport = Literal["aiohttp", "httpx"]
 
 
+class FormatSpec(BaseModel):
+    """A model's own markers: the fields given replace those of its named format."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    open: str | None = None
+    close: str | None = None
+    opened: bool = True
+    ends: tuple[str, ...] = ()
+    ends_unopened: tuple[str, ...] = ()
+    switches: tuple[str, ...] = ()
+    thinking_default: bool = True
+    effort_switch: bool = False
+
+    def apply(self, base: ReasoningFormat, name: str) -> ReasoningFormat:
+        given = {k: getattr(self, k) for k in self.model_fields_set}
+        return dataclasses.replace(base, name=name, **given)
+
+
 class ModelOverride(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    reasoning_parser: ReasoningParser | None = None
+    reasoning_parser: str | None = None
+    reasoning_source: ReasoningSource | None = None
+    reasoning_format: FormatSpec | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelReasoning:
+    """How one model's reasoning reaches the gateway: its format and where to read it."""
+
+    format: ReasoningFormat
+    source: ReasoningSource
 
 
 class TenantPolicy(BaseModel):
@@ -78,7 +120,10 @@ class Settings(BaseSettings):
     redis_url: str = ""
     ledger_key_file: Path = Path("./var/ledger-keys.json")
     signing_key_file: Path = Path("./var/signing-key.pem")
-    reasoning_parser: ReasoningParser = "deepseek_r1"
+    reasoning_parser: str = "deepseek_r1"
+    # text: thinkgate splits the text (and still switches to a reasoning field that appears);
+    # upstream: the engine runs a reasoning parser, its fields are trusted from the first byte
+    reasoning_source: ReasoningSource = "text"
     reasoning_field: ReasoningField = "reasoning_content"
     models: Mapping[str, ModelOverride] = Field(default_factory=dict)
     audit_mode: Literal["strict", "async"] = "strict"
@@ -136,6 +181,40 @@ class Settings(BaseSettings):
     test_redis_url: str = "redis://127.0.0.1:6379/15"
     test_database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 
+    _reasoning: dict[str, ModelReasoning] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _resolve_reasoning(self) -> Settings:
+        """Resolve every model's format once, so a bad one stops the start (not a request)."""
+        try:
+            self._reasoning[""] = self._model_reasoning("", ModelOverride())
+            for model, override in self.models.items():
+                self._reasoning[model] = self._model_reasoning(model, override)
+        except FormatError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def _model_reasoning(self, model: str, override: ModelOverride) -> ModelReasoning:
+        where = model or None
+        if override.reasoning_parser is not None:
+            fmt = lookup(override.reasoning_parser, model=where)
+        else:
+            fmt = lookup(self.reasoning_parser)
+        if override.reasoning_format is not None:
+            fmt = override.reasoning_format.apply(fmt, model or fmt.name)
+        source = override.reasoning_source
+        explicit = source is not None or (not model and "reasoning_source" in self.model_fields_set)
+        source = source or self.reasoning_source
+        if not fmt.text and source == "text":
+            if explicit:
+                who = f"model {model!r}" if model else "REASONING_SOURCE"
+                raise FormatError(
+                    f"{who}: reasoning parser {fmt.name!r} has no text markers (the engine "
+                    "separates it): use reasoning_source 'upstream'"
+                )
+            source = "upstream"
+        return ModelReasoning(fmt, source)
+
     @field_validator("upstreams", mode="before")
     @classmethod
     def _split_upstreams(cls, value: Any) -> Any:
@@ -171,11 +250,9 @@ class Settings(BaseSettings):
             return key.priority
         return self.tenant(tenant).priority
 
-    def parser_for(self, model: str) -> ReasoningParser:
-        override = self.models.get(model)
-        if override is not None and override.reasoning_parser is not None:
-            return override.reasoning_parser
-        return self.reasoning_parser
+    def reasoning_for(self, model: str) -> ModelReasoning:
+        """The model's reasoning format and source (its YAML entry, else the defaults)."""
+        return self._reasoning.get(model) or self._reasoning[""]
 
 
 _DEFAULT_TENANT = TenantPolicy()

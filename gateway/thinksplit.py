@@ -1,54 +1,55 @@
 """Incremental splitter of a model's text into reasoning and content (sans-I/O).
 
-``ThinkSplitter(parser).feed(text) -> list[Event]`` and ``close() -> list[Event]``; events are
+``ThinkSplitter(format).feed(text) -> list[Event]`` and ``close() -> list[Event]``; events are
 ``Reasoning(text)`` and ``Content(text)``. Non-streaming output goes through ``feed(all)`` then
-``close()``: one code path, so streamed and whole results can never disagree.
+``close()``: one code path, so streamed and whole results can never disagree. The format
+(``gateway.formats``, or its name) supplies the markers; they are any strings, matched exactly
+and case-sensitively as text, so a marker of several tokens (Kimi K3's
+``<|open|>think<|sep|>``) is found however the stream cuts it, between its tokens or inside a
+UTF-8 sequence. Look-alikes (``<thinking>``, ``</ think>``, entities) are ordinary text.
 
-Rules (they follow vLLM's ``deepseek_r1`` reasoning parser where vLLM defines the result):
+Rules:
 
-- Tags are exactly ``<think>`` and ``</think>``, case-sensitive. ``<thinking>``, ``<THINK>``,
-  ``</ think>``, entities and look-alike characters are ordinary text.
-- ``deepseek_r1``: the chat template already opened the block, so the output starts *inside*
-  reasoning. The first ``<think>`` before the first ``</think>`` is removed (R1-0528 emits one
-  itself); any later ``<think>`` inside reasoning is literal. Everything up to the first
-  ``</think>`` is reasoning; with no ``</think>`` at all (``finish_reason: length``) everything
-  is reasoning and content is absent.
-- ``think_tags``: the output starts in content; the first ``<think>`` opens reasoning (text
-  before it stays content); a ``</think>`` before any ``<think>`` is literal content.
-- ``none``: everything is content.
-- After the first ``</think>`` everything is content, verbatim, further tags included.
-- Whitespace and CRLF are never touched.
+- An *opened* format (the chat template opened the block: R1 and every hybrid in thinking
+  mode) starts inside reasoning. Its open marker before the close marker is dropped once
+  (R1-0528 and Qwen3 write one themselves); any later one is literal reasoning.
+- A format that is not opened (``think_tags``) starts in content; its first open marker opens
+  reasoning (text before it stays content); a close marker before it is literal content.
+- Inside reasoning, the close marker ends it and is dropped; each of the format's ``ends``
+  markers (Qwen3's ``<tool_call>``) ends it too and stays, verbatim, at the start of the
+  content; ``ends_unopened`` markers do so only before any open marker (Kimi K3's response
+  channel).
+- After reasoning ends everything is content, verbatim, further markers included; ``none``
+  is all content. With no close marker at all (``finish_reason: length``) everything after
+  the opening is reasoning. Whitespace and CRLF are never touched.
 
-States and the tags active in each (the whole transition table)::
+States and the markers active in each (the whole transition table, ``_table``)::
 
-    R1_OPENING  reasoning  <think> -> R1_REASONING (tag dropped)   </think> -> ANSWER
-    R1_REASONING reasoning                                          </think> -> ANSWER
-    BEFORE      content    <think> -> REASONING
-    REASONING   reasoning                                           </think> -> ANSWER
-    ANSWER      content    (no tags: pass through, nothing held)
+    OPENING    reasoning  open -> REASONING (dropped)   close -> ANSWER (dropped)
+                          ends, ends_unopened -> ANSWER (kept)
+    REASONING  reasoning  close -> ANSWER (dropped)     ends -> ANSWER (kept)
+    BEFORE     content    open -> REASONING (dropped)
+    ANSWER     content    (no markers: pass through, nothing held)
 
-Hold-back: only the longest suffix that is a proper prefix of a tag active in the current state
-is held (at most ``len("</think>") - 1`` characters), and released the moment it cannot become a
-tag. Both tags start with ``<`` and contain no other ``<``, so that suffix can only start at the
-last ``<``: one ``rfind`` over the last seven characters finds it. Each call scans the held
-suffix (≤ 7 characters) plus the new text once, with ``str.find`` in C: O(chunk), never O(stream).
-At ``close()`` the held suffix is flushed as literal text of the current channel. A chunk with
-no ``<`` and nothing held cannot touch a tag and is passed through without scanning further.
+Hold-back: only the longest suffix that is a proper prefix of a marker active in the current
+state is held (at most the longest marker minus one character), and released the moment it
+cannot become one. That suffix starts at one of the markers' first characters within the
+window, so only those positions are tried. Each call scans the held suffix plus the new text
+once, with ``str.find`` in C: O(chunk), never O(stream). At ``close()`` the held suffix is
+flushed as literal text of the current channel. A chunk that holds none of the markers' first
+characters, with nothing held, cannot touch a marker and is passed through without a scan.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Literal
+from functools import cache
 
 from gateway.errors import LocalProtocolError
+from gateway.formats import THINK_CLOSE, THINK_OPEN, ReasoningFormat, lookup
 
-OPEN_TAG = "<think>"
-CLOSE_TAG = "</think>"
-_WINDOW = len(CLOSE_TAG) - 1
-
-ReasoningParser = Literal["deepseek_r1", "think_tags", "none"]
+OPEN_TAG, CLOSE_TAG = THINK_OPEN, THINK_CLOSE
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,46 +66,83 @@ SplitEvent = Reasoning | Content
 
 
 class State(enum.Enum):
-    R1_OPENING = enum.auto()
-    R1_REASONING = enum.auto()
-    BEFORE = enum.auto()
+    OPENING = enum.auto()
     REASONING = enum.auto()
+    BEFORE = enum.auto()
     ANSWER = enum.auto()
 
 
-# state -> (channel is reasoning, tags to look for, where each tag leads)
-_TRANSITIONS: dict[State, tuple[bool, dict[str, State]]] = {
-    State.R1_OPENING: (True, {OPEN_TAG: State.R1_REASONING, CLOSE_TAG: State.ANSWER}),
-    State.R1_REASONING: (True, {CLOSE_TAG: State.ANSWER}),
-    State.BEFORE: (False, {OPEN_TAG: State.REASONING}),
-    State.REASONING: (True, {CLOSE_TAG: State.ANSWER}),
-    State.ANSWER: (False, {}),
-}
+REASONING_STATES = frozenset({State.OPENING, State.REASONING})
 
-_INITIAL: dict[ReasoningParser, State] = {
-    "deepseek_r1": State.R1_OPENING,
-    "think_tags": State.BEFORE,
-    "none": State.ANSWER,
-}
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """What one marker does in one state."""
+
+    marker: str
+    to: State
+    keep: bool  # the marker stays in the text (it belongs to the content)
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    reasoning: bool  # the channel of this state
+    rules: tuple[_Rule, ...]
+    starts: str  # the first characters of the markers, for the fast path
+    window: int  # the longest held suffix: longest marker - 1
+
+
+def _row(reasoning: bool, rules: list[_Rule]) -> _Row:
+    starts = "".join(sorted({r.marker[0] for r in rules}))
+    window = max((len(r.marker) for r in rules), default=1) - 1
+    return _Row(reasoning, tuple(rules), starts, window)
+
+
+@cache
+def _table(fmt: ReasoningFormat) -> dict[State, _Row]:
+    """The transition table of ``fmt`` (see the module docstring); built once per format."""
+    drop = [_Rule(fmt.close, State.ANSWER, False)] if fmt.close else []
+    ends = [_Rule(m, State.ANSWER, True) for m in fmt.ends]
+    unopened = [_Rule(m, State.ANSWER, True) for m in fmt.ends_unopened]
+    opens = [_Rule(fmt.open, State.REASONING, False)] if fmt.open and fmt.close else []
+    return {
+        State.OPENING: _row(True, opens + drop + ends + unopened),
+        State.REASONING: _row(True, drop + ends),
+        State.BEFORE: _row(False, opens),
+        State.ANSWER: _row(False, []),
+    }
+
+
+def initial_state(fmt: ReasoningFormat) -> State:
+    if not fmt.splits:
+        return State.ANSWER
+    return State.OPENING if fmt.opened else State.BEFORE
 
 
 class ThinkSplitter:
     """Splits one choice's text stream; create one per choice index."""
 
-    __slots__ = ("_closed", "_held", "state")
+    __slots__ = ("_closed", "_held", "_table", "format", "state")
 
-    def __init__(self, parser: ReasoningParser = "deepseek_r1") -> None:
-        self.state = _INITIAL[parser]
+    def __init__(self, fmt: ReasoningFormat | str = "deepseek_r1") -> None:
+        fmt = lookup(fmt) if isinstance(fmt, str) else fmt
+        self.format = fmt
+        self._table = _table(fmt)
+        self.state = initial_state(fmt)
         self._held = ""
         self._closed = False
 
     @classmethod
-    def inside_reasoning(cls) -> ThinkSplitter:
-        """For reasoning text whose block was opened and its ``<think>`` removed upstream (a
-        reasoning field): only ``</think>`` is a tag; a ``<think>`` in it is literal."""
-        splitter = cls("deepseek_r1")
-        splitter.state = State.R1_REASONING
+    def inside_reasoning(cls, fmt: ReasoningFormat | str = "deepseek_r1") -> ThinkSplitter:
+        """For reasoning text whose block was opened and its open marker removed upstream (a
+        reasoning field): only the close marker and ``ends`` end it; an open marker is literal."""
+        splitter = cls(fmt)
+        splitter.state = State.REASONING
         return splitter
+
+    def inside(self) -> ThinkSplitter:
+        """A new splitter of the same format for a reasoning field (``inside_reasoning``)."""
+        return ThinkSplitter.inside_reasoning(self.format)
 
     @property
     def idle(self) -> bool:
@@ -112,19 +150,28 @@ class ThinkSplitter:
         return not self._held
 
     @property
+    def in_reasoning(self) -> bool:
+        return self.state in REASONING_STATES
+
+    @property
     def reasoning_ended(self) -> bool:
         """True once the output is in the answer (always true for ``none``)."""
         return self.state is State.ANSWER
+
+    def could_hold(self, text: str) -> bool:
+        """Whether ``text`` holds a character that may start a marker active now."""
+        return any(c in text for c in self._table[self.state].starts)
 
     def feed(self, text: str) -> list[SplitEvent]:
         if self._closed:
             raise LocalProtocolError("feed() after close()")
         if self.state is State.ANSWER:  # the hot path once reasoning is over
             return [Content(text)] if text else []
-        if not self._held and "<" not in text:  # the hot path inside reasoning: no tag can start
-            if not text:
+        row = self._table[self.state]
+        if not self._held and not any(c in text for c in row.starts):
+            if not text:  # the hot path inside reasoning: no marker can start
                 return []
-            return [Reasoning(text) if _TRANSITIONS[self.state][0] else Content(text)]
+            return [Reasoning(text) if row.reasoning else Content(text)]
         out: list[SplitEvent] = []
         buf = self._held + text
         self._held = ""
@@ -133,15 +180,15 @@ class ThinkSplitter:
         return out
 
     def drop_held(self) -> str:
-        """Forget the held text (a caller that knows it was a damaged tag); return it."""
+        """Forget the held text (a caller that knows it was a damaged marker); return it."""
         held, self._held = self._held, ""
         return held
 
     def release(self) -> list[SplitEvent]:
         """Give up waiting on held text: it is literal text of the current channel. For a
-        caller that knows no tag can continue it (the upstream moved on to another field)."""
+        caller that knows no marker can continue it (the upstream moved on to another field)."""
         out: list[SplitEvent] = []
-        _emit(out, _TRANSITIONS[self.state][0], self._held)
+        _emit(out, self._table[self.state].reasoning, self._held)
         self._held = ""
         return out
 
@@ -150,44 +197,48 @@ class ThinkSplitter:
         if self._closed:
             return []
         self._closed = True
-        out: list[SplitEvent] = []
-        _emit(out, _TRANSITIONS[self.state][0], self._held)
-        self._held = ""
-        return out
+        return self.release()
 
     def _step(self, buf: str, out: list[SplitEvent]) -> str:
-        """Consume ``buf`` up to and including the first active tag; return the rest."""
-        reasoning, tags = _TRANSITIONS[self.state]
-        if not tags:
-            _emit(out, reasoning, buf)
+        """Consume ``buf`` up to and including the first active marker; return the rest."""
+        row = self._table[self.state]
+        if not row.rules:
+            _emit(out, row.reasoning, buf)
             return ""
-        pos, tag = _first_tag(buf, tags)
-        if tag is None:
-            keep = _held_suffix(buf, tags)
-            _emit(out, reasoning, buf[: len(buf) - keep])
+        pos, rule = _first_marker(buf, row.rules)
+        if rule is None:
+            keep = _held_suffix(buf, row)
+            _emit(out, row.reasoning, buf[: len(buf) - keep])
             self._held = buf[len(buf) - keep :]
             return ""
-        _emit(out, reasoning, buf[:pos])
-        self.state = tags[tag]
-        return buf[pos + len(tag) :]
+        _emit(out, row.reasoning, buf[:pos])
+        self.state = rule.to
+        return buf[pos:] if rule.keep else buf[pos + len(rule.marker) :]
 
 
-def _first_tag(buf: str, tags: dict[str, State]) -> tuple[int, str | None]:
+def _first_marker(buf: str, rules: tuple[_Rule, ...]) -> tuple[int, _Rule | None]:
+    """The leftmost complete marker (markers of one state are prefix-free: no ties)."""
     best, found = len(buf), None
-    for tag in tags:
-        pos = buf.find(tag, 0, best + len(tag))
+    for rule in rules:
+        pos = buf.find(rule.marker, 0, best + len(rule.marker))
         if 0 <= pos < best:
-            best, found = pos, tag
+            best, found = pos, rule
     return best, found
 
 
-def _held_suffix(buf: str, tags: dict[str, State]) -> int:
-    """Length of the longest suffix of ``buf`` that is a proper prefix of an active tag."""
-    start = buf.rfind("<", max(0, len(buf) - _WINDOW))
-    if start < 0:
-        return 0
-    suffix = buf[start:]
-    return len(suffix) if any(tag.startswith(suffix) for tag in tags) else 0
+def _held_suffix(buf: str, row: _Row) -> int:
+    """Length of the longest suffix of ``buf`` that is a proper prefix of an active marker."""
+    lo = max(0, len(buf) - row.window)
+    earliest = len(buf)
+    for first in row.starts:  # usually one character: "<"
+        start = buf.find(first, lo, earliest)
+        while start >= 0:
+            suffix = buf[start:]
+            if any(rule.marker.startswith(suffix) for rule in row.rules):
+                earliest = start
+                break
+            start = buf.find(first, start + 1, earliest)
+    return len(buf) - earliest
 
 
 def _emit(out: list[SplitEvent], reasoning: bool, text: str) -> None:

@@ -25,7 +25,7 @@ from gateway.doctor import Check, Verdict, judge_health, judge_metrics, judge_mo
 from gateway.servers import BackgroundServer
 from gateway.settings import Settings
 from gateway.sim import SimConfig, create_sim_app
-from gateway.thinksplit import Content, Reasoning, ReasoningParser, ThinkSplitter
+from gateway.thinksplit import Content, Reasoning, ThinkSplitter
 from tests.e2e import conftest as e2e
 from tests.e2e.conftest import StackFactory, ledger_files
 from tests.waiting import eventually
@@ -39,7 +39,7 @@ def by_name(checks: Sequence[Check]) -> dict[str, Check]:
     return named
 
 
-def split(parser: ReasoningParser, text: str) -> tuple[str, str]:
+def split(parser: str, text: str) -> tuple[str, str]:
     """``(reasoning, content)`` as thinkgate would split ``text`` with ``parser``."""
     splitter = ThinkSplitter(parser)
     events = splitter.feed(text) + splitter.close()
@@ -202,7 +202,7 @@ def test_a_separate_reasoning_field_passes(field: str) -> None:
     ids=["template", "tags", "text-before-think", "think-in-the-answer"],
 )  # fmt: skip
 def test_tags_in_the_text_get_the_parser_that_splits_them_right(
-    content: str, parser: ReasoningParser, reasoning: str, answer: str
+    content: str, parser: str, reasoning: str, answer: str
 ) -> None:
     check = reasoning_check(judge_probe(200, completion({"content": content})))
     assert check.verdict == "warn"

@@ -13,7 +13,6 @@ from gateway.errors import RemoteProtocolError, UpstreamStatusError
 from gateway.relay import Policy, Rewriter, StreamRelay, rewrite_completion
 from gateway.settings import ReasoningField
 from gateway.sse import DONE_EVENT, Event, SSEParser
-from gateway.thinksplit import ReasoningParser
 
 
 def chunk(index: int = 0, finish: str | None = None, usage: Any = ..., **delta: Any) -> Event:
@@ -45,12 +44,12 @@ def usage_chunk(completion: int, reasoning: int | None = None) -> Event:
 
 
 def policy(
-    parser: ReasoningParser = "deepseek_r1",
+    parser: str = "deepseek_r1",
     show: bool = True,
     field: ReasoningField = "reasoning_content",
     usage: bool = False,
 ) -> Policy:
-    return Policy(parser=parser, show_reasoning=show, reasoning_field=field, include_usage=usage)
+    return Policy.named(parser, show, field, include_usage=usage)
 
 
 def client_view(out: bytes) -> list[dict[str, Any]]:
@@ -349,7 +348,7 @@ FIELDS = st.sampled_from(["content", "content", "reasoning", "reasoning_content"
     field=st.sampled_from(["reasoning_content", "reasoning", "both"]),
 )
 def test_fast_path_agrees_with_the_general_path(
-    tokens: list[tuple[str, str]], parser: ReasoningParser, show: bool, field: ReasoningField
+    tokens: list[tuple[str, str]], parser: str, show: bool, field: ReasoningField
 ) -> None:
     last = len(tokens) - 1
     events = [chunk(role="assistant", content="")]

@@ -49,9 +49,9 @@ def test_yaml_file_with_model_overrides_and_env_precedence(
     s = Settings()
     assert s.upstreams == ("http://vllm:8000/v1",)
     assert s.idle_timeout_s == 30  # the environment wins over the file
-    assert s.parser_for("deepseek-r1") == "deepseek_r1"
-    assert s.parser_for("deepseek-v3") == "none"
-    assert s.parser_for("qwq-32b") == "think_tags"  # falls back to the global parser
+    assert s.reasoning_for("deepseek-r1").format.name == "deepseek_r1"
+    assert s.reasoning_for("deepseek-v3").format.name == "none"
+    assert s.reasoning_for("qwq-32b").format.name == "think_tags"  # the global parser
 
 
 @pytest.mark.parametrize(
