@@ -13,13 +13,29 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gateway.settings import Settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except ValidationError as exc:  # the operator's settings: one line, no traceback
+        print(f"thinkgate: invalid configuration: {config_problem(exc)}", file=sys.stderr)
+        return 2
     return result
+
+
+def config_problem(exc: ValidationError) -> str:
+    """A settings error as one line: where (``models.my-model``) and what."""
+    problems = []
+    for error in exc.errors(include_url=False, include_input=False):
+        where = ".".join(str(part) for part in error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        problems.append(f"{where}: {message}" if where else message)
+    return "; ".join(problems)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -201,7 +201,10 @@ class Settings(BaseSettings):
         else:
             fmt = lookup(self.reasoning_parser)
         if override.reasoning_format is not None:
-            fmt = override.reasoning_format.apply(fmt, model or fmt.name)
+            try:
+                fmt = override.reasoning_format.apply(fmt, model or fmt.name)
+            except FormatError as exc:
+                raise FormatError(f"model {model!r}: {exc}") from None
         source = override.reasoning_source
         explicit = source is not None or (not model and "reasoning_source" in self.model_fields_set)
         source = source or self.reasoning_source

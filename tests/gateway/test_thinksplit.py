@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import LocalProtocolError
+from gateway.formats import BUILTIN, ReasoningFormat
 from gateway.thinksplit import Content, Reasoning, ThinkSplitter
 
 
@@ -73,9 +74,7 @@ CASES: list[tuple[str, str, str | None, str | None]] = [
 
 
 @pytest.mark.parametrize(("parser", "text", "reasoning", "content"), CASES)
-def test_rules_whole(
-    parser: str, text: str, reasoning: str | None, content: str | None
-) -> None:
+def test_rules_whole(parser: str, text: str, reasoning: str | None, content: str | None) -> None:
     assert run(parser, [text]) == (reasoning, content)
     assert reference(parser, text) == (reasoning, content)
 
@@ -184,12 +183,170 @@ def test_output_is_the_input_minus_the_consumed_tags(
 
 @settings(max_examples=200, deadline=None)
 @given(PARSERS, TEXTS)
-def test_held_back_text_is_only_ever_a_proper_tag_prefix(
-    parser: str, text: str
-) -> None:
+def test_held_back_text_is_only_ever_a_proper_tag_prefix(parser: str, text: str) -> None:
     s = ThinkSplitter(parser)
     for ch in text:
         s.feed(ch)
         held = s._held
         assert len(held) <= len("</think>") - 1
         assert held == "" or "<think>".startswith(held) or "</think>".startswith(held)
+
+
+# -- every format of the registry (gateway.formats) ------------------------------------------
+
+K3_OPEN, K3_CLOSE = "<|open|>think<|sep|>", "<|close|>think<|sep|>"
+K3_RESPONSE = "<|open|>response<|sep|>"
+DSML = "<｜DSML｜tool_calls>"
+
+FORMAT_CASES: list[tuple[str, str, str | None, str | None]] = [
+    # R1 family markers with the template's opening, and each family's extra end markers
+    ("deepseek_v4", "r</think>a", "r", "a"),
+    ("deepseek_v4", f"plan{DSML}<｜DSML｜invoke", "plan", f"{DSML}<｜DSML｜invoke"),
+    ("deepseek_v4", "r<｜DSML｜tool>x", "r", "<｜DSML｜tool>x"),
+    ("deepseek_v4", "r</think>a<｜DSML｜tool_calls>", "r", "a<｜DSML｜tool_calls>"),
+    ("qwen3", "<think>\nr\n</think>\n\nA", "\nr\n", "\n\nA"),
+    (
+        "qwen3",
+        "let me call<tool_call>\n{}</tool_call>",
+        "let me call",
+        "<tool_call>\n{}</tool_call>",
+    ),
+    ("qwen3", "<tool_call>x", None, "<tool_call>x"),
+    ("qwen3", "r</think>a<tool_call>b", "r", "a<tool_call>b"),
+    ("qwen3", "r<tool_cal", "r<tool_cal", None),
+    ("kimi_k2", "r<|tool_calls_section_begin|>c", "r", "<|tool_calls_section_begin|>c"),
+    ("kimi_k2", "r</think>c", "r", "c"),
+    ("glm45", "<think>r</think>c", "r", "c"),
+    ("glm45", "r<tool_call>f", "r", "<tool_call>f"),
+    # Kimi K3: markers of three tokens each, with '<' inside them
+    ("kimi_k3", f"{K3_OPEN}r{K3_CLOSE}a", "r", "a"),
+    ("kimi_k3", f"r{K3_CLOSE}a", "r", "a"),
+    ("kimi_k3", "r<|close|>thin<|close|>think<|sep|>a", "r<|close|>thin", "a"),
+    ("kimi_k3", f"{K3_RESPONSE}hello", None, f"{K3_RESPONSE}hello"),
+    ("kimi_k3", f"{K3_OPEN}r{K3_RESPONSE}x{K3_CLOSE}a", f"r{K3_RESPONSE}x", "a"),
+    ("kimi_k3", "r<think></think>a", "r<think></think>a", None),
+    ("kimi_k3", "r<|close|>think<|sep|", "r<|close|>think<|sep|", None),
+    ("kimi_k3", f"r{K3_CLOSE}{K3_OPEN}x", "r", f"{K3_OPEN}x"),
+    # MiniMax M2: the template opened the block; a <think> inside is dropped once
+    ("minimax_m2", "r</think>a", "r", "a"),
+    ("minimax_m2", "<think>r</think>a", "r", "a"),
+    ("minimax_m2", "r<minimax:tool_call><invoke", "r", "<minimax:tool_call><invoke"),
+    # no text markers: all content
+    ("openai_gptoss", "<think>x</think>y", None, "<think>x</think>y"),
+]
+FORMAT_NAMES = [name for name, fmt in BUILTIN.items()]
+
+
+def reference_format(fmt: ReasoningFormat, text: str) -> tuple[str | None, str | None]:
+    """The rules of gateway.formats applied to the whole text at once (no streaming)."""
+    if not fmt.splits:
+        return None, text or None
+    assert fmt.close is not None
+    reasoning: list[str] = []
+    content: list[str] = []
+    pos, opening = 0, fmt.opened
+    if not fmt.opened:
+        assert fmt.open is not None
+        at = text.find(fmt.open)
+        if at < 0:
+            return None, text or None
+        content.append(text[:at])
+        pos = at + len(fmt.open)
+    while True:
+        found = [(text.find(fmt.close, pos), fmt.close, "drop")]
+        found += [(text.find(m, pos), m, "keep") for m in fmt.ends]
+        if opening:
+            found += [(text.find(m, pos), m, "keep") for m in fmt.ends_unopened]
+            if fmt.open:
+                found.append((text.find(fmt.open, pos), fmt.open, "open"))
+        hits = sorted((at, m, what) for at, m, what in found if at >= 0)
+        if not hits:
+            reasoning.append(text[pos:])
+            break
+        at, marker, what = hits[0]
+        reasoning.append(text[pos:at])
+        if what == "open":
+            pos, opening = at + len(marker), False
+            continue
+        content.append(text[at + len(marker) :] if what == "drop" else text[at:])
+        break
+    return "".join(reasoning) or None, "".join(content) or None
+
+
+@pytest.mark.parametrize(("name", "text", "reasoning", "content"), FORMAT_CASES)
+def test_format_rules_whole_char_by_char_and_every_cut(
+    name: str, text: str, reasoning: str | None, content: str | None
+) -> None:
+    assert reference_format(BUILTIN[name], text) == (reasoning, content)
+    assert run(name, [text]) == (reasoning, content)
+    assert run(name, list(text)) == (reasoning, content)
+    for i in range(len(text) + 1):
+        assert run(name, [text[:i], text[i:]]) == (reasoning, content), i
+
+
+@pytest.mark.parametrize("marker", [K3_OPEN, K3_CLOSE, K3_RESPONSE])
+def test_multi_token_markers_cut_at_any_two_points(marker: str) -> None:
+    text = f"x{marker}y"
+    whole = run("kimi_k3", [text])
+    for i, j in itertools.combinations(range(len(text) + 1), 2):
+        assert run("kimi_k3", [text[:i], text[i:j], text[j:]]) == whole, (i, j)
+
+
+def test_a_marker_cut_inside_a_utf8_sequence_of_the_bytes_is_found() -> None:
+    # The SSE layer decodes whole events, but an engine may cut a marker's multi-byte
+    # character between two events: "<｜DSML｜tool_calls>" in its own pieces.
+    s = ThinkSplitter("deepseek_v4")
+    assert s.feed("r<") == [Reasoning("r")]
+    assert s.feed("｜DS") == []
+    assert s.feed("ML｜tool_calls>c") == [Content(f"{DSML}c")]
+
+
+def test_the_hold_back_ends_as_soon_as_the_text_leaves_every_marker() -> None:
+    s = ThinkSplitter("kimi_k3")
+    assert s.feed("a<|close|>thi") == [Reasoning("a")]
+    assert s.feed("s") == [Reasoning("<|close|>this")]
+    assert s.feed("<|open|>response<|se") == []  # the response opener, before any think marker
+    assert s.feed("p|>hi") == [Content("<|open|>response<|sep|>hi")]
+
+
+def format_alphabet(fmt: ReasoningFormat) -> st.SearchStrategy[str]:
+    markers = [m for m in (fmt.open, fmt.close, *fmt.ends, *fmt.ends_unopened) if m]
+    pieces = {"a", " ", "\n", "é", "<", "|", ">", "<think>", "</think>"}
+    for m in markers:
+        pieces |= {m, m[: len(m) // 2], m[len(m) // 2 :], m[:-1], m[1:]}
+    return st.sampled_from(sorted(pieces))
+
+
+@st.composite
+def format_chunkings(draw: st.DrawFn) -> tuple[str, str, list[str]]:
+    name = draw(st.sampled_from(FORMAT_NAMES))
+    text = draw(st.lists(format_alphabet(BUILTIN[name]), max_size=25).map("".join))
+    cuts = sorted(draw(st.lists(st.integers(0, len(text)), max_size=12)))
+    bounds = [0, *cuts, len(text)]
+    return name, text, [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(format_chunkings())
+def test_every_format_under_any_chunking_matches_the_whole_text_reference(
+    case: tuple[str, str, list[str]],
+) -> None:
+    name, text, pieces = case
+    assert run(name, pieces) == reference_format(BUILTIN[name], text)
+
+
+@settings(max_examples=500, deadline=None)
+@given(format_chunkings())
+def test_every_format_holds_back_only_a_proper_prefix_of_an_active_marker(
+    case: tuple[str, str, list[str]],
+) -> None:
+    name, text, _ = case
+    fmt = BUILTIN[name]
+    markers = [m for m in (fmt.open, fmt.close, *fmt.ends, *fmt.ends_unopened) if m]
+    longest = max((len(m) for m in markers), default=1)
+    s = ThinkSplitter(fmt)
+    for ch in text:
+        s.feed(ch)
+        held = s._held
+        assert len(held) <= longest - 1
+        assert held == "" or any(m.startswith(held) and m != held for m in markers)
