@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import RemoteProtocolError, UpstreamStatusError
+from gateway.formats import BUILTIN, ReasoningSource
 from gateway.relay import Policy, Rewriter, StreamRelay, rewrite_completion
 from gateway.settings import ReasoningField
 from gateway.sse import DONE_EVENT, Event, SSEParser
@@ -48,8 +49,10 @@ def policy(
     show: bool = True,
     field: ReasoningField = "reasoning_content",
     usage: bool = False,
+    source: ReasoningSource = "text",
+    thinking: bool = True,
 ) -> Policy:
-    return Policy.named(parser, show, field, include_usage=usage)
+    return Policy.named(parser, show, field, include_usage=usage, source=source, thinking=thinking)
 
 
 def client_view(out: bytes) -> list[dict[str, Any]]:
@@ -333,8 +336,9 @@ class GeneralPathOnly(StreamRelay):
 
 
 TOKENS = st.sampled_from(
-    ["Let", " me", "<", "</th", "ink>", "</think>", "<think>", "\n\n", "é", "a<b"]
-)
+    ["Let", " me", "<", "</th", "ink>", "</think>", "<think>", "\n\n", "é", "a<b",
+     "<|close|>", "think<|sep|>", "<tool_call>", "<|open|>think<|sep|>"]
+)  # fmt: skip
 
 
 FIELDS = st.sampled_from(["content", "content", "reasoning", "reasoning_content"])
@@ -343,21 +347,24 @@ FIELDS = st.sampled_from(["content", "content", "reasoning", "reasoning_content"
 @settings(max_examples=400, deadline=None)
 @given(
     tokens=st.lists(st.tuples(FIELDS, TOKENS), max_size=25),
-    parser=st.sampled_from(["deepseek_r1", "think_tags", "none"]),
+    parser=st.sampled_from(sorted(BUILTIN)),
     show=st.booleans(),
     field=st.sampled_from(["reasoning_content", "reasoning", "both"]),
+    source=st.sampled_from(["text", "upstream"]),
+    thinking=st.booleans(),
 )
 def test_fast_path_agrees_with_the_general_path(
-    tokens: list[tuple[str, str]], parser: str, show: bool, field: ReasoningField
-) -> None:
+    tokens: list[tuple[str, str]], parser: str, show: bool, field: ReasoningField,
+    source: ReasoningSource, thinking: bool,
+) -> None:  # fmt: skip
     last = len(tokens) - 1
     events = [chunk(role="assistant", content="")]
     events += [
         chunk(finish="stop" if i == last else None, **{f: t}) for i, (f, t) in enumerate(tokens)
     ]
     events += [usage_chunk(len(tokens)), Event(b"[DONE]")]
-    fast = StreamRelay(policy(parser, show, field, True))
-    general = GeneralPathOnly(policy(parser, show, field, True))
+    fast = StreamRelay(policy(parser, show, field, True, source, thinking))
+    general = GeneralPathOnly(policy(parser, show, field, True, source, thinking))
     assert client_view(b"".join(fast.feed(e) for e in events)) == client_view(
         b"".join(general.feed(e) for e in events)
     )
@@ -373,3 +380,81 @@ def test_renamed_reasoning_chunk_keeps_every_other_byte() -> None:
     event = chunk(content=" user")
     out = relay.feed(event)
     assert out == b"data: " + event.data.replace(b'{"content":', b'{"reasoning_content":') + b"\n\n"
+
+
+# -- where reasoning comes from (REASONING_SOURCE) and thinking switched off ----------------
+
+CONTENT_ONLY = [" This", " is", " the", " rest"]  # vLLM's R1 parser after an empty reasoning
+
+
+def content_only_events() -> list[Event]:
+    events = [chunk(role="assistant", content="")]
+    last = len(CONTENT_ONLY) - 1
+    events += [
+        chunk(content=t, finish="stop" if i == last else None) for i, t in enumerate(CONTENT_ONLY)
+    ]
+    return [*events, usage_chunk(5), Event(b"[DONE]")]
+
+
+@pytest.mark.parametrize("show", [True, False], ids=["visible", "hidden"])
+def test_a_separating_upstream_without_reasoning_gives_the_answer_to_every_key(show: bool) -> None:
+    relay = StreamRelay(policy(show=show, source="upstream", usage=True))
+    chunks = run_stream(relay, content_only_events())
+    assert joined(chunks, "content") == "".join(CONTENT_ONLY)
+    assert joined(chunks, "reasoning_content") is None
+    assert relay.usage is not None
+    assert relay.usage["completion_tokens_details"]["reasoning_tokens"] == 0
+
+
+def test_the_same_stream_read_as_text_is_what_the_text_source_means() -> None:
+    # REASONING_SOURCE=text with R1's format: the output starts inside reasoning. This is why
+    # the source is configured: the two readings of the same bytes differ.
+    chunks = run_stream(StreamRelay(policy(source="text")), content_only_events())
+    assert (joined(chunks, "reasoning_content"), joined(chunks, "content")) == (
+        "".join(CONTENT_ONLY),
+        None,
+    )
+
+
+@pytest.mark.parametrize("show", [True, False], ids=["visible", "hidden"])
+def test_a_whole_message_with_null_reasoning_from_a_separating_upstream(show: bool) -> None:
+    rewriter = Rewriter(policy(show=show, source="upstream"))
+    body = rewrite_completion(rewriter, completion("This is the rest", reasoning=None))
+    assert body["choices"][0]["message"]["content"] == "This is the rest"
+    assert "reasoning_content" not in body["choices"][0]["message"]
+
+
+def test_upstream_source_still_ends_reasoning_at_a_spelled_close_marker_of_the_format() -> None:
+    events = [
+        chunk(reasoning="plan<|close|>"),
+        chunk(reasoning="think<|sep|>The answer"),
+        chunk(content=".", finish="stop"),
+        Event(b"[DONE]"),
+    ]
+    chunks = run_stream(StreamRelay(policy("kimi_k3", source="upstream")), events)
+    assert (joined(chunks, "reasoning_content"), joined(chunks, "content")) == (
+        "plan",
+        "The answer.",
+    )
+
+
+@pytest.mark.parametrize("show", [True, False], ids=["visible", "hidden"])
+def test_thinking_off_makes_every_text_field_the_answer(show: bool) -> None:
+    # A hybrid model asked not to think, behind vLLM's deepseek_r1 parser: no </think> ever
+    # comes, so the parser sends the whole answer as reasoning.
+    events = [
+        chunk(role="assistant", content=""),
+        chunk(reasoning="Paris"),
+        chunk(reasoning=" is </think> it", finish="stop"),
+        usage_chunk(2),
+        Event(b"[DONE]"),
+    ]
+    relay = StreamRelay(policy(show=show, thinking=False, source="upstream"))
+    chunks = run_stream(relay, events)
+    assert joined(chunks, "content") == "Paris is </think> it"
+    assert joined(chunks, "reasoning_content") is None
+    assert relay.usage is not None
+    assert relay.usage["completion_tokens_details"]["reasoning_tokens"] == 0
+    whole = Rewriter(policy(show=show, thinking=False))
+    body = rewrite_completion(whole, completion("<think>x</think>y", reasoning="r"))
+    assert body["choices"][0]["message"]["content"] == "r<think>x</think>y"
