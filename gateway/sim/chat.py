@@ -103,6 +103,9 @@ def _plan(request: ChatRequest) -> list[Script]:
             max_tokens=request.max_tokens,
             chunks=request.sim.chunks,
             stops=request.stops,
+            markers=request.markers,
+            thinking=request.thinking,
+            empty_reasoning=request.sim.empty_reasoning,
         )
         for index in range(request.n)
     ]

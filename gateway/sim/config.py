@@ -3,7 +3,9 @@
 Rules: times are milliseconds (``0`` means no delay at all); rates are probabilities drawn per
 request from a ``random.Random(seed)`` owned by the app's state; ``models`` maps every served
 model name to the way its reasoning reaches the client (see ``gateway.sim.script``). The first
-name is the one vLLM would use as the ``model_name`` label of its metrics.
+name is the one vLLM would use as the ``model_name`` label of its metrics; ``formats`` names the
+markers a model writes (Qwen3's ``<think>``, Kimi K3's three-token markers, MiniMax M2's close
+marker alone), ``deepseek_r1``'s by default.
 """
 
 from __future__ import annotations
@@ -22,8 +24,15 @@ def _default_models() -> Mapping[str, SimMode]:
             "qwq-32b": "tags",
             "deepseek-r1-parsed": "separated",
             "deepseek-v3": "none",
+            "qwen3": "tags",
+            "kimi-k3": "template",
+            "minimax-m2": "template",
         }
     )
+
+
+def _default_formats() -> Mapping[str, str]:
+    return MappingProxyType({"qwen3": "qwen3", "kimi-k3": "kimi_k3", "minimax-m2": "minimax_m2"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +44,8 @@ class SimConfig:
     kv_capacity_tokens: int = 65536
     block_size: int = 16
     models: Mapping[str, SimMode] = field(default_factory=_default_models)
+    # the markers each model writes (a gateway.formats name); deepseek_r1's when absent
+    formats: Mapping[str, str] = field(default_factory=_default_formats)
     seed: int = 0
     error_rate: float = 0.0
     drop_rate: float = 0.0

@@ -80,6 +80,7 @@ def plan_deltas(script: Script, merge: int = 1, leak: int = 0) -> tuple[Delta, .
 def leak_boundary(script: Script, leak: int) -> tuple[Piece, ...]:
     """The pieces with ``leak`` characters moved across the parsed tag (vLLM #51641)."""
     at = script.split_at
+    leak = min(leak, len(script.close) - 1)
     if leak < 1 or at is None:
         return script.pieces
     pieces = list(script.pieces)
@@ -87,7 +88,7 @@ def leak_boundary(script: Script, leak: int) -> tuple[Piece, ...]:
     for index in range(at + 1, len(pieces)):
         piece = pieces[index]
         if piece.channel == "content" and piece.text:
-            pieces[index] = Piece("content", CLOSE_TAG[-leak:] + piece.text)
+            pieces[index] = Piece("content", script.close[-leak:] + piece.text)
             break
     return tuple(pieces)
 

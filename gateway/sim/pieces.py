@@ -5,8 +5,9 @@ Rules:
 - One piece is one completion token, whatever its text. A piece with empty text is a token
   that sends no delta: vLLM skips empty deltas (the ``</think>`` token its reasoning parser
   consumed, or text a stop string cut away), yet counts the token.
-- ``Script.tag_at`` is the piece where the first complete ``</think>`` of the generated text
-  starts (it may be spelled across several pieces); ``None`` if the text has no whole tag.
+- ``Script.tag_at`` is the piece where the first complete close marker (``Script.close``,
+  ``</think>`` unless the model's format says otherwise) of the generated text starts (it may
+  be spelled across several pieces); ``None`` if the text has no whole marker.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Script:
     finish_reason: FinishReason
     stop_reason: str | None = None
     tag_at: int | None = None
+    close: str = CLOSE_TAG  # the format's close marker
 
     @property
     def completion_tokens(self) -> int:
@@ -65,9 +67,9 @@ class Script:
         return "".join(parts) if parts else None
 
 
-def find_tag(pieces: Sequence[Piece]) -> int | None:
-    """The index of the piece where the first complete ``</think>`` starts, if any."""
-    at = "".join(piece.text for piece in pieces).find(CLOSE_TAG)
+def find_tag(pieces: Sequence[Piece], close: str = CLOSE_TAG) -> int | None:
+    """The index of the piece where the first complete ``close`` marker starts, if any."""
+    at = "".join(piece.text for piece in pieces).find(close)
     if at < 0:
         return None
     for index, piece in enumerate(pieces):

@@ -23,11 +23,14 @@ from collections.abc import Sequence
 from gateway.sim.pieces import CLOSE_TAG, Piece
 
 
-def separate(pieces: Sequence[Piece], tag_at: int | None) -> tuple[Piece, ...]:
-    """The pieces with the channels vLLM's deepseek_r1 parser gives them."""
+def separate(
+    pieces: Sequence[Piece], tag_at: int | None, close: str = CLOSE_TAG
+) -> tuple[Piece, ...]:
+    """The pieces with the channels vLLM's deepseek_r1 parser gives them (``close``: the
+    format's close marker, one token when it is one piece)."""
     if tag_at is None:
         return tuple(pieces)
     before, tag, after = pieces[:tag_at], pieces[tag_at], pieces[tag_at + 1 :]
-    if tag.text == CLOSE_TAG:
+    if tag.text == close:
         return (*before, Piece("reasoning", ""), *after)
     return (*before, *(Piece("reasoning", piece.text) for piece in pieces[tag_at:]))

@@ -19,7 +19,13 @@ Rules (vLLM 0.32 behaviour where it has one):
   channel explicitly), ``mode``, ``seed``, ``ttft_ms``, ``itl_ms``, ``stall_ms``, ``fail``
   (``drop``/``error``/``stall``), ``fail_after`` (emissions), ``reasoning_tokens`` (int or null:
   overrides ``usage.completion_tokens_details``), ``merge`` (int >= 1, default 1: tokens
-  per streamed delta, as vLLM under load sends them; see ``gateway.sim.deltas``).
+  per streamed delta, as vLLM under load sends them; see ``gateway.sim.deltas``),
+  ``format`` (a ``gateway.formats`` name with text markers: the model writes its markers;
+  default: the model's, see ``SimConfig.formats``), ``empty_reasoning`` (bool: the model
+  thinks nothing, see ``gateway.sim.script``).
+- Thinking is off, as a hybrid model's template does it, when ``chat_template_kwargs`` has
+  ``thinking`` or ``enable_thinking`` false, or ``reasoning_effort`` is ``"none"``: the model
+  writes only its answer (``gateway.sim.script``).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any, Literal, get_args
 
 import orjson
 
+from gateway.formats import BUILTIN
 from gateway.sim.config import SimConfig
 from gateway.sim.script import Channel, Piece, SimMode, count_prompt_tokens, derive_seed
 from gateway.sim.state import FailMode
@@ -64,6 +71,8 @@ class SimOptions:
     fail_after: int | None = None
     reasoning_tokens: ReasoningOverride = "auto"
     merge: int = 1
+    format: str | None = None
+    empty_reasoning: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,8 @@ class ChatRequest:
     include_usage: bool
     stops: tuple[str, ...]
     sim: SimOptions
+    markers: tuple[str | None, str] = ("<think>", "</think>")
+    thinking: bool = True
 
 
 def error_body(message: str, error_type: str, param: str | None, code: int) -> bytes:
@@ -108,7 +119,26 @@ def parse_chat_request(body: bytes, config: SimConfig) -> ChatRequest:
         include_usage=stream and isinstance(options, dict) and options.get("include_usage") is True,
         stops=_stops(data.get("stop")),
         sim=sim,
+        markers=_markers(sim.format or config.formats.get(model, "deepseek_r1")),
+        thinking=_thinking(data),
     )
+
+
+def _markers(name: str) -> tuple[str | None, str]:
+    fmt = BUILTIN.get(name)
+    if fmt is None or not fmt.splits or fmt.close is None:
+        raise _bad("'sim.format' must name a format with text markers", "sim")
+    return fmt.open, fmt.close
+
+
+def _thinking(data: dict[str, Any]) -> bool:
+    kwargs = data.get("chat_template_kwargs")
+    switches = (
+        (kwargs.get("thinking"), kwargs.get("enable_thinking")) if isinstance(kwargs, dict) else ()
+    )
+    if False in switches:
+        return False
+    return data.get("reasoning_effort") != "none"
 
 
 def _bad(message: str, param: str | None = None) -> SimRequestError:
@@ -211,6 +241,8 @@ def _parse_sim(raw: object) -> SimOptions:
         if "reasoning_tokens" in raw
         else "auto",
         merge=_positive(raw, "merge", 1),
+        format=_typed(raw, "format", str, None),
+        empty_reasoning=bool(_typed(raw, "empty_reasoning", bool, False)),
     )
 
 

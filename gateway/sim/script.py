@@ -19,6 +19,17 @@ Rules:
                whole answer into reasoning)
     none       content: answer
 
+- Markers: ``</think>`` and ``<think>`` above stand for the model's format (``markers``: the
+  open and close marker of a ``gateway.formats`` entry, e.g. Kimi K3's three-token
+  ``<|open|>think<|sep|>`` … ``<|close|>think<|sep|>``); a format without an open marker
+  (MiniMax M2) renders ``tags`` like ``template``.
+- ``empty_reasoning``: the model thought nothing (R1 on a trivial prompt): the output starts
+  with the close marker as one token (``template``: ``</think>\n\n`` + answer; ``separated``:
+  vLLM's parser consumes that token, so only ``content`` deltas follow, no reasoning field).
+- ``thinking=False`` (a hybrid model asked not to think; the template already closed the
+  block): only the answer, no markers. In ``separated`` mode it travels in ``reasoning``, as
+  vLLM's ``deepseek_r1`` parser sends text that never reaches a ``</think>`` (the worst case
+  for a gateway; the ``deepseek_v3`` parser would send ``content``).
 - Tokenisation: text is cut into words with their leading space (``" the"``), then into pieces
   of 1-6 characters. A tag is a special token: one piece half the time, otherwise cut at one or
   two random points (``"</th" "ink>"``, ``"<" "/think" ">"``), so splitters see both shapes.
@@ -148,18 +159,39 @@ def build_script(
     max_tokens: int | None = None,
     chunks: Sequence[Piece] | None = None,
     stops: Sequence[str] = (),
+    markers: tuple[str | None, str] = (OPEN_TAG, CLOSE_TAG),
+    thinking: bool = True,
+    empty_reasoning: bool = False,
 ) -> Script:
     """Plan one choice: scripted ``chunks`` verbatim, else text generated from ``seed``;
     then end it at a stop string or ``max_tokens`` and, in ``separated`` mode, parse it."""
+    close = markers[1]
     if chunks is not None:
         planned = list(chunks)
     else:
         rng = random.Random(seed)
-        planned = _render(mode, _compose(rng), rng)
+        text = _compose(rng)
+        if not thinking:
+            return _unthinking(mode, text.answer, rng, prompt_tokens, max_tokens, stops, close)
+        if empty_reasoning:
+            text = Composition("", text.answer)
+        planned = _render(mode, text, rng, markers)
     ending = end_generation(planned, stops, max_tokens)
-    tag_at = find_tag(ending.pieces)
-    pieces = separate(ending.pieces, tag_at) if mode == "separated" else ending.pieces
-    return Script(pieces, prompt_tokens, ending.finish_reason, ending.stop_reason, tag_at)
+    tag_at = find_tag(ending.pieces, close)
+    pieces = separate(ending.pieces, tag_at, close) if mode == "separated" else ending.pieces
+    return Script(pieces, prompt_tokens, ending.finish_reason, ending.stop_reason, tag_at, close)
+
+
+def _unthinking(
+    mode: SimMode, answer: str, rng: random.Random, prompt_tokens: int,
+    max_tokens: int | None, stops: Sequence[str], close: str,
+) -> Script:  # fmt: skip
+    """Thinking off: the answer alone, in ``reasoning`` behind a separating engine."""
+    channel: Channel = "reasoning" if mode == "separated" else "content"
+    ending = end_generation(_on(channel, list(_tokenize(answer, rng))), stops, max_tokens)
+    return Script(
+        ending.pieces, prompt_tokens, ending.finish_reason, ending.stop_reason, None, close
+    )
 
 
 def _compose(rng: random.Random) -> Composition:
@@ -177,17 +209,24 @@ def _compose(rng: random.Random) -> Composition:
     return Composition(reasoning, answer)
 
 
-def _render(mode: SimMode, text: Composition, rng: random.Random) -> list[Piece]:
+def _render(
+    mode: SimMode, text: Composition, rng: random.Random, markers: tuple[str | None, str]
+) -> list[Piece]:
     """Tokenise the texts in the order and channels ``mode`` prescribes."""
+    open_marker, close = markers
     reasoning = list(_tokenize(text.reasoning, rng))
     answer = list(_tokenize(text.answer, rng))
+    tag = _split_tag(close, rng)
+    if not text.reasoning:
+        tag = [close]  # the model went straight to the answer: one special token
     if mode == "separated":
-        tag = _split_tag(CLOSE_TAG, rng)
         return _on("reasoning", reasoning + tag) + _on("content", answer)
     if mode == "none":
         return _on("content", answer)
-    closing = ["\n", *_split_tag(CLOSE_TAG, rng), "\n\n"]
-    opening = [*_split_tag(OPEN_TAG, rng), "\n"] if mode == "tags" else []
+    closing = ["\n", *tag, "\n\n"] if text.reasoning else [*tag, "\n\n"]
+    opening = []
+    if mode == "tags" and open_marker is not None:
+        opening = [*_split_tag(open_marker, rng), "\n"]
     return _on("content", opening + reasoning + closing + answer)
 
 

@@ -285,3 +285,67 @@ def test_encoder_bytes_are_compact_json() -> None:
         payload = event[6:-2]
         assert orjson.dumps(orjson.loads(payload)) == payload
     assert orjson.loads(events[3][6:-2])["choices"][0]["stop_reason"] == "</x>"
+
+
+# --- each format's markers, an empty reasoning, thinking switched off ----------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "opening", "close"),
+    [
+        ("deepseek-r1", None, "\n</think>\n\n"),
+        ("qwen3", "<think>\n", "\n</think>\n\n"),
+        ("kimi-k3", None, "\n<|close|>think<|sep|>\n\n"),
+        ("minimax-m2", None, "\n</think>\n\n"),
+    ],
+)
+async def test_each_model_writes_its_formats_markers(
+    model: str, opening: str | None, close: str
+) -> None:
+    text = compose(7)
+    message = (await whole(chat(model, seed=7)))["choices"][0]["message"]
+    assert message["content"] == (opening or "") + text.reasoning + close + text.answer
+    assert message["reasoning"] is None
+
+
+async def test_a_format_can_be_asked_for_per_request_and_must_have_markers() -> None:
+    message = (await whole(chat("deepseek-r1", seed=7, sim={"format": "kimi_k3"})))["choices"]
+    assert "<|close|>think<|sep|>" in message[0]["message"]["content"]
+    async with in_process() as (client, _):
+        bad = await client.post("/v1/chat/completions", json=chat(sim={"format": "none"}))
+    assert bad.status_code == 400
+
+
+async def test_an_empty_reasoning_behind_a_separating_engine_sends_content_only() -> None:
+    # R1 on a trivial prompt: the first token is </think>, which vLLM's parser consumes.
+    body = chat("deepseek-r1-parsed", seed=7, sim={"empty_reasoning": True})
+    chunks = await streamed({**body, "stream_options": USAGE})
+    sent = [c["delta"] for c in choices(chunks)]
+    assert all("reasoning" not in d for d in sent)
+    assert "".join(d.get("content") or "" for d in sent) == compose(7).answer
+    message = (await whole(body))["choices"][0]["message"]
+    assert (message["reasoning"], message["content"]) == (None, compose(7).answer)
+
+
+async def test_an_empty_reasoning_in_the_text_is_a_lone_close_marker() -> None:
+    body = chat("deepseek-r1", seed=7, sim={"empty_reasoning": True})
+    message = (await whole(body))["choices"][0]["message"]
+    assert message["content"] == "</think>\n\n" + compose(7).answer
+
+
+@pytest.mark.parametrize(
+    "switch",
+    [
+        {"chat_template_kwargs": {"thinking": False}},
+        {"chat_template_kwargs": {"enable_thinking": False}},
+        {"reasoning_effort": "none"},
+    ],
+)
+async def test_thinking_off_is_the_answer_alone_and_an_r1_parser_calls_it_reasoning(
+    switch: dict[str, Any],
+) -> None:
+    answer = compose(7).answer
+    raw = (await whole(chat("deepseek-r1", seed=7, **switch)))["choices"][0]["message"]
+    assert (raw["content"], raw["reasoning"]) == (answer, None)
+    parsed = (await whole(chat("deepseek-r1-parsed", seed=7, **switch)))["choices"][0]
+    assert (parsed["message"]["content"], parsed["message"]["reasoning"]) == (None, answer)
