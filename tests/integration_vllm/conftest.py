@@ -2,11 +2,13 @@
 
 Two servers start side by side from the same tiny model (``tinymodel.py``):
 
-- ``parsed``: ``--reasoning-parser deepseek_r1``, served as ``tiny-r1-parsed``: reasoning arrives
-  in ``delta.reasoning``, as production deployments run it;
-- ``raw``: no reasoning parser, served as ``tiny-r1`` and ``tiny-r1-tags``: the tags arrive
-  inside ``content`` and thinkgate's own splitter does the work (``tiny-r1-tags`` is configured
-  with the ``think_tags`` parser in the gateway).
+- ``parsed``: ``--reasoning-parser deepseek_r1``, served as ``tiny-r1-parsed`` and
+  ``tiny-v4-parsed``: reasoning arrives in ``delta.reasoning``, as production deployments run it
+  (the gateway reads it with ``reasoning_source: upstream``; ``tiny-v4-parsed`` stands for a
+  hybrid model behind that parser, in the ``deepseek_v4`` format, whose thinking can be off);
+- ``raw``: no reasoning parser, served as ``tiny-r1``, ``tiny-r1-tags``, ``tiny-v4``,
+  ``tiny-k3`` and ``tiny-minimax``: the markers arrive inside ``content`` and thinkgate's own
+  splitter does the work, each name configured with its format in the gateway.
 
 The vLLM environment is ``.venv-vllm`` (``make vllm``, which ``make test`` runs). Without it,
 or with ``pytest --no-vllm``, these tests skip with the reason; under ``CI`` a missing
@@ -33,6 +35,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 START_TIMEOUT_S = 240
+RAW_NAMES = ("tiny-r1", "tiny-r1-tags", "tiny-v4", "tiny-k3", "tiny-minimax")
 
 
 @dataclass(frozen=True)
@@ -169,8 +172,8 @@ def vllm_servers(
 ) -> Iterator[dict[str, VllmServer]]:
     workdir = tmp_path_factory.mktemp("vllm")
     started = [
-        _start(tiny_model, workdir, ("tiny-r1-parsed",), parser=True),
-        _start(tiny_model, workdir, ("tiny-r1", "tiny-r1-tags"), parser=False),
+        _start(tiny_model, workdir, ("tiny-r1-parsed", "tiny-v4-parsed"), parser=True),
+        _start(tiny_model, workdir, RAW_NAMES, parser=False),
     ]
     try:
         for proc, server in started:

@@ -54,7 +54,14 @@ async def gateway(
     settings = Settings(
         upstreams=(vllm_servers["parsed"].url, vllm_servers["raw"].url),
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
-        models={"tiny-r1-tags": {"reasoning_parser": "think_tags"}},
+        models={
+            "tiny-r1-parsed": {"reasoning_source": "upstream"},  # vLLM runs deepseek_r1
+            "tiny-v4-parsed": {"reasoning_source": "upstream", "reasoning_parser": "deepseek_v4"},
+            "tiny-r1-tags": {"reasoning_parser": "think_tags"},
+            "tiny-v4": {"reasoning_parser": "deepseek_v4"},
+            "tiny-k3": {"reasoning_parser": "kimi_k3"},
+            "tiny-minimax": {"reasoning_parser": "minimax_m2"},
+        },
         # a non-streamed request waits for its whole answer within this bound: a burst of
         # twelve on a CPU engine that runs two at a time takes a minute on a busy machine
         first_token_timeout_s=180,
@@ -312,3 +319,80 @@ async def test_records_hold_what_vllm_produced(gateway: Gateway) -> None:
         assert record.status == "ok"
         assert (record.reasoning, record.content) == ((REASONING,), (ANSWER,))
         assert record.upstream is not None and record.usage is not None
+
+
+# -- reasoning formats and sources (gateway.formats) ------------------------------------------
+
+EMPTY_REGEX = r"</think>\n\nThe answer is 42\."  # R1 with nothing to think about
+EMPTY_ANSWER = "\n\nThe answer is 42."
+
+
+async def whole(gw: Gateway, model: str, key: str, **params: Any) -> tuple[str | None, str | None]:
+    async with gw.sdk(key) as client:
+        done = await client.chat.completions.create(
+            model=model, messages=QUESTION, max_tokens=100, **params
+        )
+    message = done.choices[0].message
+    return (message.model_extra or {}).get("reasoning_content"), message.content
+
+
+@pytest.mark.parametrize("key", ["visible", "hidden"])
+async def test_an_empty_reasoning_behind_vllms_parser_leaves_the_answer_for_every_key(
+    gateway: Gateway, key: str
+) -> None:
+    # vLLM's deepseek_r1 parser swallows the lone </think> token and sends content only; with
+    # reasoning_source: upstream that content is the answer (it used to become reasoning).
+    pinned = gateway.pinned(EMPTY_REGEX)
+    reasoning, content, _ = await stream(
+        gateway, "tiny-r1-parsed", key=key, max_tokens=100, extra_body=pinned
+    )
+    assert (reasoning, content) == ("", EMPTY_ANSWER)
+    assert await whole(gateway, "tiny-r1-parsed", key, extra_body=pinned) == (None, EMPTY_ANSWER)
+
+
+THINKING_OFF_REGEX = r"The answer is 42\."
+
+
+@pytest.mark.parametrize("model", ["tiny-v4-parsed", "tiny-v4"])
+@pytest.mark.parametrize("key", ["visible", "hidden"])
+async def test_thinking_off_through_chat_template_kwargs_is_all_answer(
+    gateway: Gateway, model: str, key: str
+) -> None:
+    # The tiny template closes the block in the prompt (as DeepSeek-V3.1's does); vLLM's
+    # deepseek_r1 parser, which has no switch, then calls the whole answer reasoning.
+    pinned = gateway.pinned(THINKING_OFF_REGEX, chat_template_kwargs={"thinking": False})
+    reasoning, content, _ = await stream(gateway, model, key=key, max_tokens=100, extra_body=pinned)
+    assert (reasoning, content) == ("", "The answer is 42.")
+    assert await whole(gateway, model, key, extra_body=pinned) == (None, "The answer is 42.")
+    records = [r for r in gateway.sink.records if r.model == model]
+    assert records and all(r.thinking is False and r.reasoning == ("",) for r in records)
+
+
+K3_REGEX = (
+    r"The user asks for 6 times 7\. That is 42\.\n<\|close\|>think<\|sep\|>\n\nThe answer is 42\."
+)
+MINIMAX_REGEX = (
+    r"<think>The user asks for 6 times 7\. That is 42\.\n<minimax:tool_call><invoke>f</invoke>"
+)
+
+
+@pytest.mark.parametrize("key", ["visible", "hidden"])
+async def test_kimi_k3_three_part_markers_spelled_as_text_are_split_by_thinkgate(
+    gateway: Gateway, key: str
+) -> None:
+    reasoning, content, _ = await stream(
+        gateway, "tiny-k3", key=key, max_tokens=100, extra_body=gateway.pinned(K3_REGEX)
+    )
+    assert content == ANSWER
+    assert reasoning == (REASONING if key == "visible" else "")
+
+
+async def test_minimax_close_only_and_its_tool_call_marker_are_split_by_thinkgate(
+    gateway: Gateway,
+) -> None:
+    # MiniMax M2's template opened the block; a <think> the model writes is dropped, and its
+    # tool-call marker ends reasoning and stays in the content.
+    reasoning, content, _ = await stream(
+        gateway, "tiny-minimax", max_tokens=100, extra_body=gateway.pinned(MINIMAX_REGEX)
+    )
+    assert (reasoning, content) == (REASONING, "<minimax:tool_call><invoke>f</invoke>")

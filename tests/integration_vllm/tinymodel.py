@@ -8,7 +8,9 @@ generated text and the weights are random.
   *non-special* added tokens, as in DeepSeek-R1 (vLLM's ``deepseek_r1`` reasoning parser finds
   them in the vocabulary), and DeepSeek's special tokens for the chat template.
 - Chat template: DeepSeek-R1's shape; the generation prompt ends with ``<think>\\n``, so the
-  output starts inside the think block.
+  output starts inside the think block. Like DeepSeek-V3.1's hybrid template, the request's
+  ``chat_template_kwargs: {"thinking": false}`` closes the block in the prompt instead
+  (``</think>``): the model answers without thinking.
 - Model: a random-weight Qwen2 (2 layers, hidden 128, 4 heads, 2 KV heads: vLLM's CPU attention
   needs a head size of at least 32), ``vocab_size`` exactly the tokenizer's size.
 
@@ -38,7 +40,13 @@ CHAT_TEMPLATE = (
     + "{{ message['content'] }}"
     + EOS
     + "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}" + ASSISTANT + THINK + "\n{% endif %}"
+    "{% if add_generation_prompt %}"
+    + ASSISTANT
+    + "{% if thinking is defined and not thinking %}"
+    + END_THINK
+    + "{% else %}"
+    + THINK
+    + "\n{% endif %}{% endif %}"
 )
 
 
