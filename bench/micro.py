@@ -59,6 +59,14 @@ def _splitter_reasoning() -> Callable[[], object]:
     return lambda: splitter.feed(TOKEN)
 
 
+def _splitter_format(name: str, token: str) -> Callable[[], Callable[[], object]]:
+    def make() -> Callable[[], object]:
+        splitter = ThinkSplitter(name)  # inside the template-opened reasoning block
+        return lambda: splitter.feed(token)
+
+    return make
+
+
 def _splitter_answer() -> Callable[[], object]:
     splitter = ThinkSplitter("deepseek_r1")
     splitter.feed("reasoning\n</think>\n\n")
@@ -96,9 +104,22 @@ _CASES: list[tuple[str, Callable[[], Callable[[], object]]]] = [
     ("orjson.loads", _orjson_loads),
     ("ThinkSplitter.feed, reasoning", _splitter_reasoning),
     ("ThinkSplitter.feed, answer", _splitter_answer),
+    ("ThinkSplitter.feed, reasoning, Kimi K3 markers", _splitter_format("kimi_k3", TOKEN)),
+    ("ThinkSplitter.feed, reasoning, Qwen3 markers", _splitter_format("qwen3", TOKEN)),
+    # not a typical chunk (kept out of the ≤ 1 µs target): a '<' makes the splitter look for
+    # a marker and a prefix of one to hold
+    ("Marker scan: reasoning chunk with '<', R1", _splitter_format("deepseek_r1", " a<b")),
+    ("Marker scan: reasoning chunk with '<', Kimi K3", _splitter_format("kimi_k3", " a<b")),
     ("SSEParser.feed, one event", _sse_parser),
     ("StreamRelay.feed, reasoning shown", _relay(show_reasoning=True, answer=False)),
     ("StreamRelay.feed, reasoning hidden", _relay(show_reasoning=False, answer=False)),
     ("StreamRelay.feed, answer", _relay(show_reasoning=True, answer=True)),
     ("SSEParser + StreamRelay, reasoning", _parse_and_relay),
 ]
+
+
+if __name__ == "__main__":  # python -m bench.micro: the table alone, without the load runs
+    results = run_micro()
+    for result in results:
+        ratio = result.us_per_call / results[0].us_per_call
+        print(f"{result.name:55} {result.us_per_call:7.3f} µs  {ratio:5.2f}×")

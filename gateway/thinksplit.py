@@ -86,16 +86,27 @@ class _Rule:
 
 @dataclass(frozen=True, slots=True)
 class _Row:
+    state: State
     reasoning: bool  # the channel of this state
     rules: tuple[_Rule, ...]
+    markers: tuple[str, ...]  # the rules' markers, in the same order
     starts: str  # the first characters of the markers, for the fast path
+    first: str | None  # the one first character, when all markers share it (usually "<")
     window: int  # the longest held suffix: longest marker - 1
 
+    def may_start(self, text: str) -> bool:
+        """Whether ``text`` holds a character that may start one of the markers."""
+        if self.first is not None:
+            return self.first in text
+        return any(c in text for c in self.starts)
 
-def _row(reasoning: bool, rules: list[_Rule]) -> _Row:
-    starts = "".join(sorted({r.marker[0] for r in rules}))
-    window = max((len(r.marker) for r in rules), default=1) - 1
-    return _Row(reasoning, tuple(rules), starts, window)
+
+def _row(state: State, reasoning: bool, rules: list[_Rule]) -> _Row:
+    markers = tuple(r.marker for r in rules)
+    starts = "".join(sorted({m[0] for m in markers}))
+    window = max((len(m) for m in markers), default=1) - 1
+    first = starts if len(starts) == 1 else None
+    return _Row(state, reasoning, tuple(rules), markers, starts, first, window)
 
 
 @cache
@@ -105,12 +116,13 @@ def _table(fmt: ReasoningFormat) -> dict[State, _Row]:
     ends = [_Rule(m, State.ANSWER, True) for m in fmt.ends]
     unopened = [_Rule(m, State.ANSWER, True) for m in fmt.ends_unopened]
     opens = [_Rule(fmt.open, State.REASONING, False)] if fmt.open and fmt.close else []
-    return {
-        State.OPENING: _row(True, opens + drop + ends + unopened),
-        State.REASONING: _row(True, drop + ends),
-        State.BEFORE: _row(False, opens),
-        State.ANSWER: _row(False, []),
-    }
+    rows = (
+        _row(State.OPENING, True, opens + drop + ends + unopened),
+        _row(State.REASONING, True, drop + ends),
+        _row(State.BEFORE, False, opens),
+        _row(State.ANSWER, False, []),
+    )
+    return {row.state: row for row in rows}
 
 
 def initial_state(fmt: ReasoningFormat) -> State:
@@ -122,22 +134,26 @@ def initial_state(fmt: ReasoningFormat) -> State:
 class ThinkSplitter:
     """Splits one choice's text stream; create one per choice index."""
 
-    __slots__ = ("_closed", "_held", "_table", "format", "state")
+    __slots__ = ("_closed", "_held", "_row", "_table", "format", "state")
 
     def __init__(self, fmt: ReasoningFormat | str = "deepseek_r1") -> None:
         fmt = lookup(fmt) if isinstance(fmt, str) else fmt
         self.format = fmt
         self._table = _table(fmt)
-        self.state = initial_state(fmt)
+        self._go(initial_state(fmt))
         self._held = ""
         self._closed = False
+
+    def _go(self, state: State) -> None:
+        self.state = state
+        self._row = self._table[state]
 
     @classmethod
     def inside_reasoning(cls, fmt: ReasoningFormat | str = "deepseek_r1") -> ThinkSplitter:
         """For reasoning text whose block was opened and its open marker removed upstream (a
         reasoning field): only the close marker and ``ends`` end it; an open marker is literal."""
         splitter = cls(fmt)
-        splitter.state = State.REASONING
+        splitter._go(State.REASONING)
         return splitter
 
     def inside(self) -> ThinkSplitter:
@@ -160,15 +176,16 @@ class ThinkSplitter:
 
     def could_hold(self, text: str) -> bool:
         """Whether ``text`` holds a character that may start a marker active now."""
-        return any(c in text for c in self._table[self.state].starts)
+        return self._row.may_start(text)
 
     def feed(self, text: str) -> list[SplitEvent]:
         if self._closed:
             raise LocalProtocolError("feed() after close()")
         if self.state is State.ANSWER:  # the hot path once reasoning is over
             return [Content(text)] if text else []
-        row = self._table[self.state]
-        if not self._held and not any(c in text for c in row.starts):
+        row = self._row
+        first = row.first
+        if not self._held and (first not in text if first is not None else not row.may_start(text)):
             if not text:  # the hot path inside reasoning: no marker can start
                 return []
             return [Reasoning(text) if row.reasoning else Content(text)]
@@ -188,7 +205,7 @@ class ThinkSplitter:
         """Give up waiting on held text: it is literal text of the current channel. For a
         caller that knows no marker can continue it (the upstream moved on to another field)."""
         out: list[SplitEvent] = []
-        _emit(out, self._table[self.state].reasoning, self._held)
+        _emit(out, self._row.reasoning, self._held)
         self._held = ""
         return out
 
@@ -201,25 +218,28 @@ class ThinkSplitter:
 
     def _step(self, buf: str, out: list[SplitEvent]) -> str:
         """Consume ``buf`` up to and including the first active marker; return the rest."""
-        row = self._table[self.state]
+        row = self._row
         if not row.rules:
             _emit(out, row.reasoning, buf)
             return ""
-        pos, rule = _first_marker(buf, row.rules)
+        pos, rule = _first_marker(buf, row)
         if rule is None:
             keep = _held_suffix(buf, row)
             _emit(out, row.reasoning, buf[: len(buf) - keep])
             self._held = buf[len(buf) - keep :]
             return ""
         _emit(out, row.reasoning, buf[:pos])
-        self.state = rule.to
+        self._go(rule.to)
         return buf[pos:] if rule.keep else buf[pos + len(rule.marker) :]
 
 
-def _first_marker(buf: str, rules: tuple[_Rule, ...]) -> tuple[int, _Rule | None]:
+def _first_marker(buf: str, row: _Row) -> tuple[int, _Rule | None]:
     """The leftmost complete marker (markers of one state are prefix-free: no ties)."""
+    if len(row.markers) == 1:  # the common case: one marker active
+        pos = buf.find(row.markers[0])
+        return (pos, row.rules[0]) if pos >= 0 else (len(buf), None)
     best, found = len(buf), None
-    for rule in rules:
+    for rule in row.rules:
         pos = buf.find(rule.marker, 0, best + len(rule.marker))
         if 0 <= pos < best:
             best, found = pos, rule
@@ -234,7 +254,7 @@ def _held_suffix(buf: str, row: _Row) -> int:
         start = buf.find(first, lo, earliest)
         while start >= 0:
             suffix = buf[start:]
-            if any(rule.marker.startswith(suffix) for rule in row.rules):
+            if any(marker.startswith(suffix) for marker in row.markers):
                 earliest = start
                 break
             start = buf.find(first, start + 1, earliest)
