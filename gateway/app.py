@@ -33,7 +33,7 @@ from gateway.metrics import Metrics
 from gateway.ports import Limiter, RecordSink
 from gateway.redisconn import open_redis
 from gateway.servers import BackgroundServer
-from gateway.settings import Settings
+from gateway.settings import ModelOverride, Settings
 from gateway.state import AppState
 from gateway.upstream import UpstreamPool, create_transport
 from ratelimit.autopipe import AutoPipeline
@@ -96,6 +96,18 @@ def create_app(
     return FrontDoor(app, lanes, settings.max_header_bytes)
 
 
+# How the demo's simulated models send their reasoning (gateway.sim.config): the separating
+# one as vLLM with --reasoning-parser does, the others with their family's markers in the text.
+DEMO_MODELS = {
+    "deepseek-r1-parsed": ModelOverride(reasoning_source="upstream"),
+    "qwq-32b": ModelOverride(reasoning_parser="think_tags"),
+    "deepseek-v3": ModelOverride(reasoning_parser="none"),
+    "qwen3": ModelOverride(reasoning_parser="qwen3"),
+    "kimi-k3": ModelOverride(reasoning_parser="kimi_k3"),
+    "minimax-m2": ModelOverride(reasoning_parser="minimax_m2"),
+}
+
+
 async def _start(
     stack: contextlib.AsyncExitStack,
     settings: Settings,
@@ -109,6 +121,7 @@ async def _start(
         demo_sim = create_sim_app(SimConfig(ttft_ms=300, itl_ms=15))
         sim = await stack.enter_async_context(BackgroundServer(demo_sim))
         settings = settings.model_copy(update={"upstreams": (f"{sim.url}/v1",)})
+        settings = settings.with_default_models(DEMO_MODELS)
     transport = create_transport(settings)
     stack.push_async_callback(transport.aclose)
     engine = create_engine(settings.database_url)

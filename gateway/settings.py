@@ -186,13 +186,24 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _resolve_reasoning(self) -> Settings:
         """Resolve every model's format once, so a bad one stops the start (not a request)."""
+        self._resolve_all()
+        return self
+
+    def _resolve_all(self) -> None:
         try:
             self._reasoning[""] = self._model_reasoning("", ModelOverride())
             for model, override in self.models.items():
                 self._reasoning[model] = self._model_reasoning(model, override)
         except FormatError as exc:
             raise ValueError(str(exc)) from None
-        return self
+
+    def with_default_models(self, models: Mapping[str, ModelOverride]) -> Settings:
+        """A copy whose ``models`` add ``models`` under the operator's own entries (the demo's
+        simulated models), every entry resolved again."""
+        copy = self.model_copy(update={"models": {**models, **self.models}})
+        copy._reasoning = {}  # model_copy shares the private dict: never mutate the original's
+        copy._resolve_all()
+        return copy
 
     def _model_reasoning(self, model: str, override: ModelOverride) -> ModelReasoning:
         where = model or None

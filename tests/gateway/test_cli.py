@@ -139,6 +139,28 @@ async def test_demo_serves_the_readme_snippet_and_keeps_its_keys(tmp_path: Path)
 
         pieces = await asyncio.to_thread(snippet)
         assert any(r for r, _ in pieces)
+
+        def formats() -> list[tuple[Any, Any]]:
+            # the demo reads each simulated model as it sends reasoning: a separating engine's
+            # content-only answer is the answer; Kimi K3's markers are split from the text
+            c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key)
+            asks = [
+                ("deepseek-r1-parsed", {"empty_reasoning": True, "itl_ms": 0}),
+                ("kimi-k3", {"chunks": ["plan", "<|close|>", "think", "<|sep|>", "Hi"]}),
+            ]
+            out = []
+            for model, sim in asks:
+                message = c.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "Hi"}],
+                    extra_body={"sim": sim},
+                ).choices[0].message  # fmt: skip
+                out.append(((message.model_extra or {}).get("reasoning_content"), message.content))
+            c.close()
+            return out
+
+        parsed, k3 = await asyncio.to_thread(formats)
+        assert parsed[0] is None and parsed[1]
+        assert k3 == ("plan", "Hi")
     finally:
         assert await stop(proc) == 0
     proc, key_again = await start_demo(tmp_path, port)
