@@ -367,7 +367,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     async def examine() -> list[tuple[str, list[doctor.Check]]]:
         key = settings.upstream_api_key.get_secret_value()
-        sections = await doctor.gather_upstreams(urls, key, args.model)
+        sections = await doctor.gather_upstreams(urls, key, args.model, settings)
         if not args.no_gateway:
             sections.append(("gateway", await doctor.examine_gateway(settings)))
         return sections

@@ -8,9 +8,24 @@ are pure (data in, checks out); ``examine_upstream`` and ``examine_gateway`` onl
 Upstream (per URL): ``/health`` and ``/v1/models`` answer; the model and its ``max_model_len``;
 from ``vllm:cache_config_info``: prefix caching on, KV dtype and block size, KV capacity
 (``(num_gpu_blocks − 1) × block_size``); the KV-usage metric under vLLM's new name
-(``vllm:kv_cache_usage_perc``) or only the old one; one tiny completion, to see whether the
-engine separates reasoning itself (``--reasoning-parser``: a ``reasoning``/``reasoning_content``
-field) or leaves tags in the text, and so which ``REASONING_PARSER`` thinkgate needs.
+(``vllm:kv_cache_usage_perc``) or only the old one; one tiny completion, to see where the
+probed model's reasoning comes from, judged against how this gateway is configured to read it
+(``Settings.reasoning_for(model)``):
+
+- a ``reasoning``/``reasoning_content`` string in the message (even ``""``): the engine runs a
+  reasoning parser (``--reasoning-parser``), so ``reasoning_source: upstream`` is needed. A
+  ``null`` field says nothing: vLLM writes ``"reasoning": null`` in every message, parser or
+  not (README, "Against real vLLM");
+- a close marker of a built-in text format (``gateway.formats.BUILTIN``: ``</think>``, Kimi K3's
+  ``<|close|>think<|sep|>``, …) or, cut short, an open one in the content: the engine leaves
+  the markers in the text, so ``reasoning_source: text`` with the ``REASONING_PARSER`` that
+  fits (``deepseek_r1`` when the template opened the block or the output starts with it,
+  ``think_tags`` when text comes before ``<think>``, ``kimi_k3`` for K3's markers);
+- neither, finished: no reasoning, and the content must stay the answer; cut at
+  ``max_tokens``: inconclusive (a warning).
+
+Configured and needed agree: pass (in ``text``, the configured format must split the probe as the
+fitting parser does, so ``qwen3`` passes for R1's tags); they disagree: fail, naming the setting.
 Gateway: Redis and the database answer; the ledger's last checkpoint is signed by the signing
 key and matches the tree stored in the database (a full ``ledger verify`` is the thorough
 version).
@@ -31,8 +46,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit import merkle, store
 from audit.note import NoteError, parse_checkpoint
+from gateway.choice import ChoiceState
 from gateway.db import create_engine
-from gateway.settings import Settings
+from gateway.formats import BUILTIN, ReasoningFormat, lookup
+from gateway.settings import ModelReasoning, Settings
 from ratelimit.engine_metrics import parse_engine_metrics
 
 Verdict = Literal["pass", "warn", "fail", "info"]
@@ -117,43 +134,134 @@ def _cache_config(text: str) -> dict[str, str] | None:
     return None
 
 
-def judge_probe(status: int | None, body: Any) -> list[Check]:
-    """What one tiny completion says about reasoning, and the setting that follows."""
+def judge_probe(
+    status: int | None, body: Any, model: str, configured: ModelReasoning
+) -> list[Check]:
+    """What one tiny completion of ``model`` says about its reasoning, against how the gateway
+    is configured to read it (``Settings.reasoning_for(model)``)."""
     message = _message(body)
     if status != 200 or message is None:
         got = "unreachable" if status is None else str(status)
         return [Check("probe completion", "fail", f"{got}: {_error(body)}")]
-    checks = [Check("probe completion", "pass", "answered")]
-    separated = message.get("reasoning_content") or message.get("reasoning")
-    content = message.get("content") or ""
-    if separated:
-        checks.append(Check("reasoning parser", "pass",
-                            "the engine separates reasoning (--reasoning-parser); thinkgate "
-                            "reads its field whatever REASONING_PARSER says"))  # fmt: skip
-    elif "</think>" in content:
-        # Only the text before the first </think> says how the block was opened; a <think>
-        # after it is part of the answer (think_tags would wrongly reopen reasoning there).
-        before = content[: content.index("</think>")]
-        opened = before.lstrip().startswith("<think>") or "<think>" not in before
-        setting = "deepseek_r1" if opened else "think_tags"
-        checks.append(Check("reasoning parser", "warn",
-                            f"none on the engine: tags in the text; set REASONING_PARSER="
-                            f"{setting} for this model, or start vLLM with "
-                            "--reasoning-parser deepseek_r1"))  # fmt: skip
-    elif "<think>" in content:
-        checks.append(Check("reasoning parser", "warn",
-                            "none on the engine: an open <think> in the text; set "
-                            "REASONING_PARSER=think_tags for this model"))  # fmt: skip
-    elif _finish_reason(body) == "length":
-        # Cut off before any tag: a template that opened <think> (R1) looks exactly like this.
-        checks.append(Check("reasoning parser", "warn",
-                            "inconclusive: the probe hit max_tokens before any tag; if its "
-                            "template opens <think>, REASONING_PARSER=deepseek_r1"))  # fmt: skip
-    else:
-        checks.append(Check("reasoning parser", "info",
-                            "no reasoning seen in the probe: a model that does not reason wants "
-                            "REASONING_PARSER=none (per model in the YAML file)"))  # fmt: skip
-    return checks
+    verdict, detail = _judge_reasoning(model, message, _finish_reason(body), configured)
+    return [Check("probe completion", "pass", "answered"),
+            Check(f"reasoning of {model}", verdict, detail)]  # fmt: skip
+
+
+def _judge_reasoning(
+    model: str, message: dict[str, Any], finish: Any, configured: ModelReasoning
+) -> tuple[Verdict, str]:
+    content = message.get("content")
+    content = content if isinstance(content, str) else ""
+    if _separates(message):
+        return _separated(model, configured)
+    fitting = _fitting_parser(content)
+    if fitting is not None:
+        return _in_text(model, content, fitting, configured)
+    if finish == "length":
+        # Cut off before any marker: a template that opened <think> (R1) looks exactly like this.
+        return ("warn", "inconclusive: the probe hit max_tokens before any marker; if the "
+                        "template opens <think>, reasoning_source: text with REASONING_PARSER="
+                        f"deepseek_r1 (configured: {configured.source}, REASONING_PARSER="
+                        f"{configured.format.name})")  # fmt: skip
+    return _no_reasoning(model, content, configured)
+
+
+def _separates(message: dict[str, Any]) -> bool:
+    """A reasoning string, even empty (vLLM's deepseek_r1 parser gives ``""`` when the output
+    starts with ``</think>``): the engine's parser ran. ``null`` is in every vLLM message."""
+    return any(isinstance(message.get(key), str) for key in ("reasoning_content", "reasoning"))
+
+
+def _separated(model: str, configured: ModelReasoning) -> tuple[Verdict, str]:
+    if configured.source == "upstream":
+        return ("pass", "upstream: the engine separates reasoning (--reasoning-parser), "
+                        "as configured")  # fmt: skip
+    return ("fail", "configured text, but the engine separates reasoning (--reasoning-parser): "
+                    "a hidden key would get no answer when reasoning is empty; set "
+                    f"reasoning_source: upstream for model {model}")  # fmt: skip
+
+
+def _in_text(
+    model: str, content: str, fitting: tuple[str, str], configured: ModelReasoning
+) -> tuple[Verdict, str]:
+    parser, marker = fitting
+    if configured.source == "upstream":
+        return ("fail", f"configured upstream, but the engine leaves markers in the text "
+                        f"({marker}): reasoning would reach hidden keys as content; set "
+                        f"reasoning_source: text and REASONING_PARSER={parser} for model "
+                        f"{model}, or start the engine with a --reasoning-parser")  # fmt: skip
+    ours = configured.format.name
+    if _gateway_split(configured.format, content) == _gateway_split(lookup(parser), content):
+        return ("pass", f"text: {marker} in the content, split by REASONING_PARSER={ours} "
+                        "as configured")  # fmt: skip
+    return ("fail", f"configured text with REASONING_PARSER={ours}, but {marker} in the "
+                    f"content wants REASONING_PARSER={parser}: set it for model "
+                    f"{model}")  # fmt: skip
+
+
+def _no_reasoning(model: str, content: str, configured: ModelReasoning) -> tuple[Verdict, str]:
+    if configured.source == "upstream":
+        return "pass", "no reasoning in the probe; configured upstream: the content is the answer"
+    ours = configured.format.name
+    if _gateway_split(configured.format, content) == ("", content):
+        return "pass", f"no reasoning in the probe; REASONING_PARSER={ours} leaves the answer whole"
+    return ("fail", f"no reasoning in the probe, but configured text with REASONING_PARSER="
+                    f"{ours} takes this answer for reasoning (hidden keys get none of it): set "
+                    f"REASONING_PARSER=none for model {model} if it does not reason, or "
+                    "reasoning_source: upstream if the engine runs a reasoning parser")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class _Markers:
+    """The close marker of built-in text formats, their open marker, and the parser that fits
+    when the block was opened (by the template, or at the output's start) or not."""
+
+    open: str
+    close: str
+    opened: str
+    unopened: str
+
+
+def _marker_families() -> tuple[_Markers, ...]:
+    families: dict[str, list[ReasoningFormat]] = {}
+    for fmt in BUILTIN.values():
+        if fmt.splits and fmt.close:
+            families.setdefault(fmt.close, []).append(fmt)
+    found = []
+    for close, fmts in families.items():
+        opened = next((f for f in fmts if f.opened), fmts[0])  # in BUILTIN order: deepseek_r1
+        unopened = next((f for f in fmts if not f.opened), opened)  # think_tags
+        found.append(_Markers(opened.open or "", close, opened.name, unopened.name))
+    return tuple(found)
+
+
+_MARKERS = _marker_families()  # </think> (deepseek_r1, think_tags), K3's (kimi_k3)
+
+
+def _fitting_parser(content: str) -> tuple[str, str] | None:
+    """``(parser, marker)``: the parser that splits ``content`` right, and the marker seen."""
+    closes = [(content.find(m.close), m) for m in _MARKERS if m.close in content]
+    if closes:
+        at, family = min(closes, key=lambda found: found[0])
+        # Only the text before the first close marker says how the block was opened; an open
+        # marker after it is part of the answer (think_tags would wrongly reopen reasoning there).
+        before = content[:at]
+        opened = family.open not in before or before.lstrip().startswith(family.open)
+        return (family.opened if opened else family.unopened), family.close
+    opens = [(content.find(m.open), m) for m in _MARKERS if m.open and m.open in content]
+    if opens:  # an open marker and no close: cut inside reasoning the output opened itself
+        family = min(opens, key=lambda found: found[0])[1]
+        return family.unopened, family.open
+    return None
+
+
+def _gateway_split(fmt: ReasoningFormat, content: str) -> tuple[str, str]:
+    """``(reasoning, content)`` as the gateway splits the probe's text in ``fmt``, through the
+    same ``ChoiceState`` as a request; the probe asks nothing, so the format's default decides
+    whether it thinks."""
+    state = ChoiceState.start(fmt, "text", thinking=fmt.thinking({}), repair_leak=False)
+    return state.take(content, None, True)
 
 
 def _message(body: Any) -> dict[str, Any] | None:
@@ -179,10 +287,11 @@ def _error(body: Any) -> str:
 
 
 async def examine_upstream(
-    url: str, api_key: str = "", transport: httpx.AsyncBaseTransport | None = None,
-    model: str | None = None,
+    url: str, settings: Settings, api_key: str = "",
+    transport: httpx.AsyncBaseTransport | None = None, model: str | None = None,
 ) -> list[Check]:  # fmt: skip
-    """Every upstream check for the OpenAI base URL ``url`` (``http://vllm:8000/v1``)."""
+    """Every upstream check for the OpenAI base URL ``url`` (``http://vllm:8000/v1``); the
+    probe is judged against ``settings``' reasoning configuration for the probed model."""
     root = url.rstrip("/").removesuffix("/v1")
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     # 10 s per request, 60 s for the probe completion (a reasoning model may queue)
@@ -197,7 +306,8 @@ async def examine_upstream(
         if chosen is not None:
             body = {"model": chosen, "max_tokens": 256, "temperature": 0,
                     "messages": [{"role": "user", "content": PROBE_PROMPT}]}  # fmt: skip
-            checks += judge_probe(*await _post(client, f"{url.rstrip('/')}/chat/completions", body))
+            answer = await _post(client, f"{url.rstrip('/')}/chat/completions", body)
+            checks += judge_probe(*answer, chosen, settings.reasoning_for(chosen))
     return checks
 
 
@@ -252,9 +362,14 @@ def failed(sections: Sequence[tuple[str, Sequence[Check]]]) -> bool:
 
 
 async def gather_upstreams(
-    urls: Sequence[str], api_key: str, model: str | None
+    urls: Sequence[str], api_key: str, model: str | None, settings: Settings | None = None
 ) -> list[tuple[str, list[Check]]]:
-    found = await asyncio.gather(*(examine_upstream(u, api_key, model=model) for u in urls))
+    """Every upstream's checks; the probes are judged against ``settings`` (the gateway's
+    configuration, ``Settings()`` when not given, as the command builds it)."""
+    settings = settings or Settings()
+    found = await asyncio.gather(
+        *(examine_upstream(u, settings, api_key, model=model) for u in urls)
+    )
     return [(f"upstream {u}", checks) for u, checks in zip(urls, found, strict=True)]
 
 

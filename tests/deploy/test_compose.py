@@ -7,7 +7,8 @@ only in the ``gpu`` profile. (``docker compose config`` would check more, but ne
 machine nor CI has the compose plugin, and Debian packages only the obsolete v1.)
 
 Values are read with the compose file's ``${VAR:-default}`` interpolations resolved as an
-empty environment would resolve them: the defaults are what ``docker compose up`` runs."""
+empty environment would resolve them: the defaults are what ``docker compose up`` runs. The
+gateway's reasoning source is also checked in the environments the env example offers."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
@@ -51,24 +53,32 @@ _VARIABLE = re.compile(r"\$\{(?P<name>\w+)(?:(?P<op>:?[-?+])(?P<word>[^}]*))?\}"
 # -- reading the compose file -------------------------------------------------------------
 
 
-def interpolate(text: str) -> str:
-    """Compose interpolation against an empty environment: ``${X:-d}`` and ``${X-d}`` give
-    ``d``, ``${X}`` and ``${X:+d}`` give nothing; ``$$`` is a literal ``$``."""
+def interpolate(text: str, env: Mapping[str, str] | None = None) -> str:
+    """Compose interpolation against ``env`` (empty by default): ``${X:-d}`` is X if set and
+    not empty, else ``d``; ``${X-d}`` is X if set, else ``d``; ``${X}`` is X or nothing;
+    ``${X:+d}`` is ``d`` if X is set and not empty; ``$$`` is a literal ``$``."""
+    env = env or {}
 
     def value(match: re.Match[str]) -> str:
-        assert match["op"] not in {"?", ":?"}, f"{match[0]}: compose refuses to start unset"
-        return match["word"] if match["op"] in {"-", ":-"} else ""
+        op, given = match["op"] or "", env.get(match["name"])
+        assert op not in {"?", ":?"}, f"{match[0]}: compose refuses to start unset"
+        is_set = bool(given) if op.startswith(":") else given is not None
+        if op.endswith("-"):
+            return (given or "") if is_set else match["word"]
+        if op.endswith("+"):
+            return match["word"] if is_set else ""
+        return given or ""
 
     return _VARIABLE.sub(value, text.replace("$$", "\0")).replace("\0", "$")
 
 
-def resolve(node: Any) -> Any:
+def resolve(node: Any, env: Mapping[str, str] | None = None) -> Any:
     if isinstance(node, str):
-        return interpolate(node)
+        return interpolate(node, env)
     if isinstance(node, list):
-        return [resolve(item) for item in node]
+        return [resolve(item, env) for item in node]
     if isinstance(node, dict):
-        return {key: resolve(value) for key, value in node.items()}
+        return {key: resolve(value, env) for key, value in node.items()}
     return node
 
 
@@ -78,8 +88,10 @@ def compose() -> dict[str, Any]:
     return loaded
 
 
-def services() -> dict[str, dict[str, Any]]:
-    found: dict[str, dict[str, Any]] = compose()["services"]
+def services(env: Mapping[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """The services, resolved against ``env`` (an empty environment by default)."""
+    loaded = compose() if not env else resolve(yaml.safe_load(COMPOSE.read_text()), env)
+    found: dict[str, dict[str, Any]] = loaded["services"]
     return found
 
 
@@ -274,6 +286,65 @@ def test_the_cli_and_ledger_init_use_the_gateways_settings() -> None:
     for name in ("ledger-init", "gateway-cli"):
         assert services()[name]["image"] == services()["gateway"]["image"]
         assert environment(services()[name]) == environment(services()["gateway"]), name
+
+
+# -- reasoning: read where the engine puts it ---------------------------------------------
+
+
+def commented_settings() -> dict[str, str]:
+    """The env example's ``# THINKGATE_X=value`` lines: the settings it offers instead."""
+    found = re.findall(r"^#\s*(THINKGATE_\w+)=(\S+)$", ENV_EXAMPLE.read_text(), re.MULTILINE)
+    return dict(found)
+
+
+CONFIGURATIONS = ["defaults", "env.example", "env.example, gpu"]
+
+
+def configuration(name: str) -> dict[str, str]:
+    """An environment the stack is documented to run in: none (the defaults), the env example,
+    or the env example with its commented alternatives in force (vLLM, ``--profile gpu``)."""
+    return {
+        "defaults": {},
+        "env.example": env_example(),
+        "env.example, gpu": env_example() | commented_settings(),
+    }[name]
+
+
+def engines(env: Mapping[str, str]) -> dict[str, list[str]]:
+    """The gateway's upstreams in ``env``: service name → its command line."""
+    stack = services(env)
+    urls = environment(stack["gateway"])["THINKGATE_UPSTREAMS"].split(",")
+    hosts = {str(urlsplit(url.strip()).hostname) for url in urls if url.strip()}
+    return {host: command_line(stack[host]) for host in hosts}
+
+
+def gateway_setting(env: Mapping[str, str], field: str) -> str:
+    """The gateway's setting ``field`` in ``env``: its environment, the image's, the default."""
+    gateway = image_defaults()[1] | environment(services(env)["gateway"])
+    return gateway.get(f"THINKGATE_{field.upper()}", str(Settings.model_fields[field].default))
+
+
+@pytest.mark.parametrize("name", CONFIGURATIONS)
+def test_the_gateway_reads_reasoning_where_its_engines_put_it(name: str) -> None:
+    """``upstream`` exactly when the engine runs ``--reasoning-parser``, which then names
+    REASONING_PARSER's format; ``text`` when it leaves the markers in the content. The gateway
+    reads a model's reasoning one way, so engines that disagree cannot share it."""
+    env = configuration(name)
+    source = gateway_setting(env, "reasoning_source")
+    found = {host: option(argv, "--reasoning-parser") for host, argv in engines(env).items()}
+    assert found
+    for host, parser in found.items():
+        expected = "upstream" if parser else "text"
+        runs = f"--reasoning-parser={parser}" if parser else "no reasoning parser"
+        assert source == expected, f"{name}: {host} runs {runs}: REASONING_SOURCE {expected}"
+        if parser:
+            assert gateway_setting(env, "reasoning_parser") == parser, f"{name}: {host}"
+
+
+def test_the_env_example_offers_vllm_with_its_reasoning_source() -> None:
+    """The check above covers vLLM too: the env example's gpu alternative points at it."""
+    assert set(engines(configuration("env.example, gpu"))) == {"vllm"}
+    assert set(engines(configuration("defaults"))) == {"simulator"}
 
 
 # -- start order and health ---------------------------------------------------------------

@@ -16,7 +16,8 @@ the renderer's output is compared with ``kubectl kustomize``'s.
 Then: built-in kinds validate against Kubernetes 1.30 (kubernetes-validate, strict); RayService,
 ServiceMonitor and PrometheusRule against the trimmed upstream schemas in ``schemas/``. And the
 deployment facts: settings that exist, probes, security contexts, the writable paths, the network
-policy, the engines' vLLM flags and GPU plumbing, the alert rules shared with deploy/prometheus.
+policy, the engines' vLLM flags and GPU plumbing, the gateway reading reasoning where its engine
+puts it, the alert rules shared with deploy/prometheus.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -50,6 +52,7 @@ RULES = ROOT / "deploy" / "prometheus" / "thinkgate-rules.yaml"
 K8S_VERSION = "1.30"
 KUSTOMIZATIONS = ["base", "overlays/dev", "overlays/r1-8xh100", "overlays/r1-2x8xh100", "models"]
 GATEWAYS = KUSTOMIZATIONS[:4]
+ENGINES = GATEWAYS[1:]  # base's upstream is a placeholder: each overlay deploys the engine
 R1 = {"overlays/r1-8xh100": 1, "overlays/r1-2x8xh100": 2}  # overlay: pipeline stages
 CRD_SCHEMAS = {
     ("ray.io/v1", "RayService"): "rayservice-ray.io-v1.json",
@@ -704,6 +707,66 @@ def test_r1_across_two_nodes_talks_infiniband() -> None:
         env = env_of(container)
         assert env["NCCL_IB_DISABLE"] == "0"
         assert {"NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_NET_GDR_LEVEL"} <= env.keys()
+
+
+def engine_command_line(name: str, url: str) -> list[str]:
+    """The engine behind the upstream ``url`` as a command line: a RayService (KubeRay's
+    ``<name>-serve-svc``) as the ``vllm serve`` flags its engine_kwargs stand for, else the
+    container of the Deployment that the Service of that name selects."""
+    host = urlsplit(url).hostname
+    for obj in rendered(name):
+        if obj["kind"] == "RayService" and host == f"{obj['metadata']['name']}-serve-svc":
+            return ["vllm", "serve", *vllm_flags(llm_config(obj)["engine_kwargs"])]
+    selector = find(name, "Service", str(host))["spec"]["selector"]
+    (pod,) = [
+        o["spec"]["template"]
+        for o in rendered(name)
+        if o["kind"] == "Deployment"
+        and selector.items() <= o["spec"]["template"]["metadata"]["labels"].items()
+    ]
+    (container,) = pod["spec"]["containers"]
+    return [*container.get("command", []), *container.get("args", [])]
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    """The value of ``--name V`` or ``--name=V`` in ``argv``."""
+    for index, arg in enumerate(argv):
+        if arg == name and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith(f"{name}="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_the_gateway_reads_reasoning_where_its_engine_puts_it(name: str) -> None:
+    """``upstream`` exactly when the engine runs a reasoning parser, which then names
+    REASONING_PARSER's format; ``text`` when it leaves the markers in the content (the
+    simulator's models do)."""
+    env = gateway_env(name)
+    source = env.get(
+        "THINKGATE_REASONING_SOURCE", Settings.model_fields["reasoning_source"].default
+    )
+    setting = env.get(
+        "THINKGATE_REASONING_PARSER", Settings.model_fields["reasoning_parser"].default
+    )
+    for url in env["THINKGATE_UPSTREAMS"].split(","):
+        parser = flag(engine_command_line(name, url.strip()), "--reasoning-parser")
+        expected = "upstream" if parser else "text"
+        runs = f"--reasoning-parser {parser}" if parser else "no reasoning parser"
+        assert source == expected, f"{name}: {url} runs {runs}: REASONING_SOURCE {expected}"
+        if parser:
+            assert setting == parser, f"{name}: THINKGATE_REASONING_PARSER={setting}"
+
+
+def test_the_engines_are_found_by_their_upstream_urls() -> None:
+    """What the check above reads: vLLM under Ray Serve LLM in the r1 overlays, the simulator
+    in dev."""
+    for name in R1:
+        argv = engine_command_line(name, gateway_env(name)["THINKGATE_UPSTREAMS"])
+        assert argv[:2] == ["vllm", "serve"] and flag(argv, "--reasoning-parser") == "deepseek_r1"
+    argv = engine_command_line("overlays/dev", gateway_env("overlays/dev")["THINKGATE_UPSTREAMS"])
+    assert argv[:2] == ["thinkgate", "sim"]
 
 
 @pytest.mark.parametrize("name", KUSTOMIZATIONS)

@@ -22,8 +22,9 @@ from gateway import doctor
 from gateway.cli import main
 from gateway.db import create_engine
 from gateway.doctor import Check, Verdict, judge_health, judge_metrics, judge_models, judge_probe
+from gateway.formats import BUILTIN, ReasoningFormat, ReasoningSource, lookup
 from gateway.servers import BackgroundServer
-from gateway.settings import Settings
+from gateway.settings import ModelOverride, ModelReasoning, Settings
 from gateway.sim import SimConfig, create_sim_app
 from gateway.thinksplit import Content, Reasoning, ThinkSplitter
 from tests.e2e import conftest as e2e
@@ -170,22 +171,52 @@ def test_metrics_that_are_not_prometheus_text_fail_without_raising(text: str) ->
 
 # -- judge_probe ---------------------------------------------------------------------------
 
+MODEL = "m1"
+
+
+def configured(parser: str = "deepseek_r1", source: ReasoningSource = "text") -> ModelReasoning:
+    return ModelReasoning(lookup(parser), source)
+
+
+TEXT, UPSTREAM = configured(), configured(source="upstream")
+
 
 def completion(message: dict[str, Any], finish_reason: str = "stop") -> dict[str, Any]:
     return {"choices": [{"index": 0, "message": message, "finish_reason": finish_reason}]}
 
 
-def reasoning_check(checks: list[Check]) -> Check:
+def reasoning_check(
+    message: dict[str, Any], gateway: ModelReasoning, finish_reason: str = "stop"
+) -> Check:
+    checks = judge_probe(200, completion(message, finish_reason), MODEL, gateway)
     assert checks[0] == Check("probe completion", "pass", "answered")
-    (check,) = [c for c in checks if c.name == "reasoning parser"]
+    (check,) = [c for c in checks if c.name == f"reasoning of {MODEL}"]
+    assert len(checks) == 2
     return check
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
-def test_a_separate_reasoning_field_passes(field: str) -> None:
-    body = completion({"role": "assistant", field: "2 plus 2 is 4.", "content": "Four."})
-    check = reasoning_check(judge_probe(200, body))
+@pytest.mark.parametrize("reasoning", ["2 plus 2 is 4.", ""], ids=["reasoning", "empty"])
+def test_a_reasoning_field_needs_reasoning_source_upstream(field: str, reasoning: str) -> None:
+    """Even an empty string: the engine's parser ran (vLLM's deepseek_r1 gives "" when the
+    output starts with </think>), and a text-split gateway would take its content for
+    reasoning."""
+    message = {"role": "assistant", field: reasoning, "content": "Four."}
+    check = reasoning_check(message, UPSTREAM)
     assert check.verdict == "pass" and "--reasoning-parser" in check.detail
+    check = reasoning_check(message, TEXT)
+    assert check.verdict == "fail"
+    assert check.detail.startswith("configured text, but the engine separates reasoning")
+    assert "a hidden key would get no answer when reasoning is empty" in check.detail
+    assert check.detail.endswith(f"set reasoning_source: upstream for model {MODEL}")
+
+
+def test_a_null_reasoning_field_is_no_reasoning_parser() -> None:
+    """vLLM 0.32 writes ``"reasoning": null`` in every message, with a parser or without one
+    (README, "Against real vLLM"): tags in the content decide."""
+    message = {"content": "2 plus 2 is 4.</think>Four.", "reasoning": None}
+    assert reasoning_check(message, TEXT).verdict == "pass"
+    assert reasoning_check(message, UPSTREAM).verdict == "fail"
 
 
 @pytest.mark.parametrize(
@@ -198,36 +229,100 @@ def test_a_separate_reasoning_field_passes(field: str) -> None:
         # A literal <think> in the answer says nothing about how the block was opened.
         ("2 plus 2 is 4.</think>Four. (<think> is a tag)", "deepseek_r1", "2 plus 2 is 4.",
          "Four. (<think> is a tag)"),
+        ("2 plus 2 is 4.<|close|>think<|sep|>Four.", "kimi_k3", "2 plus 2 is 4.", "Four."),
+        ("<|open|>think<|sep|>2 plus 2 is 4.<|close|>think<|sep|>Four.", "kimi_k3",
+         "2 plus 2 is 4.", "Four."),
     ],
-    ids=["template", "tags", "text-before-think", "think-in-the-answer"],
+    ids=["template", "tags", "text-before-think", "think-in-the-answer", "k3-template", "k3"],
 )  # fmt: skip
-def test_tags_in_the_text_get_the_parser_that_splits_them_right(
+def test_markers_in_the_text_need_text_and_the_parser_that_splits_them_right(
     content: str, parser: str, reasoning: str, answer: str
 ) -> None:
-    check = reasoning_check(judge_probe(200, completion({"content": content})))
-    assert check.verdict == "warn"
-    assert f"REASONING_PARSER={parser} " in check.detail
     assert split(parser, content) == (reasoning, answer)  # the advice is right
+    check = reasoning_check({"content": content}, configured(parser))
+    assert check.verdict == "pass"
+    assert check.detail.endswith(f"split by REASONING_PARSER={parser} as configured")
+    check = reasoning_check({"content": content}, configured(parser, "upstream"))
+    assert check.verdict == "fail"
+    assert check.detail.startswith("configured upstream, but the engine leaves markers")
+    assert "reasoning would reach hidden keys as content" in check.detail
+    assert f"reasoning_source: text and REASONING_PARSER={parser} for model {MODEL}," in (
+        check.detail
+    )
 
 
-def test_an_open_think_without_a_close_wants_think_tags() -> None:
-    body = completion({"content": "<think>\n2 plus 2 is", "reasoning_content": None}, "length")
-    check = reasoning_check(judge_probe(200, body))
-    assert check.verdict == "warn" and "REASONING_PARSER=think_tags" in check.detail
+@pytest.mark.parametrize(
+    ("content", "ours", "verdict"),
+    [
+        ("2 plus 2 is 4.</think>Four.", "qwen3", "pass"),  # splits R1's output the same way
+        ("2 plus 2 is 4.</think>Four.", "think_tags", "fail"),  # all of it would be the answer
+        ("2 plus 2 is 4.</think>Four.", "none", "fail"),
+        ("2 plus 2 is 4.</think>Four.", "kimi_k3", "fail"),
+        ("2 plus 2 is 4.</think>Four.", "deepseek_v3", "fail"),  # thinking off by default
+        ("Sure.<think>2 plus 2 is 4.</think>Four.", "deepseek_r1", "fail"),  # "Sure." hidden
+        ("2 plus 2 is 4.<|close|>think<|sep|>Four.", "deepseek_r1", "fail"),
+    ],
+)
+def test_a_configured_text_format_passes_when_it_splits_the_probe_like_the_fitting_one(
+    content: str, ours: str, verdict: Verdict
+) -> None:
+    check = reasoning_check({"content": content}, configured(ours))
+    assert check.verdict == verdict
+    if verdict == "fail":
+        assert check.detail.startswith(f"configured text with REASONING_PARSER={ours}, but")
+        assert check.detail.endswith(f": set it for model {MODEL}")
 
 
-def test_no_tags_in_a_finished_answer_means_no_reasoning() -> None:
-    check = reasoning_check(judge_probe(200, completion({"content": "Four."})))
-    assert check.verdict == "info" and "REASONING_PARSER=none" in check.detail
+@pytest.mark.parametrize("fmt", [f for f in BUILTIN.values() if f.splits], ids=lambda f: f.name)
+def test_the_close_marker_of_every_builtin_text_format_is_seen(fmt: ReasoningFormat) -> None:
+    assert fmt.close
+    check = reasoning_check({"content": f"2 plus 2 is 4.{fmt.close}Four."}, UPSTREAM)
+    assert check.verdict == "fail" and f"leaves markers in the text ({fmt.close})" in check.detail
+
+
+@pytest.mark.parametrize(
+    ("content", "parser"),
+    [("<think>\n2 plus 2 is", "think_tags"), ("<|open|>think<|sep|>2 plus 2 is", "kimi_k3")],
+    ids=["think", "k3"],
+)
+def test_an_open_marker_without_a_close_needs_text(content: str, parser: str) -> None:
+    message = {"content": content, "reasoning_content": None}
+    check = reasoning_check(message, configured(parser), "length")
+    assert check.verdict == "pass" and f"REASONING_PARSER={parser} as configured" in check.detail
+    check = reasoning_check(message, UPSTREAM, "length")
+    assert check.verdict == "fail" and f"REASONING_PARSER={parser} for model" in check.detail
+
+
+@pytest.mark.parametrize(
+    ("gateway", "verdict"),
+    [
+        (configured("none"), "pass"),
+        (configured("deepseek_v3"), "pass"),  # thinking off unless a request asks
+        (configured("think_tags"), "pass"),  # no tag, no reasoning
+        (UPSTREAM, "pass"),
+        (TEXT, "fail"),  # R1's format: the whole answer would be reasoning
+    ],
+    ids=["none", "deepseek_v3", "think_tags", "upstream", "deepseek_r1"],
+)
+def test_no_reasoning_in_a_finished_answer_must_leave_the_answer_whole(
+    gateway: ModelReasoning, verdict: Verdict
+) -> None:
+    check = reasoning_check({"content": "Four.", "reasoning": None}, gateway)
+    assert check.verdict == verdict
+    assert check.detail.startswith("no reasoning in the probe")
+    if verdict == "fail":
+        assert "REASONING_PARSER=deepseek_r1 takes this answer for reasoning" in check.detail
+        assert f"set REASONING_PARSER=none for model {MODEL}" in check.detail
 
 
 def test_no_tags_in_an_answer_cut_at_max_tokens_is_inconclusive() -> None:
     """An R1 template opened the block: 256 tokens of reasoning with no tag yet is not a model
     that does not reason (``none`` would show its reasoning as the answer)."""
-    body = completion({"content": "Okay, the user asks about 2 + 2. Let me think"}, "length")
-    check = reasoning_check(judge_probe(200, body))
+    message = {"content": "Okay, the user asks about 2 + 2. Let me think"}
+    check = reasoning_check(message, UPSTREAM, "length")
     assert check.verdict == "warn" and "inconclusive" in check.detail
     assert "REASONING_PARSER=none" not in check.detail
+    assert "(configured: upstream, REASONING_PARSER=deepseek_r1)" in check.detail
 
 
 @pytest.mark.parametrize(
@@ -241,7 +336,7 @@ def test_no_tags_in_an_answer_cut_at_max_tokens_is_inconclusive() -> None:
     ids=["error-body", "no-route", "no-choices", "unreachable"],
 )
 def test_a_probe_without_a_completion_fails(status: int | None, body: Any, detail: str) -> None:
-    (check,) = judge_probe(status, body)
+    (check,) = judge_probe(status, body, MODEL, TEXT)
     assert (check.name, check.verdict) == ("probe completion", "fail")
     assert check.detail.startswith(detail)
 
@@ -259,38 +354,76 @@ async def probe_text(url: str, model: str) -> str:
     return content
 
 
+def right(**overrides: Any) -> Settings:
+    """The gateway configured for the simulator's models as their modes need
+    (gateway.sim.script): template and tags leave </think> in the text, separated is vLLM with
+    --reasoning-parser, none does not reason; then ``overrides``."""
+    models = {
+        "deepseek-r1-parsed": ModelOverride(reasoning_source="upstream"),
+        "deepseek-v3": ModelOverride(reasoning_parser="none"),
+    }
+    fields = {"reasoning_source": "text", "reasoning_parser": "deepseek_r1", "models": models}
+    return Settings(**(fields | overrides))
+
+
 @pytest.mark.parametrize(
-    ("model", "verdict", "mentions"),
+    ("model", "detail"),
     [
-        ("deepseek-r1", "warn", "REASONING_PARSER=deepseek_r1 "),
+        ("deepseek-r1", "text: </think> in the content, split by REASONING_PARSER=deepseek_r1 "),
         # <think> first, then </think>: deepseek_r1 drops that first <think> (gateway.thinksplit)
         # and splits exactly as think_tags would, and also copes if the model omits it.
-        ("qwq-32b", "warn", "REASONING_PARSER=deepseek_r1 "),
-        ("deepseek-r1-parsed", "pass", "the engine separates reasoning"),
-        ("deepseek-v3", "info", "REASONING_PARSER=none"),
+        ("qwq-32b", "text: </think> in the content, split by REASONING_PARSER=deepseek_r1 "),
+        ("deepseek-r1-parsed", "upstream: the engine separates reasoning"),
+        ("deepseek-v3", "no reasoning in the probe; REASONING_PARSER=none leaves the answer"),
     ],
     ids=["template", "tags", "separated", "none"],
 )
-async def test_the_probe_names_the_parser_each_simulated_model_needs(
-    model: str, verdict: str, mentions: str
+async def test_the_probe_passes_each_simulated_model_configured_as_it_needs(
+    model: str, detail: str
 ) -> None:
     async with BackgroundServer(create_sim_app(SimConfig())) as sim:
         url = f"{sim.url}/v1"
-        checks = by_name(await doctor.examine_upstream(url, model=model))
-        tagged = await probe_text(url, model) if verdict == "warn" else ""
+        checks = by_name(await doctor.examine_upstream(url, right(), model=model))
+        tagged = await probe_text(url, model) if detail.startswith("text") else ""
     assert checks["probe completion"].verdict == "pass"
-    assert checks["reasoning parser"].verdict == verdict
-    assert mentions in checks["reasoning parser"].detail
-    if tagged:  # the recommended parser leaves no tag in either channel
+    assert checks[f"reasoning of {model}"].verdict == "pass"
+    assert checks[f"reasoning of {model}"].detail.startswith(detail)
+    if tagged:  # the configured parser leaves no tag in either channel
         reasoning, answer = split("deepseek_r1", tagged)
         assert reasoning and answer and "think>" not in reasoning + answer
         assert answer == tagged.split("</think>", 1)[1]
 
 
+@pytest.mark.parametrize(
+    ("model", "overrides", "detail"),
+    [
+        ("deepseek-r1", {"reasoning_source": "upstream"},
+         "configured upstream, but the engine leaves markers in the text (</think>)"),
+        ("qwq-32b", {"models": {"qwq-32b": ModelOverride(reasoning_source="upstream")}},
+         "configured upstream, but the engine leaves markers in the text (</think>)"),
+        ("deepseek-r1-parsed", {"models": {}},
+         "configured text, but the engine separates reasoning"),
+        ("deepseek-v3", {"models": {}},
+         "no reasoning in the probe, but configured text with REASONING_PARSER=deepseek_r1"),
+    ],
+    ids=["template", "tags", "separated", "none"],
+)  # fmt: skip
+async def test_the_probe_fails_each_simulated_model_configured_the_other_way(
+    model: str, overrides: dict[str, Any], detail: str
+) -> None:
+    settings = right(**overrides)
+    async with BackgroundServer(create_sim_app(SimConfig())) as sim:
+        checks = by_name(await doctor.examine_upstream(f"{sim.url}/v1", settings, model=model))
+    assert checks["probe completion"].verdict == "pass"
+    assert checks[f"reasoning of {model}"].verdict == "fail"
+    assert checks[f"reasoning of {model}"].detail.startswith(detail)
+    assert f"for model {model}" in checks[f"reasoning of {model}"].detail
+
+
 async def test_a_healthy_simulator_fails_no_upstream_check() -> None:
     config = SimConfig(kv_capacity_tokens=40960, block_size=32, max_model_len=8192)
     async with BackgroundServer(create_sim_app(config)) as sim:
-        checks = by_name(await doctor.examine_upstream(f"{sim.url}/v1/"))  # trailing slash too
+        checks = by_name(await doctor.examine_upstream(f"{sim.url}/v1/", right()))  # trailing /
     assert checks["upstream /health"].verdict == "pass"
     assert checks["upstream /v1/models"].detail == ", ".join(config.models)
     assert checks["max_model_len of deepseek-r1"] == Check(
@@ -299,7 +432,7 @@ async def test_a_healthy_simulator_fails_no_upstream_check() -> None:
     assert checks["KV usage metric"].verdict == "pass"
     assert checks["KV capacity"] == Check("KV capacity", "pass", "40,960 tokens")
     assert checks["KV cache dtype / block size"].detail == "auto / 32"
-    assert checks["reasoning parser"].detail.count("deepseek_r1") == 2  # the first model: R1
+    assert checks["reasoning of deepseek-r1"].verdict == "pass"  # the first model is probed
     assert {c.verdict for c in checks.values()} <= {"pass", "info", "warn"}
 
 
@@ -308,17 +441,19 @@ async def test_prefix_caching_as_the_simulator_reports_it(
     prefix_caching: bool, verdict: str
 ) -> None:
     async with BackgroundServer(create_sim_app(SimConfig(prefix_caching=prefix_caching))) as sim:
-        checks = by_name(await doctor.examine_upstream(f"{sim.url}/v1"))
+        checks = by_name(await doctor.examine_upstream(f"{sim.url}/v1", right()))
     assert checks["prefix caching"].verdict == verdict
 
 
 async def test_an_engine_failing_every_request_fails_the_probe_only() -> None:
     async with BackgroundServer(create_sim_app(SimConfig(error_rate=1.0))) as sim:
-        checks = by_name(await doctor.examine_upstream(f"{sim.url}/v1", model="deepseek-r1"))
+        checks = by_name(
+            await doctor.examine_upstream(f"{sim.url}/v1", right(), model="deepseek-r1")
+        )
     assert checks["probe completion"] == Check(
         "probe completion", "fail", "500: Simulated engine failure"
     )
-    assert "reasoning parser" not in checks
+    assert "reasoning of deepseek-r1" not in checks
     assert checks["upstream /health"].verdict == checks["KV capacity"].verdict == "pass"
 
 
@@ -326,7 +461,8 @@ async def test_an_engine_failing_every_request_fails_the_probe_only() -> None:
 async def test_an_unreachable_upstream_fails_without_raising(
     closed_port: int, model: str | None
 ) -> None:
-    checks = await doctor.examine_upstream(f"http://127.0.0.1:{closed_port}/v1", model=model)
+    url = f"http://127.0.0.1:{closed_port}/v1"
+    checks = await doctor.examine_upstream(url, right(), model=model)
     expected = ["upstream /health", "upstream /v1/models", "upstream /metrics"]
     expected += ["probe completion"] if model else []  # no model list: nothing to probe
     assert [c.name for c in checks] == expected
@@ -340,6 +476,8 @@ async def test_an_unreachable_upstream_fails_without_raising(
 def no_configured_upstreams(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("THINKGATE_UPSTREAMS", raising=False)
     monkeypatch.delenv("THINKGATE_CONFIG", raising=False)  # a YAML file could name some
+    for variable in ("THINKGATE_REASONING_SOURCE", "THINKGATE_REASONING_PARSER"):
+        monkeypatch.delenv(variable, raising=False)  # the defaults: text, deepseek_r1
 
 
 def doctor_cli(*args: str) -> int:
@@ -359,6 +497,25 @@ async def test_the_command_prints_the_table_and_exits_0_when_healthy(
     assert any(line.split()[:3] == ["PASS", "upstream", "/health"] for line in lines)
     assert any(line.split()[:3] == ["PASS", "KV", "capacity"] for line in lines)
     assert not any(line.lstrip().startswith("FAIL") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("model", "code"), [("deepseek-r1", 1), ("deepseek-r1-parsed", 0)], ids=["tags", "separated"]
+)
+async def test_the_command_judges_the_probe_by_the_gateways_reasoning_source(
+    no_configured_upstreams: None,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    model: str,
+    code: int,
+) -> None:
+    monkeypatch.setenv("THINKGATE_REASONING_SOURCE", "upstream")
+    async with BackgroundServer(create_sim_app(SimConfig())) as sim:
+        argv = ("--upstream", f"{sim.url}/v1", "--model", model, "--no-gateway")
+        assert await asyncio.to_thread(doctor_cli, *argv) == code
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "reasoning of" in line]
+    assert line.split()[:4] == ["FAIL" if code else "PASS", "reasoning", "of", model]
+    assert ("configured upstream, but" in line) == bool(code)
 
 
 async def test_the_command_exits_1_when_a_check_fails(
