@@ -111,7 +111,8 @@ def _row(state: State, reasoning: bool, rules: list[_Rule]) -> _Row:
 
 @cache
 def _table(fmt: ReasoningFormat) -> dict[State, _Row]:
-    """The transition table of ``fmt`` (see the module docstring); built once per format."""
+    """The transition table of ``fmt`` (see the module docstring); built once per format and
+    kept (formats are a handful of frozen values from the registry and the settings)."""
     drop = [_Rule(fmt.close, State.ANSWER, False)] if fmt.close else []
     ends = [_Rule(m, State.ANSWER, True) for m in fmt.ends]
     unopened = [_Rule(m, State.ANSWER, True) for m in fmt.ends_unopened]

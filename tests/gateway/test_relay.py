@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
@@ -458,3 +459,32 @@ def test_thinking_off_makes_every_text_field_the_answer(show: bool) -> None:
     whole = Rewriter(policy(show=show, thinking=False))
     body = rewrite_completion(whole, completion("<think>x</think>y", reasoning="r"))
     assert body["choices"][0]["message"]["content"] == "r<think>x</think>y"
+
+
+def test_a_multi_token_marker_cut_anywhere_in_the_bytes_splits_the_same() -> None:
+    # DeepSeek-V4's tool-call marker holds multi-byte characters ("｜"): the upstream's reads
+    # may cut it anywhere, inside a UTF-8 sequence included; the SSE parser and the splitter
+    # between them give the same result for every cut.
+    marker = "<｜DSML｜tool_calls>"
+    events = [
+        chunk(content="plan "),
+        chunk(content=marker[:4]),
+        chunk(content=marker[4:]),
+        chunk(content='{"f": 1}', finish="stop"),
+    ]
+    wire = b"".join(b"data: " + e.data + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+
+    def client_sees(cuts: list[int]) -> tuple[str | None, str | None]:
+        parser, relay, out = SSEParser(), StreamRelay(policy("deepseek_v4")), b""
+        bounds = [0, *cuts, len(wire)]
+        for a, b in itertools.pairwise(bounds):
+            out += b"".join(relay.feed(e) for e in parser.feed(wire[a:b]))
+        chunks = client_view(out)
+        return joined(chunks, "reasoning_content"), joined(chunks, "content")
+
+    expected = ("plan ", marker + '{"f": 1}')
+    assert client_sees([]) == expected
+    inside = [i for i in range(len(wire)) if wire[i] & 0xC0 == 0x80]  # UTF-8 continuation bytes
+    assert inside
+    for cut in range(1, len(wire)):
+        assert client_sees([cut]) == expected, cut

@@ -292,9 +292,8 @@ def test_multi_token_markers_cut_at_any_two_points(marker: str) -> None:
         assert run("kimi_k3", [text[:i], text[i:j], text[j:]]) == whole, (i, j)
 
 
-def test_a_marker_cut_inside_a_utf8_sequence_of_the_bytes_is_found() -> None:
-    # The SSE layer decodes whole events, but an engine may cut a marker's multi-byte
-    # character between two events: "<｜DSML｜tool_calls>" in its own pieces.
+def test_a_marker_with_multi_byte_characters_cut_between_deltas_is_found() -> None:
+    # "<｜DSML｜tool_calls>" in pieces; cuts inside the bytes: tests/gateway/test_relay.py.
     s = ThinkSplitter("deepseek_v4")
     assert s.feed("r<") == [Reasoning("r")]
     assert s.feed("｜DS") == []
