@@ -7,7 +7,7 @@ process and through the gateway, with Redis and without.
   them: ``open_redis`` (the process's one client, auto-pipelined), ``open_limiter`` and
   ``open_admission`` on it, with ``KV_CAPACITY_TOKENS`` 10⁹ (capacity known, never full), one
   key whose rpm / tpm (10⁷ / 10¹²) are evaluated but never refuse, one upstream, no scraping.
-  An *admission* is ``gateway.chat.admit`` itself (``limiter.admit`` and ``kv.admit`` at
+  An *admission* is ``gateway.routes.chat.admit`` itself (``limiter.admit`` and ``kv.admit`` at
   once), a *settlement* ``limiter.settle`` and ``kv.release`` at once, as ``Exchange.finish``
   does them; 1,024 tokens reserved, 600 used, so the refund has something to give back. C
   workers (C = 1, 64) share the key and loop admission then settlement for the cell's duration
@@ -68,15 +68,15 @@ from redis.asyncio import Redis
 from bench.loadgen import LoadSpec, Percentiles, run_load
 from bench.procs import THINKGATE, CpuMeter, ServerProcess, Workdir, free_port, start_sim
 from bench.sections import cpu_model, revision, write_section
-from gateway.admission import Grant, KVAdmission, open_admission
-from gateway.chat import admit
-from gateway.keys import KeyInfo
-from gateway.limiting import KeyLimiter, open_limiter
-from gateway.ports import Admission
-from gateway.redisconn import open_redis
+from gateway.admission.budget import Grant, KVAdmission, open_admission
+from gateway.admission.limiter import Admission
+from gateway.admission.ratelimits import KeyLimiter, open_limiter
+from gateway.admission.redisconn import open_redis
+from gateway.auth.keys import KeyInfo
+from gateway.routes.chat import admit
+from gateway.routes.state import AppState
 from gateway.settings import Settings
-from gateway.state import AppState
-from gateway.upstream import Upstream
+from gateway.upstream.pool import Upstream
 from ratelimit.autopipe import AutoPipeline
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
@@ -137,7 +137,7 @@ class Stack:
         return self.redis.round_trips if self.redis is not None else 0
 
     async def admit(self, probe: Probe) -> tuple[Admission, Grant]:
-        """``gateway.chat.admit`` itself, which reads only ``state.limiter`` and ``state.kv``."""
+        """``gateway.routes.chat.admit`` itself (reads only ``state.limiter`` and ``state.kv``)."""
         state = cast(AppState, self)
         admission, grant, _ = await admit(state, probe.key, [probe.upstream], "standard", TOKENS)
         return admission, grant
@@ -413,7 +413,7 @@ def _step_count(step: Step, window: _Window, calls: int) -> StepCount:
 LAUNCH = """
 import sys, uvicorn
 from gateway.app import create_app
-from gateway.ports import DiscardSink
+from gateway.ledger.record import DiscardSink
 from gateway.settings import Settings
 uvicorn.run(create_app(Settings(), sink=DiscardSink(), freeze_gc=True), host="127.0.0.1",
             port=int(sys.argv[1]), loop="uvloop", http="httptools", access_log=False,

@@ -23,7 +23,7 @@ from bench.procs import CpuMeter, ServerProcess, Workdir, create_client_key, fre
 LAUNCH = """
 import sys, uvicorn
 from gateway.app import create_app
-from gateway.ports import DiscardSink
+from gateway.ledger.record import DiscardSink
 from gateway.settings import Settings
 mode, port = sys.argv[1], int(sys.argv[2])
 settings = Settings(audit_mode="async" if mode == "async" else "strict")

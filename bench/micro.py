@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import orjson
 
-from gateway.relay import Policy, StreamRelay
-from gateway.sse import Event, SSEParser
-from gateway.thinksplit import ThinkSplitter
+from gateway.relay.rewrite import Policy, StreamRelay
+from gateway.relay.sse import Event, SSEParser
+from gateway.relay.thinksplit import ThinkSplitter
 
 TOKEN = " user"  # a typical token: 4-6 characters
 PAYLOAD = (

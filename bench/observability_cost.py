@@ -27,8 +27,8 @@ from bench.sections import revision, write_section
 LAUNCH = """
 import logging.config, sys, uvicorn
 from gateway.app import create_app
-from gateway.logs import log_config
-from gateway.ports import DiscardSink
+from gateway.telemetry.logs import log_config
+from gateway.ledger.record import DiscardSink
 from gateway.settings import Settings
 mode, port = sys.argv[1], int(sys.argv[2])
 settings = Settings()

@@ -46,12 +46,12 @@ _NATIVE: tuple[tuple[str, str], ...] = (
 )
 
 _PACKAGES: tuple[tuple[str, str], ...] = (
-    ("gateway/relay.py", "gateway: StreamRelay (relay.py)"),
-    ("gateway/sse.py", "gateway: SSEParser (sse.py)"),
-    ("gateway/thinksplit.py", "gateway: ThinkSplitter (thinksplit.py)"),
-    ("gateway/chat.py", "gateway: chat.py (route, relay loop)"),
-    ("gateway/streaming.py", "gateway: RelayResponse (streaming.py)"),
-    ("gateway/upstream.py", "gateway: upstream.py"),
+    ("gateway/relay/rewrite.py", "gateway: StreamRelay (relay.py)"),
+    ("gateway/relay/sse.py", "gateway: SSEParser (sse.py)"),
+    ("gateway/relay/thinksplit.py", "gateway: ThinkSplitter (thinksplit.py)"),
+    ("gateway/routes/chat.py", "gateway: chat.py (route, relay loop)"),
+    ("gateway/edge/streaming.py", "gateway: RelayResponse (streaming.py)"),
+    ("gateway/upstream/pool.py", "gateway: upstream.py"),
     ("gateway/", "gateway: other modules"),
     ("httpx_aiohttp/", "httpx-aiohttp transport"),
     ("aiohttp/", "aiohttp (upstream client)"),
@@ -166,8 +166,8 @@ def start_pyspy(
 
 
 def cprofile_argv(argv: Sequence[str], out: Path) -> list[str]:
-    """``thinkgate serve ...`` as ``python -m cProfile -o OUT -m gateway.cli serve ...``."""
-    return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "gateway.cli", *argv[1:]]
+    """``thinkgate serve ...`` as ``python -m cProfile -o OUT -m gateway.cli.main serve ...``."""
+    return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "gateway.cli.main", *argv[1:]]
 
 
 def summarise_pyspy(raw: Path, top: int = 15) -> ProfileSummary:

@@ -20,22 +20,23 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from audit.ledger import Ledger
-from gateway import admin, auditor, chat, health
-from gateway.admission import KVAdmission, open_admission
+from gateway.admission.budget import KVAdmission, open_admission
+from gateway.admission.limiter import Limiter
+from gateway.admission.ratelimits import KeyLimiter, open_limiter
+from gateway.admission.redisconn import open_redis
+from gateway.auth.keystore import KeyStore
 from gateway.db import create_engine, create_schema
+from gateway.edge.frontdoor import FrontDoor, error_response
+from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound
-from gateway.frontdoor import FrontDoor, error_response
-from gateway.health import metrics_app
-from gateway.keystore import KeyStore
-from gateway.ledgersink import LedgerSink, ensure_keys, open_ledger
-from gateway.limiting import KeyLimiter, open_limiter
-from gateway.metrics import Metrics
-from gateway.ports import Limiter, RecordSink
-from gateway.redisconn import open_redis
-from gateway.servers import BackgroundServer
+from gateway.ledger.record import RecordSink
+from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
+from gateway.routes import admin, auditor, chat, health
+from gateway.routes.health import metrics_app
+from gateway.routes.state import AppState
 from gateway.settings import ModelOverride, Settings
-from gateway.state import AppState
-from gateway.upstream import UpstreamPool, create_transport
+from gateway.telemetry.metrics import Metrics
+from gateway.upstream.pool import UpstreamPool, create_transport
 from ratelimit.autopipe import AutoPipeline
 
 log = logging.getLogger("thinkgate")

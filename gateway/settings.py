@@ -10,7 +10,7 @@ file uses the same names in lower case, and may also carry per-model overrides::
       my-model: {reasoning_format: {open: "<reason>", close: "</reason>", opened: false}}
 
 (``reasoning_format`` overrides fields of the model's named format, ``REASONING_PARSER`` when it
-names none; see ``gateway.formats``; an unknown name or an impossible format stops the start
+names none; see ``gateway.relay.formats``; an unknown name or an impossible format stops the start
 with one line naming the model and the known formats)
 
 and the policies of tenants and keys (limits, fair-share weight, priority; README "Rate limits
@@ -50,7 +50,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from gateway.formats import FormatError, ReasoningFormat, ReasoningSource, lookup
+from gateway.relay.formats import FormatError, ReasoningFormat, ReasoningSource, lookup
 from ratelimit.fairness import MAX_WEIGHT, Priority
 
 ReasoningField = Literal["reasoning_content", "reasoning", "both"]

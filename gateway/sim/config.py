@@ -44,7 +44,7 @@ class SimConfig:
     kv_capacity_tokens: int = 65536
     block_size: int = 16
     models: Mapping[str, SimMode] = field(default_factory=_default_models)
-    # the markers each model writes (a gateway.formats name); deepseek_r1's when absent
+    # the markers each model writes (a gateway.relay.formats name); deepseek_r1's when absent
     formats: Mapping[str, str] = field(default_factory=_default_formats)
     seed: int = 0
     error_rate: float = 0.0

@@ -20,7 +20,7 @@ Rules (vLLM 0.32 behaviour where it has one):
   (``drop``/``error``/``stall``), ``fail_after`` (emissions), ``reasoning_tokens`` (int or null:
   overrides ``usage.completion_tokens_details``), ``merge`` (int >= 1, default 1: tokens
   per streamed delta, as vLLM under load sends them; see ``gateway.sim.deltas``),
-  ``format`` (a ``gateway.formats`` name with text markers: the model writes its markers;
+  ``format`` (a ``gateway.relay.formats`` name with text markers: the model writes its markers;
   default: the model's, see ``SimConfig.formats``), ``empty_reasoning`` (bool: the model
   thinks nothing, see ``gateway.sim.script``).
 - Thinking is off, as a hybrid model's template does it, when ``chat_template_kwargs`` has
@@ -35,7 +35,7 @@ from typing import Any, Literal, get_args
 
 import orjson
 
-from gateway.formats import BUILTIN
+from gateway.relay.formats import BUILTIN
 from gateway.sim.config import SimConfig
 from gateway.sim.script import Channel, Piece, SimMode, count_prompt_tokens, derive_seed
 from gateway.sim.state import FailMode

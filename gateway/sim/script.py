@@ -20,7 +20,7 @@ Rules:
     none       content: answer
 
 - Markers: ``</think>`` and ``<think>`` above stand for the model's format (``markers``: the
-  open and close marker of a ``gateway.formats`` entry, e.g. Kimi K3's three-token
+  open and close marker of a ``gateway.relay.formats`` entry, e.g. Kimi K3's three-token
   ``<|open|>think<|sep|>`` … ``<|close|>think<|sep|>``); a format without an open marker
   (MiniMax M2) renders ``tags`` like ``template``.
 - ``empty_reasoning``: the model thought nothing (R1 on a trivial prompt): the output starts

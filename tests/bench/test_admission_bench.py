@@ -54,9 +54,9 @@ def test_the_quick_run_renders_its_section(
 
 
 async def test_the_counts_are_what_the_code_says(bench_redis: str) -> None:
-    """Each of the four calls is one script, one round trip (``gateway/limiting.py``,
+    """Each of the four calls is one script, one round trip (``gateway/admission/ratelimits.py``,
     ``ratelimit/kvbudget.py``); the app's admission and its settlement each make two script
-    calls that share one round trip (``gateway/redisconn.py``)."""
+    calls that share one round trip (``gateway/admission/redisconn.py``)."""
     steps = await count_commands(bench_redis, calls=3, windows=3)
     assert [s.step for s in steps] == [*STEPS, *PHASES]
     for s in steps:

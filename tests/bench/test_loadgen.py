@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from bench.loadgen import LoadSpec, report, run_load
-from gateway.servers import BackgroundServer
+from gateway.edge.servers import BackgroundServer
 from gateway.sim import SimConfig, create_sim_app
 
 

@@ -39,9 +39,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
-from gateway.keycli import open_store
-from gateway.ledgersink import ensure_keys
-from gateway.servers import BackgroundServer
+from gateway.cli.keys import open_store
+from gateway.edge.servers import BackgroundServer
+from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys

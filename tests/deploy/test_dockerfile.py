@@ -31,7 +31,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from sqlalchemy.engine import make_url
 
-from gateway.demo import DEMO_FILE
+from gateway.cli.demo import DEMO_FILE
 from gateway.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

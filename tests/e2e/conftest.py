@@ -13,10 +13,10 @@ import pytest
 from starlette.types import ASGIApp
 
 from gateway.app import create_app
-from gateway.keycli import open_store
-from gateway.ledgersink import ensure_keys
-from gateway.ports import CompletionRecord, RecordSink
-from gateway.servers import BackgroundServer
+from gateway.cli.keys import open_store
+from gateway.edge.servers import BackgroundServer
+from gateway.ledger.record import CompletionRecord, RecordSink
+from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
 from gateway.sim.app import SimApp, SimConfig, create_sim_app
 

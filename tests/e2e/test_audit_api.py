@@ -26,8 +26,8 @@ from audit.export import check_export
 from audit.merkle import leaf_hash, verify_consistency, verify_inclusion
 from audit.note import Checkpoint, NoteError, NoteSigner, NoteVerifier, parse_checkpoint
 from audit.record import Sealed
-from gateway.keycli import open_store
-from gateway.keys import split_key
+from gateway.auth.keys import split_key
+from gateway.cli.keys import open_store
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig
 from tests.e2e.conftest import Stack

@@ -13,7 +13,7 @@ import orjson
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from gateway.servers import BackgroundServer
+from gateway.edge.servers import BackgroundServer
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import Stack
 

@@ -29,7 +29,7 @@ import openai
 import orjson
 import pytest
 
-from gateway.keys import split_key
+from gateway.auth.keys import split_key
 from gateway.sim.app import SimConfig
 from tests.e2e.conftest import Stack, StackFactory
 from tests.waiting import eventually

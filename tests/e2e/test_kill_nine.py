@@ -4,7 +4,7 @@ acknowledged record, once; no (writer, sequence) twice; ``thinkgate ledger verif
 what Redis holds (the dead process's 32 leases, expiring within ``LEASE_TTL_S``, then gone) and
 what the new process's metrics say (its own requests only; a tree covering the old records).
 
-The gateway runs as a real subprocess (``python -m gateway.cli serve``), with a private
+The gateway runs as a real subprocess (``python -m gateway.cli.main serve``), with a private
 ``redis-server`` and a slow simulator, so the streams are still running when the process dies.
 """
 
@@ -24,10 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from audit.schema import entries
-from gateway.admission import LEASE_TTL_S
+from gateway.admission.budget import LEASE_TTL_S
 from gateway.db import create_engine
-from gateway.ledgersink import ensure_keys
-from gateway.servers import BackgroundServer
+from gateway.edge.servers import BackgroundServer
+from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from ratelimit.kvbudget import RedisKVBudgetStore

@@ -1,7 +1,7 @@
 """Nothing acknowledged is lost: a gateway process whose database went away spools its records,
 is killed with SIGKILL, and its successor replays the spool once the database is back.
 
-The gateway runs as a real subprocess (``python -m gateway.cli serve``); PostgreSQL is real and
+The gateway runs as a real subprocess (``python -m gateway.cli.main serve``); PostgreSQL is real and
 "goes away" by a TCP proxy in front of it being cut (``tests/tcpproxy.py``).
 """
 
@@ -18,10 +18,10 @@ from sqlalchemy.engine import make_url
 from audit.note import NoteVerifier
 from audit.schema import entries
 from audit.verify import verify
+from gateway.cli.ledger import verifier_key
 from gateway.db import create_engine
-from gateway.ledgercli import verifier_key
-from gateway.ledgersink import ensure_keys
-from gateway.servers import BackgroundServer
+from gateway.edge.servers import BackgroundServer
+from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys

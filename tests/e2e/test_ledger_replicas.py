@@ -12,10 +12,10 @@ from sqlalchemy import select
 from audit.note import NoteVerifier
 from audit.schema import entries
 from audit.verify import verify
+from gateway.cli.ledger import verifier_key
 from gateway.db import create_engine
-from gateway.ledgercli import verifier_key
-from gateway.ledgersink import ensure_keys
-from gateway.servers import BackgroundServer
+from gateway.edge.servers import BackgroundServer
+from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys

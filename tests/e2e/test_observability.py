@@ -1,5 +1,5 @@
 """What an operator sees, on real sockets: ``/metrics`` after mixed traffic (every metric of the
-catalogue in ``gateway.metrics``), its bearer token and second listener, the caller's
+catalogue in ``gateway.telemetry.metrics``), its bearer token and second listener, the caller's
 ``traceparent`` on its way upstream and into the ledger, the access log (one line per request,
 never a text), and ``serve --workers 2`` adding its workers' figures up."""
 
@@ -24,17 +24,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import Receive, Scope, Send
 
-from gateway.keycli import open_store
-from gateway.ledgersink import ensure_keys
-from gateway.logs import JsonFormatter
-from gateway.metrics import Metrics
-from gateway.servers import BackgroundServer
+from gateway.cli.keys import open_store
+from gateway.edge.servers import BackgroundServer
+from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
+from gateway.telemetry.logs import JsonFormatter
+from gateway.telemetry.metrics import Metrics
 from tests.e2e.conftest import Stack, StackFactory, ledger_files, make_keys
 from tests.e2e.processes import gateway_env
 from tests.e2e.test_rate_limits import limited_key
-from tests.gateway.test_cli import free_port
+from tests.gateway.cli.test_main import free_port
 from tests.waiting import eventually
 
 MODEL = "deepseek-r1"
@@ -541,7 +541,7 @@ async def serving_workers(env: dict[str, str], workers: int) -> AsyncIterator[Wo
     stopped with SIGTERM (uvicorn stops its workers), the group killed if anything is left."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
+        sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port),
         "--workers", str(workers), env=env, start_new_session=True,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

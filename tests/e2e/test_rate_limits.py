@@ -18,14 +18,14 @@ import httpx
 import openai
 import pytest
 
-from gateway.keycli import open_store
-from gateway.ledgersink import ensure_keys
-from gateway.servers import BackgroundServer
+from gateway.cli.keys import open_store
+from gateway.edge.servers import BackgroundServer
+from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings, TenantPolicy
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import Stack, StackFactory, ledger_files
 from tests.e2e.processes import gateway_env, running_gateway
-from tests.gateway.test_cli import free_port
+from tests.gateway.cli.test_main import free_port
 from tests.scrape import sample
 from tests.waiting import eventually
 

@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.ledgersink import record_facts
+from gateway.ledger.sink import record_facts
 from gateway.sim.app import SimConfig
 from gateway.sim.script import compose
 from tests.e2e.conftest import RecordingSink, Stack

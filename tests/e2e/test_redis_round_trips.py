@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 
 from gateway.app import create_app
-from gateway.keycli import open_store
-from gateway.ledgersink import ensure_keys
-from gateway.servers import BackgroundServer
+from gateway.cli.keys import open_store
+from gateway.edge.servers import BackgroundServer
+from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings, TenantPolicy
 from gateway.sim.app import SimConfig, create_sim_app
 from ratelimit.autopipe import AutoPipeline

@@ -8,8 +8,8 @@ import httpx
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.app import create_app
-from gateway.ledgersink import ensure_keys
-from gateway.servers import BackgroundServer
+from gateway.edge.servers import BackgroundServer
+from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys

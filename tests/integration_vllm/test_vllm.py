@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from gateway.app import create_app
-from gateway.servers import BackgroundServer
+from gateway.edge.servers import BackgroundServer
 from gateway.settings import Settings
 from ratelimit.engine_metrics import parse_engine_metrics
 from tests.e2e.conftest import RecordingSink, make_keys
@@ -149,7 +149,7 @@ async def test_hidden_key_and_lowered_visibility_get_no_reasoning(
                 await client.post(
                     f"{gateway.url}/chat/completions",
                     json=body,
-                    headers={"authorization": f"Bearer {gateway.keys[key]}"},
+                    headers={"authorization": f"Bearer {gateway.auth.keys[key]}"},
                 )
             ).text
         assert "reasoning" not in raw
@@ -271,7 +271,7 @@ async def test_client_disconnect_aborts_the_vllm_request(
         "max_tokens": 490,
         "ignore_eos": True,
     }
-    headers = {"authorization": f"Bearer {gateway.keys[key]}"}
+    headers = {"authorization": f"Bearer {gateway.auth.keys[key]}"}
     async with (
         httpx.AsyncClient(timeout=60) as client,
         client.stream("POST", f"{gateway.url}/chat/completions", json=body, headers=headers) as r,
@@ -321,7 +321,7 @@ async def test_records_hold_what_vllm_produced(gateway: Gateway) -> None:
         assert record.upstream is not None and record.usage is not None
 
 
-# -- reasoning formats and sources (gateway.formats) ------------------------------------------
+# -- reasoning formats and sources (gateway.relay.formats) -----------------------------------
 
 EMPTY_REGEX = r"</think>\n\nThe answer is 42\."  # R1 with nothing to think about
 EMPTY_ANSWER = "\n\nThe answer is 42."

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.cli import main
+from gateway.cli.main import main
 from ratelimit.capacity import (
     PRESETS,
     CapacityPlan,

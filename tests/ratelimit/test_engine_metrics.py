@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.servers import BackgroundServer
+from gateway.edge.servers import BackgroundServer
 from gateway.sim.app import SimConfig, create_sim_app
 from ratelimit.engine_metrics import parse_engine_metrics
 

@@ -1,0 +1,378 @@
+"""KV-budget admission: work is admitted against each engine's KV-cache capacity.
+
+Rules:
+
+- Each upstream engine has a capacity in tokens: ``KV_CAPACITY_TOKENS`` when set (fixed), else
+  discovered from ``vllm:cache_config_info`` on its ``/metrics``. Until an engine's capacity is
+  known, requests to it are not KV-limited (and nothing is reserved); such an engine is
+  preferred, since it is unknown rather than full.
+- A scraper reads every engine's ``/metrics`` once per ``SCRAPE_S`` and feeds the engine's
+  ``AdmissionController`` (``ratelimit.aimd``): the admitted limit shrinks when KV usage or the
+  waiting queue passes its threshold, preemptions rise or metrics go stale, and grows back
+  slowly while healthy. An engine whose ``/metrics`` answers 404 exports none there (Ray Serve
+  LLM): its budget stays at ``capacity × target`` (``KV_CAPACITY_TOKENS`` must then be set),
+  since no signal is not a bad signal; a scrape that fails otherwise counts as unhealthy.
+- A request reserves ``prompt estimate + max_tokens`` rounded up to the engine's block size, as
+  a lease in the shared store (``ratelimit.kvbudget``: Redis when configured, so all replicas
+  share one budget), renewed by one task per process while the request runs, released when it
+  ends however it ends; a crashed replica's leases expire after ``LEASE_TTL_S``.
+- One store call per attempt routes and reserves together (``fairness.route``: the engine with
+  the most free budget, fair share between tenants weighted by ``tenants.<name>.weight``,
+  priority with headroom for ``critical``).
+- A request asks the store at once (concurrent requests do so concurrently, sharing Redis
+  round trips), unless requests of its tenant already wait in this process: then it queues
+  behind them. Told to wait, it joins its tenant's queue, ordered by ``fairness.queue_order``;
+  only the head of each tenant's queue asks again, when woken by a release or limit change in
+  this process or at least every ``RECHECK_S`` (for other replicas' releases). So a tenant's
+  waiting requests are admitted in order, and no tenant's head waits behind another's. At most
+  ``ADMISSION_QUEUE_MAX`` requests wait per process; beyond that, and after
+  ``ADMISSION_WAIT_MS``, 429 ``kv_budget_exhausted`` with ``retry-after``: the cluster is full
+  *for now*, which a client should retry. ``sheddable`` work under pressure is refused at once.
+  503 is kept for no engine at all (``no_healthy_upstream``).
+- The choice is made before the first byte: the granted engine is tried first. If it fails
+  before the first byte and the core retries on the next candidate, the lease stays where it
+  was granted (a rare case; it is released when the request ends either way).
+- A request that cannot fit even an empty engine (more than ``capacity × target utilisation``
+  everywhere) can never run: 400 ``kv_request_too_large`` at once, naming ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from gateway.admission.circuit import REDIS_ERRORS, Circuit
+from gateway.errors import InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable
+from gateway.settings import Settings
+from gateway.telemetry.metrics import Metrics
+from gateway.upstream.pool import Upstream
+from ratelimit.aimd import AdmissionController, Tuning
+from ratelimit.autopipe import AutoPipeline
+from ratelimit.engine_metrics import EngineSnapshot, parse_engine_metrics
+from ratelimit.fairness import RANK, Priority, queue_order
+from ratelimit.kvbudget import (
+    Ask,
+    Choice,
+    KVBudgetStore,
+    Lease,
+    MemoryKVBudgetStore,
+    Placement,
+    RedisKVBudgetStore,
+    Rules,
+    round_to_blocks,
+)
+
+log = logging.getLogger("thinkgate")
+
+SCRAPE_S = 1.0
+LEASE_TTL_S = 30.0
+RECHECK_S = 0.05
+DEFAULT_BLOCK_SIZE = 16
+
+
+@dataclass(slots=True)
+class EngineState:
+    controller: AdmissionController | None  # None until the capacity is known
+    block_size: int = DEFAULT_BLOCK_SIZE
+    snapshot: EngineSnapshot | None = None
+    no_metrics_logged: bool = False
+
+
+NO_METRICS = EngineSnapshot(None, None, None, None, None, None)  # a 404: none exported
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    upstream: Upstream | None
+    lease: Lease | None = None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Waiter:
+    priority: Priority
+    arrived: float
+
+
+@dataclass(slots=True)
+class KVAdmission:
+    store: Circuit[KVBudgetStore]
+    transport: httpx.AsyncBaseTransport
+    fixed_capacity: int | None
+    tuning: Tuning
+    wait_s: float
+    rules: Rules = field(default_factory=Rules)
+    queue_max: int = 1024
+    clock: Callable[[], float] = time.monotonic
+    engines: dict[str, EngineState] = field(default_factory=dict)
+    leases: dict[str, Lease] = field(default_factory=dict)
+    queues: dict[str, list[_Waiter]] = field(default_factory=dict)
+    metrics: Metrics | None = None
+    _arrivals: itertools.count[int] = field(default_factory=itertools.count)
+    _background: set[asyncio.Task[None]] = field(default_factory=set)
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    def engine(self, upstream: Upstream) -> EngineState:
+        state = self.engines.get(upstream.base_url)
+        if state is None:
+            controller = None
+            if self.fixed_capacity:
+                controller = AdmissionController(self.fixed_capacity, self.tuning,
+                                                 capacity_fixed=True)  # fmt: skip
+            state = self.engines[upstream.base_url] = EngineState(controller)
+        return state
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+    async def admit(
+        self, candidates: Sequence[Upstream], tenant: str, priority: Priority, tokens: int
+    ) -> tuple[Grant, list[Upstream]]:
+        """The grant and the candidates reordered (the granted engine first)."""
+        unknown = [u for u in candidates if self.engine(u).controller is None]
+        if unknown:
+            return Grant(unknown[0]), _first(unknown[0], candidates)
+        ask = self._ask(candidates, tenant, priority, tokens)
+        started = self.clock()
+        try:
+            placement = await self._queued(ask)
+        finally:
+            if self.metrics is not None:
+                self.metrics.admission_wait.observe(self.clock() - started)
+        assert placement.lease is not None
+        self.leases[placement.lease.lease_id] = placement.lease
+        upstream = next(u for u in candidates if u.base_url == placement.lease.engine)
+        return Grant(upstream, placement.lease), _first(upstream, candidates)
+
+    def _ask(
+        self, candidates: Sequence[Upstream], tenant: str, priority: Priority, tokens: int
+    ) -> Ask:
+        choices, fits = [], False
+        for upstream in candidates:
+            state = self.engine(upstream)
+            assert state.controller is not None
+            need = round_to_blocks(max(tokens, 1), state.block_size)
+            fits = fits or need <= state.controller.capacity * self.tuning.target_utilization
+            choices.append(Choice(upstream.base_url, state.controller.limit, need))
+        if not fits:
+            raise InvalidRequest(
+                f"This request may need {tokens} tokens of KV cache, more than any model "
+                "server can hold at once; lower max_tokens or the prompt.",
+                param="max_tokens", code="kv_request_too_large",
+            )  # fmt: skip
+        return Ask(secrets.token_hex(8), tenant, priority, tuple(choices))
+
+    async def _queued(self, ask: Ask) -> Placement:
+        """Ask at once unless this tenant already has requests waiting here (they go first);
+        told to wait, join the tenant's queue."""
+        if ask.tenant not in self.queues:
+            placement = await self._attempt(ask)
+            if placement.decision == "admit":
+                return placement
+            if placement.decision == "reject":
+                raise _shed()
+        return await self._wait_in_line(ask)
+
+    async def _wait_in_line(self, ask: Ask) -> Placement:
+        if self.waiting >= self.queue_max:
+            raise _exhausted()
+        deadline = self.clock() + self.wait_s
+        queue = self.queues.setdefault(ask.tenant, [])
+        waiter = _Waiter(ask.priority, next(self._arrivals))
+        queue.append(waiter)
+        try:
+            while self.clock() < deadline:
+                await self._wait(min(RECHECK_S, deadline - self.clock()))
+                if queue_order(queue)[0] is not waiter:
+                    continue
+                placement = await self._attempt(ask)
+                if placement.decision == "admit":
+                    return placement
+                if placement.decision == "reject":
+                    raise _shed()
+            raise _exhausted()
+        finally:
+            queue.remove(waiter)
+            if not queue:
+                del self.queues[ask.tenant]
+            await self._notify()  # the next in line may ask now
+
+    async def _attempt(self, ask: Ask) -> Placement:
+        try:
+            return await self.store.call(functools.partial(_admit, ask=ask, rules=self.rules))
+        except asyncio.CancelledError:
+            # The script may still run: give back whatever it might reserve, at once rather
+            # than when the lease would expire.
+            task = asyncio.ensure_future(self._forget(ask))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            raise
+
+    async def _forget(self, ask: Ask) -> None:
+        for choice in ask.choices:
+            lease = Lease(choice.engine, ask.lease_id, choice.tokens, ask.tenant, ask.priority)
+            with contextlib.suppress(Exception):
+                await self.store.call(functools.partial(_release, lease=lease))
+
+    async def _wait(self, seconds: float) -> None:
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), max(seconds, 0.001))
+
+    async def release(self, grant: Grant) -> None:
+        if grant.lease is None:
+            return
+        lease = grant.lease
+        self.leases.pop(lease.lease_id, None)
+        with contextlib.suppress(ServiceUnavailable):  # closed and away: the lease expires
+            await self.store.call(functools.partial(_release, lease=lease))
+        await self._notify()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    # -- the background work: scraping and lease renewal -----------------------------------
+
+    async def scrape_forever(self, upstreams: Sequence[Upstream]) -> None:
+        async with httpx.AsyncClient(transport=self.transport, timeout=2.0) as client:
+            while True:
+                await asyncio.gather(*(self._scrape(client, u) for u in upstreams))
+                await self._notify()
+                await asyncio.sleep(SCRAPE_S)
+
+    async def _scrape(self, client: httpx.AsyncClient, upstream: Upstream) -> None:
+        now = self.clock()
+        snapshot = await _read_metrics(client, upstream)
+        state = self.engine(upstream)
+        if snapshot is NO_METRICS:  # nothing to adapt to: keep the budget, say so once
+            if not state.no_metrics_logged:
+                log.warning("%s has no /metrics: its KV budget stays fixed (no AIMD)",
+                            upstream.base_url)  # fmt: skip
+                state.no_metrics_logged = True
+            return
+        if snapshot is not None and snapshot.kv_capacity_tokens and state.controller is None:
+            state.controller = AdmissionController(snapshot.kv_capacity_tokens, self.tuning)
+        if snapshot is not None and snapshot.block_size:
+            state.block_size = snapshot.block_size
+        state.snapshot = snapshot or state.snapshot
+        if state.controller is not None:
+            state.controller.observe(snapshot, now)
+            state.controller.tick(now)
+        if self.metrics is not None:
+            await self._export(upstream, state, snapshot)
+
+    async def _export(
+        self, upstream: Upstream, state: EngineState, snapshot: EngineSnapshot | None
+    ) -> None:
+        """The engine's figures as the gateway's gauges (once per scrape, not per request)."""
+        assert self.metrics is not None
+        m, url = self.metrics, upstream.base_url
+        m.upstream_healthy.labels(url).set(1 if upstream.health.serving else 0)
+        if snapshot is not None and snapshot.kv_usage is not None:
+            m.upstream_kv_usage.labels(url).set(snapshot.kv_usage)
+        if snapshot is not None and snapshot.requests_waiting is not None:
+            m.upstream_waiting.labels(url).set(snapshot.requests_waiting)
+        if state.controller is not None:
+            with contextlib.suppress(ServiceUnavailable):
+                reserved = await self.store.call(functools.partial(_reserved, engine=url))
+                m.kv_budget.labels(url, "reserved").set(reserved)
+            m.kv_budget.labels(url, "capacity").set(state.controller.capacity)
+            m.kv_budget.labels(url, "admitted_limit").set(state.controller.limit)
+
+    async def renew_forever(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_TTL_S / 3)
+            for lease in list(self.leases.values()):
+                with contextlib.suppress(ServiceUnavailable):
+                    if not await self.store.call(functools.partial(_renew, lease=lease)):
+                        self.leases.pop(lease.lease_id, None)
+
+
+async def _renew(store: KVBudgetStore, *, lease: Lease) -> bool:
+    return await store.renew(lease, LEASE_TTL_S)
+
+
+async def _reserved(store: KVBudgetStore, *, engine: str) -> int:
+    return await store.reserved(engine)
+
+
+async def _release(store: KVBudgetStore, *, lease: Lease) -> None:
+    await store.release(lease)
+
+
+async def _admit(store: KVBudgetStore, *, ask: Ask, rules: Rules) -> Placement:
+    return await store.admit(ask, LEASE_TTL_S, rules)
+
+
+def _first(upstream: Upstream, candidates: Sequence[Upstream]) -> list[Upstream]:
+    return [upstream, *(u for u in candidates if u is not upstream)]
+
+
+def _exhausted() -> RateLimited:
+    return RateLimited("The model servers' KV cache is fully booked; please try again shortly.",
+                       retry_after=1.0, code="kv_budget_exhausted")  # fmt: skip
+
+
+def _shed() -> RateLimited:
+    return RateLimited("The model servers are under pressure: sheddable work is refused.",
+                       retry_after=1.0, code="kv_budget_exhausted")  # fmt: skip
+
+
+async def _read_metrics(client: httpx.AsyncClient, upstream: Upstream) -> EngineSnapshot | None:
+    """The engine's snapshot; ``None`` for a failed scrape (unhealthy); ``NO_METRICS`` when
+    the engine answers 404: it exports none there (e.g. Ray Serve LLM, whose metrics go to Ray's
+    metrics agent), which is no signal rather than a bad one."""
+    url = upstream.base_url.removesuffix("/v1") + "/metrics"
+    try:
+        response = await client.get(url)
+        if response.status_code == 404:
+            return NO_METRICS
+        if response.status_code != 200:
+            return None
+        return parse_engine_metrics(response.text)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def open_admission(
+    settings: Settings, transport: httpx.AsyncBaseTransport, redis: AutoPipeline | None
+) -> KVAdmission:
+    """The shared store is Redis when there is one (one budget for all replicas, on the
+    process's one client, ``gateway.admission.redisconn``), otherwise this process's memory."""
+    local = MemoryKVBudgetStore()
+    store: Circuit[KVBudgetStore] = Circuit("KV budget", local, local, fail="open", errors=())
+    if redis is not None:
+        store = Circuit("KV budget", RedisKVBudgetStore(redis), local,
+                        fail=settings.ratelimit_fail, errors=REDIS_ERRORS)  # fmt: skip
+    tuning = Tuning(target_utilization=settings.kv_target_utilization)
+    weights = {name: p.weight for name, p in settings.tenants.items() if p.weight != 1}
+    rules = Rules(weights=weights, waiting_ttl_s=5 * RECHECK_S)
+    return KVAdmission(store, transport, settings.kv_capacity_tokens, tuning,
+                       settings.admission_wait_ms / 1000, rules,
+                       settings.admission_queue_max)  # fmt: skip
+
+
+def priority_of(header: str | None, ceiling: Priority = "standard") -> Priority:
+    """``x-thinkgate-priority``: ``critical``, ``standard`` or ``sheddable``; without the
+    header, the key's ``ceiling`` (its policy, default ``standard``). A key may lower its
+    priority but not raise it above its ceiling: priority is granted, not claimed."""
+    if header is None:
+        return ceiling
+    value = header.strip().lower()
+    if value not in RANK:
+        raise InvalidRequest("x-thinkgate-priority must be critical, standard or sheddable.",
+                             param="x-thinkgate-priority")  # fmt: skip
+    if RANK[value] < RANK[ceiling]:  # type: ignore[index]
+        raise PermissionDenied(f"This key may ask for priority `{ceiling}` at most.",
+                               code="priority_not_allowed")  # fmt: skip
+    return value  # type: ignore[return-value]

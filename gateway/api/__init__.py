@@ -1,0 +1,1 @@
+"""Wire-format request parsers, one module per API surface."""

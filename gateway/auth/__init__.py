@@ -1,0 +1,1 @@
+"""Keys: their format and hashing, the key store, bearer parsing."""

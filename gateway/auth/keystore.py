@@ -1,0 +1,134 @@
+"""The key table and its store, with a short in-process cache.
+
+Lookups are cached for ``ttl`` seconds (``KEY_CACHE_TTL_S``, default 5): a revocation on another
+replica takes effect within that bound; on the replica that revokes it takes effect at once.
+No database round trip happens per chunk, only (at most) once per request and TTL.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+from sqlalchemy import Column, DateTime, Integer, LargeBinary, String, Table, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.auth import keys
+from gateway.auth.keys import KeyInfo, NewKey, ReasoningPolicy, Role
+from gateway.db import metadata
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", String(32), primary_key=True),
+    Column("secret_hash", LargeBinary(32), nullable=False),
+    Column("tenant", String(64), nullable=False, index=True),
+    Column("role", String(16), nullable=False),
+    Column("reasoning", String(16), nullable=False),
+    Column("rpm", Integer, nullable=True),
+    Column("tpm", Integer, nullable=True),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("revoked_at", DateTime(timezone=True), nullable=True),
+)
+
+
+class KeyStore:
+    def __init__(
+        self, engine: AsyncEngine, ttl: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._engine = engine
+        self._ttl = ttl
+        self._clock = clock
+        self._cache: dict[str, tuple[float, KeyInfo | None]] = {}
+
+    async def create(
+        self,
+        *,
+        tenant: str,
+        role: Role,
+        reasoning: ReasoningPolicy = "hidden",
+        rpm: int | None = None,
+        tpm: int | None = None,
+    ) -> tuple[NewKey, KeyInfo]:
+        new = keys.generate()
+        info = KeyInfo(
+            new.key_id, tenant, role, reasoning, rpm, tpm, datetime.now(UTC), None, new.secret_hash
+        )
+        async with self._engine.begin() as conn:
+            await conn.execute(api_keys.insert().values(**_row(info)))
+        return new, info
+
+    async def get(self, key_id: str) -> KeyInfo | None:
+        """The key, from the cache when fresh; ``None`` when unknown."""
+        now = self._clock()
+        hit = self._cache.get(key_id)
+        if hit is not None and now - hit[0] < self._ttl:
+            return hit[1]
+        info = await self._load(key_id)
+        if len(self._cache) > 10_000:  # bound the cache against floods of random key ids
+            self._cache.clear()
+        self._cache[key_id] = (now, info)
+        return info
+
+    async def list(self, tenant: str | None = None) -> Sequence[KeyInfo]:
+        query = select(api_keys).order_by(api_keys.c.created_at)
+        if tenant is not None:
+            query = query.where(api_keys.c.tenant == tenant)
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [_info(row) for row in rows]
+
+    async def revoke(self, key_id: str) -> bool:
+        """Revoke ``key_id``; false when there is no such active key."""
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                update(api_keys)
+                .where(api_keys.c.key_id == key_id, api_keys.c.revoked_at.is_(None))
+                .values(revoked_at=datetime.now(UTC))
+            )
+        self._cache.pop(key_id, None)
+        return bool(result.rowcount)
+
+    async def _load(self, key_id: str) -> KeyInfo | None:
+        async with self._engine.connect() as conn:
+            row = (
+                (await conn.execute(select(api_keys).where(api_keys.c.key_id == key_id)))
+                .mappings()
+                .first()
+            )
+        return _info(row) if row is not None else None
+
+
+def _row(info: KeyInfo) -> dict[str, object]:
+    return {
+        "key_id": info.key_id,
+        "secret_hash": info.secret_hash,
+        "tenant": info.tenant,
+        "role": info.role,
+        "reasoning": info.reasoning,
+        "rpm": info.rpm,
+        "tpm": info.tpm,
+        "created_at": info.created_at,
+        "revoked_at": info.revoked_at,
+    }
+
+
+def _info(row: object) -> KeyInfo:
+    m = dict(row)  # type: ignore[call-overload]
+    return KeyInfo(
+        key_id=m["key_id"],
+        tenant=m["tenant"],
+        role=m["role"],
+        reasoning=m["reasoning"],
+        rpm=m["rpm"],
+        tpm=m["tpm"],
+        created_at=_utc(m["created_at"]),
+        revoked_at=_utc(m["revoked_at"]) if m["revoked_at"] else None,
+        secret_hash=bytes(m["secret_hash"]),
+    )
+
+
+def _utc(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes; they were stored in UTC.
+    return value if value.tzinfo else value.replace(tzinfo=UTC)

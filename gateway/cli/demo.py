@@ -1,0 +1,77 @@
+"""``thinkgate serve --demo``: demo keys, created once and reused, and a snippet to paste.
+
+The demo secrets are kept in ``./var/demo-keys.json`` (mode 0600) so that every ``make run``
+prints the same working keys. This is for a laptop demo only; real keys are shown once and
+never stored (``thinkgate keys create``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from gateway.auth import keys
+from gateway.auth.keystore import KeyStore
+from gateway.cli.keys import open_store
+from gateway.settings import Settings
+
+DEMO_FILE = Path("./var/demo-keys.json")
+_ROLES = {"client": "visible", "auditor": "hidden"}
+
+
+async def prepare_demo(settings: Settings, path: Path = DEMO_FILE) -> dict[str, str]:
+    """Ensure a demo client key (reasoning visible) and auditor key exist; print how to use them."""
+    saved = _load(path)
+    async with open_store(settings) as store:
+        secrets = {role: await _ensure(store, role, saved.get(role)) for role in _ROLES}
+    _save(path, secrets)
+    print(snippet(settings, secrets), flush=True)
+    return secrets
+
+
+def _load(path: Path) -> dict[str, str]:
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
+
+
+def _save(path: Path, secrets: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(secrets, fh)
+
+
+async def _ensure(store: KeyStore, role: str, secret: str | None) -> str:
+    parts = keys.split_key(secret) if secret else None
+    if parts:
+        info = await store.get(parts[0])
+        if info is not None and info.active and keys.verify(info, parts[1]):
+            return secret  # type: ignore[return-value]
+    new, _ = await store.create(
+        tenant="demo",
+        role=role,  # type: ignore[arg-type]
+        reasoning=_ROLES[role],  # type: ignore[arg-type]
+    )
+    return new.secret
+
+
+def snippet(settings: Settings, secrets: dict[str, str]) -> str:
+    base = f"http://{settings.host}:{settings.port}/v1"
+    return f"""
+thinkgate demo: built-in simulator upstream, SQLite under ./var/, in-process limiter.
+  client key  (reasoning visible): {secrets["client"]}
+  auditor key:                     {secrets["auditor"]}
+
+Paste into Python (pip install openai):
+
+from openai import OpenAI
+c = OpenAI(base_url="{base}", api_key="{secrets["client"]}")
+messages = [{{"role": "user", "content": "Why is the sky blue?"}}]
+for chunk in c.chat.completions.create(model="deepseek-r1", stream=True, messages=messages):
+    d = chunk.choices[0].delta if chunk.choices else None
+    print(getattr(d, "reasoning_content", None), d and d.content)
+"""

@@ -1,0 +1,131 @@
+"""The ``thinkgate ledger`` commands: init, verify (online and offline), export, shred, rotate-kek.
+
+``verify`` and ``export`` need only the database and the public half of the signing key: no
+decryption key is loaded. Offline ``verify --export FILE --public-key FILE`` needs neither
+database nor any secret. A progress bar (rich) is drawn on stderr when it is a terminal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import BinaryIO
+
+from audit.crypto import FileKeyProvider
+from audit.export import ExportInvalid, check_export, export_lines
+from audit.ledger import Ledger, LedgerReader
+from audit.migrate import upgrade
+from audit.note import NoteError, NoteSigner, NoteVerifier, load_signing_key
+from audit.store import Filter
+from audit.verify import Report, verify
+from gateway.db import create_engine
+from gateway.ledger.sink import ensure_keys, open_ledger
+from gateway.settings import Settings
+
+Progress = Callable[[int, int], None]
+
+
+async def init(settings: Settings) -> list[str]:
+    """Create the key files that are missing (never overwriting one) and bring the ledger's
+    schema to the current migration. Run it once with a database role that may create tables;
+    the gateway itself then needs only SELECT and INSERT on the ledger (docs/ledger.md)."""
+    made = ensure_keys(settings, create=True)
+    engine = create_engine(settings.database_url)
+    try:
+        await upgrade(engine)
+    finally:
+        await engine.dispose()
+    return made
+
+
+def verifier_key(settings: Settings) -> str:
+    """The public ``<name>+<id>+<key>`` string auditors pin; the private key stays here."""
+    signer = NoteSigner(settings.audit_origin, load_signing_key(settings.signing_key_file))
+    return signer.verifier_key()
+
+
+def load_verifier(settings: Settings, public_key: Path | None) -> NoteVerifier:
+    """The checkpoint verifier: from ``public_key`` (a ``<name>+<id>+<key>`` file, all an
+    auditor holds) when given, else derived from ``SIGNING_KEY_FILE``."""
+    try:
+        vkey = public_key.read_text().strip() if public_key else verifier_key(settings)
+        return NoteVerifier(vkey)
+    except (OSError, ValueError) as exc:
+        source = public_key or settings.signing_key_file
+        raise KeyUnavailable(f"cannot load the verifier key from {source}: {exc}") from None
+
+
+class KeyUnavailable(Exception):
+    pass
+
+
+async def verify_database(settings: Settings, verifier: NoteVerifier, progress: Progress) -> Report:
+    """Needs the database and the public key only: nothing is decrypted."""
+    engine = create_engine(settings.database_url)
+    try:
+        return await verify(engine, verifier, settings.audit_origin, progress)
+    finally:
+        await engine.dispose()
+
+
+def verify_export(export: Path, public_key: Path) -> tuple[int, int]:
+    """``(tree size, records)`` of a verified export file; raises ``ExportInvalid``."""
+    try:
+        verifier = NoteVerifier(public_key.read_text().strip())
+    except NoteError:
+        raise ExportInvalid(f"{public_key} is not a note verifier key") from None
+    with export.open("rb") as lines:
+        report = check_export(lines, verifier)
+    return report.tree_size, report.records
+
+
+@asynccontextmanager
+async def opened(settings: Settings) -> AsyncIterator[Ledger]:
+    engine = create_engine(settings.database_url)
+    try:
+        ledger = await open_ledger(settings, engine)
+        try:
+            yield ledger
+        finally:
+            await ledger.aclose()
+    finally:
+        await engine.dispose()
+
+
+async def export_to(settings: Settings, where: Filter, out: BinaryIO) -> int:
+    """Reads the database only: no key is loaded, no writer started."""
+    count = -1  # the first line is the checkpoint
+    engine = create_engine(settings.database_url)
+    try:
+        async for line in export_lines(LedgerReader(engine), where):
+            out.write(line)
+            count += 1
+    finally:
+        await engine.dispose()
+    out.flush()
+    return max(count, 0)
+
+
+async def shred(settings: Settings, tenant: str) -> int:
+    async with opened(settings) as ledger:
+        return await ledger.shred(tenant)
+
+
+async def rotate_kek(settings: Settings) -> tuple[str, int]:
+    """Add a new primary KEK to the key file, then re-wrap every live tenant key under it."""
+    new_id = FileKeyProvider.rotate(settings.ledger_key_file)
+    async with opened(settings) as ledger:
+        return new_id, await ledger.rotate_keys()
+
+
+@contextmanager
+def progress_bar(enabled: bool) -> Iterator[Progress]:
+    if not enabled:
+        yield lambda done, total: None
+        return
+    from rich.progress import Progress as Bar
+
+    with Bar(transient=True) as bar:
+        task = bar.add_task("verifying", total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)

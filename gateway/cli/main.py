@@ -1,0 +1,425 @@
+"""``thinkgate``: serve, sim, keys, ledger, bench (DESIGN §3). Each command is a small function."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from gateway.settings import Settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        result: int = args.func(args)
+    except ValidationError as exc:  # the operator's settings: one line, no traceback
+        print(f"thinkgate: invalid configuration: {config_problem(exc)}", file=sys.stderr)
+        return 2
+    return result
+
+
+def config_problem(exc: ValidationError) -> str:
+    """A settings error as one line: where (``models.my-model``) and what."""
+    problems = []
+    for error in exc.errors(include_url=False, include_input=False):
+        where = ".".join(str(part) for part in error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        problems.append(f"{where}: {message}" if where else message)
+    return "; ".join(problems)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="thinkgate", description=__doc__)
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=None)
+    serve.add_argument("--upstream", action="append", default=None, metavar="URL")
+    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--demo", action="store_true", help="built-in simulator, demo keys")
+    serve.set_defaults(func=cmd_serve)
+
+    sim = sub.add_parser("sim", help="run the vLLM simulator alone")
+    sim.add_argument("--host", default="127.0.0.1")
+    sim.add_argument("--port", type=int, default=8000)
+    sim.add_argument("--ttft-ms", type=float, default=200.0)
+    sim.add_argument("--itl-ms", type=float, default=20.0)
+    sim.add_argument("--kv-capacity-tokens", type=int, default=65536)
+    sim.set_defaults(func=cmd_sim)
+
+    keys = sub.add_parser("keys", help="manage API keys").add_subparsers(required=True)
+    create = keys.add_parser("create", help="create a key; the secret is the last line")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--role", choices=["client", "auditor", "admin"], required=True)
+    create.add_argument("--reasoning", choices=["hidden", "visible"], default="hidden")
+    create.add_argument("--rpm", type=_limit, default=None, help="requests per minute; 0: none")
+    create.add_argument("--tpm", type=_limit, default=None, help="tokens per minute; 0: none")
+    create.set_defaults(func=cmd_keys_create)
+    keys.add_parser("list", help="list keys").set_defaults(func=cmd_keys_list)
+    revoke = keys.add_parser("revoke", help="revoke a key")
+    revoke.add_argument("key_id")
+    revoke.set_defaults(func=cmd_keys_revoke)
+
+    _ledger_parser(sub)
+    _capacity_parser(sub)
+
+    doctor = sub.add_parser("doctor", help="production-readiness checks of upstreams and services")
+    doctor.add_argument("--upstream", action="append", default=None, metavar="URL",
+                        help="e.g. http://vllm:8000/v1 (default: UPSTREAMS)")  # fmt: skip
+    doctor.add_argument("--model", default=None, help="the model to probe (default: the first)")
+    doctor.add_argument("--no-gateway", action="store_true",
+                        help="skip Redis, database and ledger (check upstreams only)")  # fmt: skip
+    doctor.set_defaults(func=cmd_doctor)
+
+    bench = sub.add_parser("bench", help="load generator: TTFT, inter-token latency, throughput")
+    bench.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.1:8080/v1")
+    bench.add_argument("--concurrency", type=int, default=32)
+    bench.add_argument("--duration", type=float, default=10.0)
+    bench.add_argument("--model", default="deepseek-r1")
+    bench.add_argument("--api-key", default=None, help="default: $THINKGATE_BENCH_KEY")
+    bench.add_argument("--max-tokens", type=int, default=256)
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def _ledger_parser(sub: Any) -> None:
+    ledger = sub.add_parser("ledger", help="the audit ledger").add_subparsers(required=True)
+    ledger.add_parser(
+        "init", help="create missing key files; migrate the ledger schema"
+    ).set_defaults(func=cmd_ledger_init)
+    verify = ledger.add_parser("verify", help="check every leaf, the tree and every checkpoint")
+    verify.add_argument("--export", type=Path, default=None, help="check this export offline")
+    verify.add_argument(
+        "--public-key", type=Path, default=None,
+        help="verifier key file (default: derived from SIGNING_KEY_FILE)",
+    )  # fmt: skip
+    verify.set_defaults(func=cmd_ledger_verify)
+    export = ledger.add_parser("export", help="records with inclusion proofs, as JSON lines")
+    export.add_argument("--tenant", default=None)
+    export.add_argument("--since", type=float, default=None, help="epoch seconds")
+    export.add_argument("--until", type=float, default=None, help="epoch seconds")
+    export.add_argument("--output", type=Path, default=None, help="default: stdout")
+    export.set_defaults(func=cmd_ledger_export)
+    shred = ledger.add_parser("shred", help="destroy a tenant's data keys (irreversible)")
+    shred.add_argument("--tenant", required=True)
+    shred.set_defaults(func=cmd_ledger_shred)
+    ledger.add_parser("rotate-kek", help="new primary key-encryption key; re-wrap").set_defaults(
+        func=cmd_ledger_rotate
+    )
+    ledger.add_parser("public-key", help="print the checkpoint verifier key").set_defaults(
+        func=cmd_ledger_public_key
+    )
+
+
+def _capacity_parser(sub: Any) -> None:
+    cap = sub.add_parser("capacity", help="plan KV-cache capacity and the admission settings")
+    cap.add_argument("--model", required=True, help="a preset name or a config.json (or its dir)")
+    cap.add_argument("--gpus", type=int, required=True, help="must equal tp × pp × dp")
+    cap.add_argument("--gpu-mem-gib", type=float, required=True)
+    cap.add_argument("--tp", type=int, default=1)
+    cap.add_argument("--pp", type=int, default=1)
+    cap.add_argument("--dp", type=int, default=1)
+    cap.add_argument("--weights", choices=["bf16", "fp16", "fp8", "int4"], default="bf16")
+    cap.add_argument("--kv-dtype", choices=["bf16", "fp16", "fp8"], default="bf16")
+    cap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    cap.add_argument("--context", type=int, default=65536)
+    cap.add_argument("--params", type=float, default=None, help="parameter count, e.g. 70.6e9")
+    cap.add_argument("--reserve-gib", type=float, default=2.0, help="activations etc. (rough)")
+    cap.add_argument(
+        "--state-bytes-per-request", type=int, default=None,
+        help="recurrent layers in a config.json: one layer's state per request",
+    )  # fmt: skip
+    cap.set_defaults(func=cmd_capacity)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.telemetry.logs import log_config
+
+    overrides: dict[str, Any] = {"demo": args.demo}
+    if args.host:
+        overrides["host"] = args.host
+    if args.port:
+        overrides["port"] = args.port
+    if args.upstream:
+        overrides["upstreams"] = tuple(args.upstream)
+    settings = Settings(**overrides)
+    if args.demo:
+        if args.workers != 1:
+            print("--demo runs one worker (the simulator lives in it)", file=sys.stderr)
+            return 2
+        from gateway.cli.demo import prepare_demo
+
+        asyncio.run(prepare_demo(settings))
+    elif not settings.upstreams:
+        print(
+            "no upstream: pass --upstream URL, set THINKGATE_UPSTREAMS, or use --demo",
+            file=sys.stderr,
+        )
+        return 2
+    run: dict[str, Any] = {
+        "host": settings.host,
+        "port": settings.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "access_log": False,  # thinkgate.access replaces it (gateway/telemetry/logs.py)
+        "server_header": False,  # no "server: uvicorn": nothing to fingerprint
+        "limit_concurrency": settings.max_client_connections,
+        "log_config": log_config(settings),
+    }
+    if args.workers == 1:
+        from gateway.app import create_app
+
+        uvicorn.run(create_app(settings, freeze_gc=True), **run)
+        return 0
+    # Workers are separate processes: they read their settings from the environment, and
+    # keep their metrics in files that /metrics adds up (prometheus-client multiprocess mode).
+    # A directory given by the operator is emptied first, as prometheus-client requires (old
+    # files would add a previous run's counts); one made here is removed at the end.
+    for name, value in overrides.items():
+        os.environ[f"THINKGATE_{name.upper()}"] = (
+            ",".join(value) if isinstance(value, tuple) else str(value)
+        )
+    with _metrics_directory(settings.prometheus_multiproc_dir) as directory:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        uvicorn.run("gateway.cli.main:app_from_env", factory=True, workers=args.workers, **run)
+    return 0
+
+
+@contextlib.contextmanager
+def _metrics_directory(given: str) -> Iterator[str]:
+    if given:
+        for stale in Path(given).glob("*.db"):
+            stale.unlink()
+        yield given
+        return
+    made = tempfile.mkdtemp(prefix="thinkgate-metrics-")
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+
+
+def app_from_env() -> Any:
+    from gateway.app import create_app
+
+    return create_app(Settings(), freeze_gc=True)
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.sim.app import SimConfig, create_sim_app
+
+    config = SimConfig(
+        ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, kv_capacity_tokens=args.kv_capacity_tokens
+    )
+    uvicorn.run(
+        create_sim_app(config),
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+    )
+    return 0
+
+
+def _limit(text: str) -> int:
+    """A per-minute limit as the key table stores it (a 32-bit INTEGER on PostgreSQL)."""
+    value = int(text)
+    if not 0 <= value <= 2**31 - 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {2**31 - 1}")
+    return value
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from gateway.cli.keys import create_key
+
+    secret, view = asyncio.run(
+        create_key(Settings(), args.tenant, args.role, args.reasoning, args.rpm, args.tpm)
+    )
+    print(f"created key {view} (the secret below is shown once; only its hash is stored)")
+    print(secret)
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    from gateway.cli.keys import list_keys
+
+    for line in asyncio.run(list_keys(Settings())):
+        print(line)
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from gateway.cli.keys import revoke_key
+
+    if asyncio.run(revoke_key(Settings(), args.key_id)):
+        print(f"revoked {args.key_id}")
+        return 0
+    print(f"no active key {args.key_id}", file=sys.stderr)
+    return 1
+
+
+def cmd_ledger_init(args: argparse.Namespace) -> int:
+    from gateway.cli.ledger import init
+
+    made = asyncio.run(init(Settings()))
+    for path in made:
+        print(f"created {path} (mode 0600): back it up; without it records cannot be read")
+    if not made:
+        print("ledger key files already exist; kept them")
+    print("ledger schema is current")
+    return 0
+
+
+def cmd_ledger_verify(args: argparse.Namespace) -> int:
+    from audit.export import ExportInvalid
+    from audit.store import DB_ERRORS
+    from audit.verify import LedgerCorrupt
+    from gateway.cli import ledger as ledgercli
+
+    try:
+        if args.export is not None:
+            if args.public_key is None:
+                print("--export needs --public-key", file=sys.stderr)
+                return 2
+            size, count = ledgercli.verify_export(args.export, args.public_key)
+            print(f"export OK: {count} records included in the signed tree of size {size}")
+            return 0
+        settings = Settings()
+        verifier = ledgercli.load_verifier(settings, args.public_key)
+        with ledgercli.progress_bar(sys.stderr.isatty()) as progress:
+            report = asyncio.run(ledgercli.verify_database(settings, verifier, progress))
+    except ledgercli.KeyUnavailable as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except DB_ERRORS as exc:
+        print(f"cannot read the ledger database ({type(exc).__name__})", file=sys.stderr)
+        return 2
+    except (LedgerCorrupt, ExportInvalid) as exc:
+        print(f"ledger verification FAILED: {exc}", file=sys.stderr)
+        return 1
+    print(f"ledger OK: {report.size} records, {report.checkpoints} checkpoints verified")
+    return 0
+
+
+def cmd_ledger_export(args: argparse.Namespace) -> int:
+    from audit.store import Filter
+    from gateway.cli.ledger import export_to
+
+    where = Filter(tenant=args.tenant, since=args.since, until=args.until)
+    if args.output is None:
+        count = asyncio.run(export_to(Settings(), where, sys.stdout.buffer))
+    else:
+        with args.output.open("wb") as out:
+            count = asyncio.run(export_to(Settings(), where, out))
+    print(f"exported {count} records", file=sys.stderr)
+    return 0
+
+
+def cmd_ledger_shred(args: argparse.Namespace) -> int:
+    from gateway.cli.ledger import shred
+
+    destroyed = asyncio.run(shred(Settings(), args.tenant))
+    print(f"shredded tenant {args.tenant}: {destroyed} data keys destroyed, shred record appended")
+    return 0
+
+
+def cmd_ledger_rotate(args: argparse.Namespace) -> int:
+    from gateway.cli.ledger import rotate_kek
+
+    new_id, moved = asyncio.run(rotate_kek(Settings()))
+    print(f"new primary key-encryption key {new_id}; {moved} tenant keys re-wrapped")
+    return 0
+
+
+def cmd_ledger_public_key(args: argparse.Namespace) -> int:
+    from gateway.cli.ledger import verifier_key
+
+    print(verifier_key(Settings()))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Prints the checklist; exit 1 if a check failed, 2 if there is nothing to check."""
+    from gateway.cli import doctor
+
+    settings = Settings()
+    urls = list(args.upstream or settings.upstreams)
+    if not urls:
+        print("no upstream: pass --upstream URL or set THINKGATE_UPSTREAMS", file=sys.stderr)
+        return 2
+
+    async def examine() -> list[tuple[str, list[doctor.Check]]]:
+        key = settings.upstream_api_key.get_secret_value()
+        sections = await doctor.gather_upstreams(urls, key, args.model, settings)
+        if not args.no_gateway:
+            sections.append(("gateway", await doctor.examine_gateway(settings)))
+        return sections
+
+    sections = asyncio.run(examine())
+    print(doctor.render(sections))
+    return 1 if doctor.failed(sections) else 0
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    import json
+
+    from ratelimit import capacity
+
+    try:
+        model = capacity.PRESETS.get(args.model)
+        if model is None:
+            path = Path(args.model)
+            path = path / "config.json" if path.is_dir() else path
+            if not path.is_file():
+                names = ", ".join(capacity.PRESETS)
+                raise ValueError(f"--model {args.model}: not a preset ({names}) nor a file")
+            config = json.loads(path.read_text())
+            model = capacity.model_from_config(config, args.model, args.state_bytes_per_request)
+        deployment = capacity.Deployment(
+            gpus=args.gpus, gpu_mem_gib=args.gpu_mem_gib, tp=args.tp, pp=args.pp, dp=args.dp,
+            weights=args.weights, kv_dtype=args.kv_dtype, context=args.context,
+            gpu_memory_utilization=args.gpu_memory_utilization, params=args.params,
+            reserve_gib=args.reserve_gib,
+        )  # fmt: skip
+        print(capacity.render(capacity.plan(model, deployment)))
+    except (OSError, ValueError) as exc:
+        print(f"thinkgate capacity: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bench.loadgen import LoadSpec, report, run_load
+
+    api_key = args.api_key or Settings().bench_key.get_secret_value()
+    spec = LoadSpec(
+        url=args.url,
+        api_key=api_key,
+        model=args.model,
+        concurrency=args.concurrency,
+        duration_s=args.duration,
+        max_tokens=args.max_tokens,
+    )
+    print(report(asyncio.run(run_load(spec))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

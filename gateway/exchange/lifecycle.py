@@ -1,0 +1,151 @@
+"""One chat completion's life in the shell: timing, outcome, and the single ``finish``.
+
+``finish`` settles the rate limit and hands the record to the ledger exactly once, however the
+request ended (completed, upstream error, client disconnect). It runs as its own task, shielded
+from its callers' cancellation, so a client that goes away cannot make a completion vanish
+from the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from gateway.admission.limiter import Admission, Limiter
+from gateway.api.chat import ChatRequest
+from gateway.auth.keys import KeyInfo
+from gateway.errors import GatewayError, UpstreamError
+from gateway.ledger.record import CompletionRecord, RecordSink, Status
+from gateway.relay.rewrite import Rewriter
+from gateway.telemetry.logs import log_completion
+from gateway.telemetry.metrics import CompletedRequest, GapCounts, Metrics
+
+log = logging.getLogger("thinkgate")
+
+
+@dataclass(slots=True)
+class Exchange:
+    request_id: str
+    key: KeyInfo
+    chat: ChatRequest
+    rewriter: Rewriter
+    admission: Admission
+    limiter: Limiter
+    sink: RecordSink
+    started_at: float = field(default_factory=time.time)
+    t0: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    upstream: str | None = None
+    status: Status = "error"
+    error_code: str | None = None
+    client_disconnected: bool = False
+    release_kv: Callable[[], Awaitable[None]] | None = None
+    metrics: Metrics | None = None
+    traceparent: str | None = None
+    overhead_s: float = 0.0  # inside the gateway, waiting for the upstream excluded
+    first_content_at: float | None = None
+    gaps: GapCounts = field(default_factory=GapCounts)
+    _finishing: asyncio.Future[None] | None = None
+
+    def mark_first_token(self) -> None:
+        if self.first_token_at is None:
+            self.first_token_at = self.started_at + (time.perf_counter() - self.t0)
+
+    def mark_first_content(self) -> None:
+        if self.first_content_at is None:
+            self.first_content_at = self.started_at + (time.perf_counter() - self.t0)
+
+    def observe_read(self, arrived: float) -> None:
+        """One upstream read, which arrived at ``arrived``, was processed: count its gap, note
+        the first answer text, add the time it cost (nothing when not measured)."""
+        if self.metrics is None:
+            return
+        self.gaps.tick(arrived)
+        if self.first_content_at is None and self.rewriter.has_content:
+            self.mark_first_content()
+        self.overhead_s += time.perf_counter() - arrived
+
+    def fail(self, error: GatewayError) -> None:
+        self.status = "upstream_error" if error.type in ("upstream_error", "timeout") else "error"
+        self.error_code = error.code
+        if self.metrics is not None and isinstance(error, UpstreamError) and self.upstream:
+            self.metrics.upstream_failed(self.upstream, error)
+
+    def disconnected(self) -> None:
+        self.client_disconnected = True
+        self.status = "client_disconnected"
+
+    @property
+    def upstream_headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """This request's own headers for the upstream: the caller's trace context."""
+        if self.traceparent is None:
+            return ()
+        return ((b"traceparent", self.traceparent.encode()),)
+
+    @property
+    def finishing(self) -> bool:
+        """Whether the record is already on its way (its outcome is then fixed)."""
+        return self._finishing is not None
+
+    def finish(self) -> Awaitable[None]:
+        """Settle and record, once: every caller awaits the same shielded task, so neither a
+        second call nor a cancelled caller can repeat or interrupt it."""
+        if self._finishing is None:
+            self._finishing = asyncio.ensure_future(self._settle_and_record())
+        return asyncio.shield(self._finishing)
+
+    async def _settle_and_record(self) -> None:
+        """Refund, release and record at once (with Redis, the first two share one round
+        trip). Only the record's fate reaches the caller: a settlement that fails (Redis away)
+        costs the client nothing, since unrefunded tokens refill and a lease expires."""
+        record = self._record()
+        if self.metrics is not None:
+            done = CompletedRequest(
+                record, record.status, self.overhead_s, self.first_content_at, self.gaps
+            )
+            self.metrics.observe_completion(done)
+        log_completion(record, overhead_s=self.overhead_s, first_content_at=self.first_content_at)
+        used = int((record.usage or {}).get("total_tokens") or 0)
+        work: list[Awaitable[None]] = [
+            self.sink.submit(record),
+            self.limiter.settle(self.admission, used or self.admission.reserved_tokens),
+        ]
+        if self.release_kv is not None:
+            work.append(self.release_kv())
+        recorded, *settled = await asyncio.gather(*work, return_exceptions=True)
+        for failure in settled:
+            if isinstance(failure, BaseException):
+                log.warning(
+                    "settling request %s failed: %s", self.request_id, type(failure).__name__
+                )
+        if isinstance(recorded, BaseException):
+            raise recorded
+
+    def _record(self) -> CompletionRecord:
+        choices = [self.rewriter.choices[i] for i in sorted(self.rewriter.choices)]
+        return CompletionRecord(
+            request_id=self.request_id,
+            tenant=self.key.tenant,
+            key_id=self.key.key_id,
+            model=self.chat.model,
+            upstream=self.upstream,
+            stream=self.chat.stream,
+            started_at=self.started_at,
+            first_token_at=self.first_token_at,
+            ended_at=self.started_at + (time.perf_counter() - self.t0),
+            status=self.status,
+            error_code=self.error_code,
+            client_disconnected=self.client_disconnected,
+            usage=self.rewriter.usage,
+            finish_reasons=tuple(c.finish_reason for c in choices),
+            messages=self.chat.messages,
+            params=self.chat.params,
+            reasoning=tuple("".join(c.reasoning) for c in choices),
+            content=tuple("".join(c.content) for c in choices),
+            traceparent=self.traceparent,
+            reasoning_format=self.rewriter.policy.format.name,
+            thinking=self.rewriter.policy.thinking,
+        )

@@ -1,0 +1,134 @@
+"""The audit ledger behind the gateway's ``RecordSink`` port, and opening it with its keys.
+
+``LedgerSink`` turns a ``CompletionRecord`` into the ledger's header facts and body, trims the
+body to ``AUDIT_CAPTURE``, and maps the ledger's failure to the gateway's error tree: with
+``AUDIT_FAIL=closed`` a record that neither the database nor the spool can take fails the
+request (503 ``ledger_unavailable``) and new requests are refused while that lasts; with
+``open`` the loss is logged and the request goes on.
+
+Key files: the gateway never invents production keys. ``--demo`` creates missing ones (with a
+warning, under ``./var/``); otherwise a missing file stops the start with a message naming
+``thinkgate ledger init``, because a key made up at start-up and lost with the pod would make
+every record written under it unreadable.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from audit.crypto import FileKeyProvider
+from audit.ledger import Ledger
+from audit.note import NoteSigner, create_signing_key, load_signing_key
+from audit.record import Body, Facts, Usage, captured
+from audit.writer import LedgerUnavailable as WriterUnavailable
+from gateway.errors import LedgerUnavailable
+from gateway.ledger.record import CompletionRecord
+from gateway.settings import Settings
+
+log = logging.getLogger("thinkgate")
+
+
+class LedgerKeysMissing(RuntimeError):
+    pass
+
+
+class LedgerSink:
+    def __init__(self, ledger: Ledger, settings: Settings) -> None:
+        self.ledger = ledger
+        self._capture = settings.audit_capture
+        self._fail_open = settings.audit_fail == "open"
+
+    def accepting(self) -> bool:
+        return self._fail_open or self.ledger.accepting()
+
+    async def submit(self, record: CompletionRecord) -> None:
+        body = captured(record_body(record), self._capture)
+        try:
+            await self.ledger.append(record_facts(record, self._capture), body)
+        except WriterUnavailable:
+            if not self._fail_open:
+                raise LedgerUnavailable("The audit ledger cannot store records.") from None
+            log.error("audit record lost (request %s): ledger unavailable", record.request_id)
+
+
+def record_facts(record: CompletionRecord, capture: Any) -> Facts:
+    return Facts(
+        kind="completion",
+        tenant=record.tenant,
+        key_id=record.key_id,
+        request_id=record.request_id,
+        created_at=record.ended_at,
+        model=record.model,
+        status=record.status,
+        upstream=record.upstream,
+        stream=record.stream,
+        started_at=record.started_at,
+        first_token_at=record.first_token_at,
+        ended_at=record.ended_at,
+        usage=_usage(record.usage),
+        finish_reasons=record.finish_reasons,
+        error_code=record.error_code,
+        client_disconnected=record.client_disconnected,
+        capture=capture,
+        traceparent=record.traceparent,
+        reasoning_format=record.reasoning_format,
+        thinking=None if record.thinking else False,
+    )
+
+
+def _usage(usage: dict[str, Any] | None) -> Usage | None:
+    if not usage:
+        return None
+    details = usage.get("completion_tokens_details") or {}
+    return Usage(
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+        reasoning_tokens=int(details.get("reasoning_tokens") or 0),
+        total_tokens=int(usage.get("total_tokens") or 0),
+    )
+
+
+def record_body(record: CompletionRecord) -> Body:
+    return Body(
+        messages=record.messages,
+        params=record.params,
+        reasoning=record.reasoning,
+        content=record.content,
+    )
+
+
+def ensure_keys(settings: Settings, *, create: bool) -> list[str]:
+    """Create the missing key files when ``create``; else refuse to start without them.
+    Returns the files created."""
+    made = []
+    for path, maker in (
+        (settings.ledger_key_file, FileKeyProvider.create),
+        (settings.signing_key_file, create_signing_key),
+    ):
+        if path.exists():
+            continue
+        if not create:
+            raise LedgerKeysMissing(
+                f"ledger key file {path} is missing: run 'thinkgate ledger init' once "
+                "(or mount the keys from your secret store)"
+            )
+        maker(path)
+        made.append(str(path))
+    return made
+
+
+async def open_ledger(settings: Settings, engine: AsyncEngine) -> Ledger:
+    provider = FileKeyProvider.load(settings.ledger_key_file)
+    signer = NoteSigner(settings.audit_origin, load_signing_key(settings.signing_key_file))
+    return await Ledger.open(
+        engine,
+        provider,
+        signer,
+        origin=settings.audit_origin,
+        spool_path=settings.audit_spool_file,
+        mode=settings.audit_mode,
+        max_batch=settings.audit_batch_max,
+    )

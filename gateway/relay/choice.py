@@ -1,0 +1,181 @@
+"""One choice of a completion: its text split into reasoning and content, counted (sans-I/O).
+
+``ChoiceState.take(content, upstream_reasoning, final) -> (reasoning, content)`` is called once
+per delta (or once per whole message) and keeps what the choice produced for the record.
+
+Rules:
+
+- Where reasoning comes from is configured per model (``REASONING_SOURCE``, see
+  ``ChoiceState.start``), never guessed from the first delta:
+
+  - ``text``: the choice is *text-split* (its content goes through the ``ThinkSplitter`` of the
+    model's format) until its upstream sends a reasoning field (``reasoning`` or
+    ``reasoning_content``); from then on it is *separated*;
+  - ``upstream``: the engine runs a reasoning parser, so the choice is separated from the first
+    byte: content with no reasoning field is content (vLLM drops a lone ``</think>`` token and
+    sends only content when the reasoning was empty).
+
+- Thinking off for the request (``ReasoningFormat.thinking``): nothing is split and every text
+  field, the upstream's reasoning field included, is the answer: a hybrid model in
+  non-thinking mode does not reason, whatever an engine's parser calls its output (vLLM's
+  ``deepseek_r1`` parser puts all of it in ``reasoning`` when no ``</think>`` comes).
+- Separated choices still guard against two upstream defects, both seen in real vLLM 0.32:
+
+  1. vLLM's parser finds ``</think>`` by token id, so a tag the model *spelled* across several
+     tokens stays in the reasoning field, and the answer after it too. Reasoning text of a
+     separated choice therefore goes through a splitter that looks for the format's close
+     marker and ``ends`` only (the block's opening was removed upstream): what follows a
+     spelled ``</think>`` is content.
+  2. With ``stop`` strings, streaming garbles the boundary (vllm-project/vllm#51641): the
+     reasoning may end in a piece of the tag (``"…42.\n</thi"``) and the first content may
+     start with a piece of it (``"k>"``, ``"hink>"``, ``"\n</think>"``, even a lone ``">"``),
+     and text in between may be lost. When the request has ``stop`` (``repair_leak``): a tag
+     prefix that ends the reasoning field is dropped, and the first content loses a leading
+     ``\n?`` + tail of the close marker when a newline follows it (R1's answer starts with one, so
+     a quote such as ``"> text"`` is left alone). Lost text stays lost. Each repair is
+     counted in ``leaks_repaired``.
+
+- Counting: a delta is a reasoning token when it carried reasoning or was consumed whole by a
+  tag inside reasoning (the tag is a reasoning token for the model too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+
+from gateway.relay.formats import NONE, THINK_CLOSE, ReasoningFormat, ReasoningSource
+from gateway.relay.thinksplit import REASONING_STATES, Reasoning, SplitEvent, ThinkSplitter
+
+
+@cache
+def _leaks(close: str) -> tuple[str, ...]:
+    """What #51641 leaves at the start of content: a tail of the close marker, maybe after a
+    newline, longest first; each counts as a leak only when the answer's newline follows it."""
+    tails = {p + close[i:] for i in range(len(close)) for p in ("", "\n")}
+    return tuple(sorted(tails, key=len, reverse=True))
+
+
+@dataclass(slots=True)
+class ChoiceState:
+    splitter: ThinkSplitter
+    repair_leak: bool = False
+    separated: bool = False
+    close: str = THINK_CLOSE  # the format's close marker, for the #51641 repair
+    thinking: bool = True  # False: no splitting at all, every text field is the answer
+    finish_reason: str | None = None
+    deltas: int = 0
+    reasoning_deltas: int = 0
+    last_had_reasoning: bool = False
+    leaks_repaired: int = 0
+    reasoning: list[str] = field(default_factory=list)
+    content: list[str] = field(default_factory=list)
+    _leak_held: str = ""
+    _leak_armed: bool = False
+
+    @classmethod
+    def start(
+        cls, fmt: ReasoningFormat, source: ReasoningSource, *, thinking: bool, repair_leak: bool
+    ) -> ChoiceState:
+        """A choice of a request in ``fmt``, reasoning from ``source``, thinking on or off."""
+        if not thinking:
+            return cls(ThinkSplitter(NONE), thinking=False)
+        state = cls(ThinkSplitter(fmt), repair_leak, close=fmt.close or THINK_CLOSE)
+        if source == "upstream":
+            state._become_separated()
+        return state
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing is pending a decision: the fast path may take this choice's chunks."""
+        return not self._leak_armed
+
+    def plain_reasoning(self, text: str) -> bool:
+        """True when all of ``text`` is certainly reasoning: the splitter is inside reasoning,
+        holds nothing, and ``text`` has no character that could start a marker."""
+        splitter = self.splitter
+        return splitter.in_reasoning and splitter.idle and not splitter.could_hold(text)
+
+    def take(
+        self, text: str | None, upstream_reasoning: str | None, final: bool
+    ) -> tuple[str, str]:
+        """``(reasoning, content)`` of one delta or message, counted and kept for the record."""
+        if not self.thinking and upstream_reasoning is not None:
+            text, upstream_reasoning = upstream_reasoning + (text or ""), None
+        if upstream_reasoning is not None and not self.separated:
+            self._become_separated()
+        was_reasoning = self.splitter.state in REASONING_STATES
+        fed = upstream_reasoning if self.separated else text
+        events = self.splitter.feed(fed) if fed else []
+        extra = ""
+        if self.separated and text:
+            if self._leak_armed:
+                self.splitter.drop_held()  # a tag prefix ending the reasoning (#51641)
+            events += self.splitter.release()
+            extra = self._repair(text)
+        if final:
+            events += self.splitter.close()
+            extra += self._flush_leak()
+        reasoning, content = _join(events)
+        content += extra
+        # A delta consumed whole by a tag (or held as a tag's prefix) inside reasoning.
+        tag_only = bool(fed) and was_reasoning and not (reasoning or content)
+        self._count(reasoning, content, tag_only)
+        return reasoning, content
+
+    def _become_separated(self) -> None:
+        """From now on reasoning comes in its own field."""
+        self.separated = True
+        self.splitter = self.splitter.inside()
+        self._leak_armed = self.repair_leak
+
+    def _repair(self, text: str) -> str:
+        """The first content after separated reasoning, without what #51641 leaked into it."""
+        if not self._leak_armed or self.splitter.reasoning_ended:
+            self._leak_armed = False  # a spelled </think> was found by our own splitter
+            return text
+        held = self._leak_held + text
+        stripped = strip_leaked_tag(held, final=False, close=self.close)
+        if stripped is None:
+            self._leak_held = held  # could still be a leaked tail: wait for more
+            return ""
+        self._leak_armed, self._leak_held = False, ""
+        if stripped != held:
+            self.leaks_repaired += 1
+        return stripped
+
+    def _flush_leak(self) -> str:
+        held, self._leak_held, self._leak_armed = self._leak_held, "", False
+        return held
+
+    def _count(self, reasoning: str, content: str, tag_only: bool) -> None:
+        self.last_had_reasoning = bool(reasoning)
+        if reasoning:
+            self.reasoning.append(reasoning)
+        if content:
+            self.content.append(content)
+        if reasoning or tag_only:
+            self.reasoning_deltas += 1
+        if reasoning or content or tag_only:
+            self.deltas += 1
+
+
+def _join(events: list[SplitEvent]) -> tuple[str, str]:
+    if len(events) == 1:  # the common case: one channel
+        piece = events[0].text
+        return (piece, "") if isinstance(events[0], Reasoning) else ("", piece)
+    reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
+    content = "".join(e.text for e in events if not isinstance(e, Reasoning))
+    return reasoning, content
+
+
+def strip_leaked_tag(text: str, *, final: bool, close: str = THINK_CLOSE) -> str | None:
+    """``text`` without a leading leaked piece of ``close`` (see rule 2), or ``None`` while
+    more text could still decide it."""
+    leaks = _leaks(close)
+    for leak in leaks:
+        if text.startswith(leak + "\n"):
+            return text[len(leak) :]
+    if not final and any((leak + "\n").startswith(text) for leak in leaks):
+        return None
+    return text

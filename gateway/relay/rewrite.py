@@ -1,0 +1,317 @@
+"""Rewrites an upstream chat completion for one client (sans-I/O): the chunk path.
+
+``StreamRelay.feed(event) -> bytes`` takes one upstream SSE event and returns the bytes to send
+to the client (often the upstream's own bytes, re-framed; ``b""`` when nothing is due).
+``rewrite_completion(body)`` does the same for a non-streaming response, through the same
+per-choice code, so the two can never disagree.
+
+Rules, per choice (state is kept per ``index``, so ``n > 1`` works):
+
+- Each choice's text is split by its ``ChoiceState`` (``gateway.relay.choice``): ``content`` through
+  the model's reasoning format, or, where the upstream separates reasoning itself (vLLM with
+  ``--reasoning-parser``: ``reasoning_source: upstream``, or a reasoning field seen), its
+  reasoning field, repaired for vLLM's known defects; with thinking off for the request,
+  nothing is split. A chunk with ``finish_reason`` closes the choice so held-back text leaves
+  with it.
+- Reasoning goes to the client only when the policy shows it, in ``reasoning_content``,
+  ``reasoning`` or both (``REASONING_FIELD``). A hidden policy removes every byte of it,
+  including ``logprobs`` of chunks that carried reasoning (they would spell it out).
+- An absent channel is absent: no ``"content": ""``; a choice left with an empty delta and no
+  ``finish_reason`` is dropped, and so is a chunk left with no choices.
+- The gateway always asks the upstream for usage; the usage chunk reaches the client only if
+  it asked (``stream_options.include_usage``). ``usage: null`` placeholders are left alone.
+- ``completion_tokens_details.reasoning_tokens``: the upstream's figure when it reports one
+  above zero. Otherwise thinkgate counts: when every upstream delta carried one token (deltas ==
+  ``completion_tokens``, vLLM's normal streaming) the reasoning deltas are the exact count (tag
+  tokens included); when tokens were merged into fewer deltas, or for a non-streaming response,
+  ``completion_tokens`` is shared out in proportion to the characters of reasoning and content.
+
+Unchanged chunks are re-framed from the upstream's bytes without re-encoding the JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.errors import RemoteProtocolError, UpstreamStatusError
+from gateway.relay.choice import ChoiceState
+from gateway.relay.formats import BUILTIN, ReasoningFormat, ReasoningSource
+from gateway.relay.sse import DONE_EVENT, Event, encode_data
+from gateway.relay.thinksplit import State
+from gateway.settings import ReasoningField
+
+_TEXT_KEYS = ("content", "reasoning_content", "reasoning")
+_UNCHANGED, _CHANGED, _DROPPED = object(), object(), object()
+_DELTA_KEYS = {
+    "content": b'"delta":{"content":',
+    "reasoning_content": b'"delta":{"reasoning_content":',
+    "reasoning": b'"delta":{"reasoning":',
+}
+_RENAMES = {
+    "reasoning_content": _DELTA_KEYS["reasoning_content"],
+    "reasoning": _DELTA_KEYS["reasoning"],
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    format: ReasoningFormat
+    show_reasoning: bool
+    reasoning_field: ReasoningField
+    include_usage: bool = False
+    repair_leak: bool = False  # streamed with ``stop``: see gateway.relay.choice (vLLM #51641)
+    source: ReasoningSource = "text"
+    thinking: bool = True  # the request's own switch (ReasoningFormat.thinking)
+
+    @classmethod
+    def named(cls, parser: str, show_reasoning: bool, reasoning_field: ReasoningField,
+              **kwargs: Any) -> Policy:  # fmt: skip
+        """A policy for a built-in format by name (tests, benchmarks)."""
+        return cls(BUILTIN[parser], show_reasoning, reasoning_field, **kwargs)
+
+
+class Rewriter:
+    """Per-request state shared by the streaming and non-streaming paths."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.choices: dict[int, ChoiceState] = {}
+        self.usage: dict[str, Any] | None = None
+
+    @property
+    def has_content(self) -> bool:
+        """Whether any answer text (not reasoning) has been produced yet."""
+        return any(state.content for state in self.choices.values())
+
+    def choice(self, index: int) -> ChoiceState:
+        state = self.choices.get(index)
+        if state is None:
+            p = self.policy
+            state = ChoiceState.start(
+                p.format, p.source, thinking=p.thinking, repair_leak=p.repair_leak
+            )
+            self.choices[index] = state
+        return state
+
+    def rewrite_fields(
+        self, holder: dict[str, Any], state: ChoiceState, final: bool
+    ) -> dict[str, Any]:
+        """The delta/message with content split and reasoning placed per policy: ``holder``
+        itself when nothing changes, else a new dict."""
+        if not isinstance(holder, dict):
+            raise RemoteProtocolError("upstream sent a delta or message that is not an object")
+        upstream_reasoning = holder.get("reasoning_content")
+        if upstream_reasoning is None:
+            upstream_reasoning = holder.get("reasoning")
+        text = holder.get("content")
+        if not isinstance(text, str | None) or not isinstance(upstream_reasoning, str | None):
+            raise RemoteProtocolError("upstream sent text fields that are not strings")
+        reasoning, content = state.take(text, upstream_reasoning, final)
+        shown = self.policy.show_reasoning and reasoning
+        if upstream_reasoning is None and not shown and (content or None) == text:
+            return holder  # the common case: nothing to place, remove or change
+        out = {k: v for k, v in holder.items() if k not in _TEXT_KEYS}
+        if content:
+            out["content"] = content
+        if reasoning and self.policy.show_reasoning:
+            if self.policy.reasoning_field != "reasoning":
+                out["reasoning_content"] = reasoning
+            if self.policy.reasoning_field != "reasoning_content":
+                out["reasoning"] = reasoning
+        return out
+
+    def fill_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
+        """``usage`` with ``completion_tokens_details.reasoning_tokens`` filled in."""
+        details = dict(usage.get("completion_tokens_details") or {})
+        if not details.get("reasoning_tokens"):
+            details["reasoning_tokens"] = self.count_reasoning_tokens(
+                int(usage.get("completion_tokens") or 0)
+            )
+        return {**usage, "completion_tokens_details": details}
+
+    def count_reasoning_tokens(self, completion_tokens: int) -> int:
+        states = self.choices.values()
+        deltas = sum(s.deltas for s in states)
+        if deltas and deltas == completion_tokens:
+            return sum(s.reasoning_deltas for s in states)
+        r_chars = sum(len(p) for s in states for p in s.reasoning)
+        c_chars = sum(len(p) for s in states for p in s.content)
+        if not r_chars:
+            return 0
+        return min(completion_tokens, round(completion_tokens * r_chars / (r_chars + c_chars)))
+
+
+class StreamRelay(Rewriter):
+    """The streaming path: one upstream SSE event in, client bytes out."""
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__(policy)
+        self.done = False
+        self._rename_to = _RENAMES.get(policy.reasoning_field)
+
+    def feed(self, event: Event) -> bytes:
+        if event.is_done:
+            self.done = True
+            return DONE_EVENT
+        try:
+            chunk = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            raise RemoteProtocolError("upstream sent an event that is not JSON") from None
+        if not isinstance(chunk, dict):
+            raise RemoteProtocolError("upstream sent an event that is not a JSON object")
+        if event.event == "error" or "error" in chunk or chunk.get("object") == "error":
+            raise upstream_error(chunk, 502)
+        fast = self._fast_path(chunk, event.data)
+        if fast is not None:
+            return fast
+        changed = self._rewrite_choices(chunk)
+        if "usage" in chunk:
+            changed = self._rewrite_usage(chunk) or changed
+        if not chunk.get("choices") and chunk.get("usage") is None:
+            return b""  # every choice was dropped and there is no usage to report
+        return encode_data(orjson.dumps(chunk) if changed else event.data)
+
+    def _fast_path(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
+        """The hot path: a one-choice chunk whose delta is a single text field that is all
+        answer (relayed as it came) or all reasoning (dropped for a key that must not see it,
+        else the same bytes with the key renamed when the field differs, not re-encoded);
+        ``None`` sends the chunk down the general path.
+
+        Renaming bytes is safe: compact JSON cannot hold ``"delta":{"content":`` inside a
+        string (quotes there are escaped), and the pattern must occur exactly once."""
+        single = self._single_text_delta(chunk)
+        if single is None:
+            return None
+        state, field, text = single
+        if field == "content":
+            if not (state.quiet and state.splitter.idle):
+                return None  # something is held back and must go out first
+            if state.separated or state.splitter.state is State.ANSWER:
+                state.take(text, None, final=False)
+                return encode_data(raw)
+            if not state.plain_reasoning(text):
+                return None
+        elif field not in _RENAMES or not (state.separated and state.plain_reasoning(text)):
+            return None
+        out = self._reasoning_out(raw, _DELTA_KEYS[field])
+        if out is not None:  # recorded only when the fast path really takes the chunk
+            if field == "content":
+                state.take(text, None, final=False)
+            else:
+                state.take(None, text, final=False)
+        return out
+
+    def _single_text_delta(self, chunk: dict[str, Any]) -> tuple[ChoiceState, str, str] | None:
+        """``(state, field, text)`` when ``chunk`` is one known choice whose delta is a single
+        non-empty text field, with no finish reason and no usage; else ``None``."""
+        choices = chunk.get("choices")
+        if type(choices) is not list or len(choices) != 1 or chunk.get("usage") is not None:
+            return None
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("finish_reason") is not None:
+            return None
+        delta = choice.get("delta")
+        if type(delta) is not dict or len(delta) != 1:
+            return None
+        ((field, text),) = delta.items()
+        state = self.choices.get(choice.get("index") or 0)
+        if type(text) is not str or not text or state is None:
+            return None
+        return state, field, text
+
+    def _reasoning_out(self, raw: bytes, pattern: bytes) -> bytes | None:
+        """A chunk that is all reasoning as this client must see it; ``None``: general path."""
+        if not self.policy.show_reasoning:
+            return b""  # withheld: the whole chunk was reasoning
+        if self._rename_to is None or raw.count(pattern) != 1:
+            return None  # both fields wanted, or an unusual encoding: the general path
+        if pattern == self._rename_to:
+            return encode_data(raw)
+        return encode_data(raw.replace(pattern, self._rename_to))
+
+    def _rewrite_choices(self, chunk: dict[str, Any]) -> bool:
+        choices = chunk.get("choices")
+        if not choices:
+            return False
+        if not isinstance(choices, list):
+            raise RemoteProtocolError("upstream chunk has 'choices' that is not a list")
+        changed = False
+        kept: list[dict[str, Any]] = []
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise RemoteProtocolError("upstream chunk has a choice that is not an object")
+            outcome = self._rewrite_choice(choice)
+            changed = changed or outcome is not _UNCHANGED
+            if outcome is not _DROPPED:
+                kept.append(choice)
+        if len(kept) != len(choices):
+            chunk["choices"] = kept
+        return changed
+
+    def _rewrite_choice(self, choice: dict[str, Any]) -> object:
+        """Rewrite ``choice`` in place (the parsed chunk is ours); say what happened."""
+        state = self.choice(int(choice.get("index") or 0))
+        finish = choice.get("finish_reason")
+        if finish is not None:
+            state.finish_reason = finish
+        delta = choice.get("delta") or {}
+        new_delta = self.rewrite_fields(delta, state, final=finish is not None)
+        if new_delta is delta:
+            return _UNCHANGED
+        if not new_delta and finish is None:
+            return _DROPPED
+        choice["delta"] = new_delta
+        if choice.get("logprobs") and state.last_had_reasoning and not self.policy.show_reasoning:
+            choice["logprobs"] = None  # they would spell out the hidden reasoning
+        return _CHANGED
+
+    def _rewrite_usage(self, chunk: dict[str, Any]) -> bool:
+        usage = chunk["usage"]
+        if usage is None:
+            return False  # a null placeholder (OpenAI puts one in every chunk): left as it is
+        self.usage = self.fill_usage(usage)
+        if self.policy.include_usage:
+            chunk["usage"] = self.usage
+        else:
+            del chunk["usage"]
+        return True
+
+
+def rewrite_completion(rewriter: Rewriter, body: dict[str, Any]) -> dict[str, Any]:
+    """The non-streaming path: the same per-choice rewrite over whole messages."""
+    choices = body.get("choices") or []
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise RemoteProtocolError("upstream response has malformed 'choices'")
+    for choice in choices:
+        state = rewriter.choice(int(choice.get("index") or 0))
+        state.finish_reason = choice.get("finish_reason")
+        message = rewriter.rewrite_fields(choice.get("message") or {}, state, final=True)
+        message.setdefault("content", None)
+        choice["message"] = message
+        if not rewriter.policy.show_reasoning and state.reasoning:
+            choice["logprobs"] = None
+    usage = body.get("usage")
+    if isinstance(usage, dict):
+        rewriter.usage = body["usage"] = rewriter.fill_usage(usage)
+    return body
+
+
+def upstream_error(body: Any, status: int) -> UpstreamStatusError:
+    """An upstream error object (OpenAI's, or vLLM's flat ``{"object": "error"}``) as ours."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict):
+        error = body if isinstance(body, dict) else {}
+    message = error.get("message")
+    if not isinstance(message, str) or not message:
+        message = f"upstream returned status {status}"
+    param = error.get("param")
+    code = error.get("code")
+    return UpstreamStatusError(
+        status,
+        message[:2000],
+        param=param if isinstance(param, str) else None,
+        code=str(code) if code is not None else None,
+    )

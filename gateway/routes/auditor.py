@@ -1,0 +1,238 @@
+"""The auditor API, ``/audit/v1/*`` (role ``auditor``), over ``audit.ledger``.
+
+Scope: an auditor key sees the records of its own tenant; a key whose tenant is ``*`` sees all
+tenants. Asking for another tenant explicitly is a 403; a record of another tenant read by
+index is a 404, as if it did not exist. Checkpoints, the public key and proofs carry only sizes
+and hashes, so every auditor gets them.
+
+Every decrypted read (``records/{index}``) is first appended to the ledger as an ``access``
+record (who, which index, when, under which request id) and only served once that record is as
+durable as ``AUDIT_MODE`` makes any record: there are no unrecorded reads.
+
+Wire shapes (base64 as in RFC 6962's JSON API) are fixed by the ledger issue so that
+independent tools can check thinkgate; see README "For auditors".
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from datetime import datetime
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from audit import export, store
+from audit.crypto import DecryptionError
+from audit.ledger import Ledger, Opened, ProofUnavailable
+from audit.record import Body, Facts
+from gateway.auth.bearer import authenticate
+from gateway.auth.keys import ALL_TENANTS, KeyInfo
+from gateway.errors import (
+    InvalidRequest,
+    LedgerIntegrityError,
+    LedgerUnavailable,
+    NotFound,
+    PermissionDenied,
+)
+from gateway.routes.state import AppState
+
+MAX_PAGE = 1000
+
+
+def add_routes(app: FastAPI) -> None:
+    for path, handler in (
+        ("/audit/v1/records", list_records),
+        ("/audit/v1/records/{index}", read_record),
+        ("/audit/v1/checkpoint", checkpoint),
+        ("/audit/v1/public-key", public_key),
+        ("/audit/v1/proof/inclusion", inclusion),
+        ("/audit/v1/proof/consistency", consistency),
+        ("/audit/v1/export", export_records),
+    ):
+        app.add_api_route(path, handler, methods=["GET"], response_model=None)
+
+
+async def _auditor(request: Request) -> tuple[Ledger, KeyInfo]:
+    state: AppState = request.app.state.tg
+    key = await authenticate(state.keys, request.headers.get("authorization"), "auditor")
+    if state.ledger is None:
+        raise LedgerUnavailable("This gateway runs without a ledger.")
+    return state.ledger, key
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _json(payload: Any) -> Response:
+    return Response(orjson.dumps(payload), media_type="application/json")
+
+
+def _record_json(index: int, header: dict[str, Any], leaf: bytes) -> dict[str, Any]:
+    names = ("request_id", "tenant", "key_id", "model", "status", "kind", "created_at")
+    return {"index": index, **{n: header.get(n) for n in names}, "leaf_hash": _b64(leaf),
+            "header": header}  # fmt: skip
+
+
+def _scoped_tenant(key: KeyInfo, asked: str | None) -> str | None:
+    if key.tenant == ALL_TENANTS:
+        return asked
+    if asked is not None and asked != key.tenant:
+        raise PermissionDenied("This auditor key may only read its own tenant's records.")
+    return key.tenant
+
+
+async def list_records(request: Request) -> Response:
+    ledger, key = await _auditor(request)
+    q = request.query_params
+    limit = _int(q, "limit", default=100, low=1, high=MAX_PAGE)
+    where = store.Filter(
+        tenant=_scoped_tenant(key, q.get("tenant")),
+        key_id=q.get("key_id"),
+        request_id=q.get("request_id"),
+        model=q.get("model"),
+        status=q.get("status"),
+        kind=q.get("kind"),
+        since=_time(q, "since"),
+        until=_time(q, "until"),
+        after=_cursor(q.get("cursor")),
+    )
+    page = await ledger.find(where, limit + 1)
+    more = len(page) > limit
+    page = page[:limit]
+    next_cursor = _b64(str(page[-1].index).encode()) if more else None
+    data = [_record_json(r.index, r.header, r.leaf_hash) for r in page]
+    return _json({"object": "list", "data": data, "next_cursor": next_cursor})
+
+
+async def read_record(request: Request) -> Response:
+    ledger, key = await _auditor(request)
+    index = _int(request.path_params, "index", low=0)
+    try:
+        record = await ledger.read(index)
+    except DecryptionError:
+        raise LedgerIntegrityError("The record could not be decrypted.") from None
+    tenant = None if record is None else record.header.get("tenant")
+    if record is None or key.tenant not in (ALL_TENANTS, tenant):
+        raise NotFound(f"No record {index}.", code="record_not_found")
+    await ledger.append(_access_facts(request, key, index, str(tenant)), Body())
+    return _json(_opened_json(record))
+
+
+def _access_facts(request: Request, key: KeyInfo, index: int, tenant: str) -> Facts:
+    now = time.time()
+    return Facts(kind="access", tenant=tenant, key_id=key.key_id,
+                 request_id=request.state.request_id, created_at=now, subject=index)  # fmt: skip
+
+
+def _opened_json(record: Opened) -> dict[str, Any]:
+    out = _record_json(record.index, record.header, record.leaf_hash)
+    if record.destroyed:
+        out["body"], out["body_status"] = None, "destroyed"
+    elif record.body is None:
+        out["body"], out["body_status"] = None, "none"
+    else:
+        b = record.body
+        out["body"] = {"messages": b.messages, "params": b.params, "reasoning": b.reasoning,
+                       "content": b.content}  # fmt: skip
+        out["body_status"] = "ok"
+    return out
+
+
+async def checkpoint(request: Request) -> Response:
+    ledger, _ = await _auditor(request)
+    note = await ledger.checkpoint()
+    if note is None:
+        raise NotFound("The ledger is empty: no checkpoint yet.", code="no_checkpoint")
+    return Response(note, media_type="text/plain; charset=utf-8")
+
+
+async def public_key(request: Request) -> Response:
+    ledger, _ = await _auditor(request)
+    return Response(ledger.verifier_key() + "\n", media_type="text/plain; charset=utf-8")
+
+
+async def inclusion(request: Request) -> Response:
+    ledger, _ = await _auditor(request)
+    index = _int(request.query_params, "index", low=0)
+    size = _int(request.query_params, "tree_size", low=1)
+    try:
+        proof = await ledger.inclusion(index, size)
+    except ProofUnavailable as exc:
+        raise InvalidRequest(f"No inclusion proof: {exc}.", param="tree_size") from None
+    return _json({"index": index, "tree_size": size, "leaf_hash": _b64(proof.leaf_hash),
+                  "hashes": [_b64(h) for h in proof.hashes]})  # fmt: skip
+
+
+async def consistency(request: Request) -> Response:
+    ledger, _ = await _auditor(request)
+    first = _int(request.query_params, "first", low=1)
+    second = _int(request.query_params, "second", low=1)
+    try:
+        hashes = await ledger.consistency(first, second)
+    except ProofUnavailable as exc:
+        raise InvalidRequest(f"No consistency proof: {exc}.", param="second") from None
+    return _json({"first": first, "second": second, "hashes": [_b64(h) for h in hashes]})
+
+
+async def export_records(request: Request) -> Response:
+    ledger, key = await _auditor(request)
+    q = request.query_params
+    where = store.Filter(
+        tenant=_scoped_tenant(key, q.get("tenant")),
+        since=_time(q, "since"),
+        until=_time(q, "until"),
+    )
+    return StreamingResponse(export.export_lines(ledger, where), media_type="application/jsonl")
+
+
+MAX_INDEX = 2**63 - 1  # the database's BIGINT
+
+
+def _int(params: Any, name: str, *, default: int | None = None, low: int = 0,
+         high: int | None = None) -> int:  # fmt: skip
+    raw = params.get(name)
+    if raw is None and default is not None:
+        return default
+    if raw is None:
+        raise InvalidRequest(f"Missing required parameter: '{name}'.", param=name)
+    text, top = str(raw), MAX_INDEX if high is None else min(high, MAX_INDEX)
+    # at most 19 digits before int(): Python refuses past 4,300, and the database past 2**63
+    if not (text.isascii() and text.isdigit() and len(text) <= 19) or not low <= int(text) <= top:
+        raise InvalidRequest(f"'{name}' must be an integer between {low} and {top}.", param=name)
+    return int(text)
+
+
+def _time(params: Any, name: str) -> float | None:
+    """Seconds since the epoch, or an ISO 8601 / RFC 3339 time with an offset."""
+    raw = params.get(name)
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(raw)
+    except ValueError:
+        raise InvalidRequest(f"'{name}' must be a time (RFC 3339 or epoch seconds).",
+                             param=name) from None  # fmt: skip
+    if parsed.tzinfo is None:
+        raise InvalidRequest(f"'{name}' needs a UTC offset, e.g. 'Z'.", param=name)
+    return parsed.timestamp()
+
+
+def _cursor(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = int(base64.b64decode(raw, validate=True).decode("ascii")) if len(raw) <= 64 else -1
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_INDEX:
+        raise InvalidRequest("'cursor' is not a cursor this API returned.", param="cursor")
+    return value

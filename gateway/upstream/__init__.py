@@ -1,0 +1,1 @@
+"""The engines: transport, the one error translation, routing, retries, health."""

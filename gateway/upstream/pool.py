@@ -1,0 +1,346 @@
+"""Upstream model servers: the pooled HTTP transport, routing, retries and the model catalogue.
+
+- One httpx transport per app (created in the lifespan), HTTP/1.1 keep-alive: aiohttp's
+  (``httpx-aiohttp``) by default, httpx's own pool as the alternative; measured in
+  ``bench/RESULTS.md``, aiohttp's costs a third of the CPU per streamed chunk.
+- Requests are ``httpx.Request`` objects handed straight to the transport, without
+  ``httpx.AsyncClient``: the client's per-request work (URL merging, cookie jar, auth and
+  redirect flows) was a third of a request's CPU, and a gateway wants none of it. An upstream's
+  cookies and redirects are never followed; its body streams as the transport yields it.
+- Routing: among the upstreams that serve the model and are in rotation
+  (``gateway.upstream.health``), the one with the fewest requests in flight (ties broken
+  round-robin), since long reasoning streams make request counts a better load signal than
+  connection counts. KV admission (``gateway.admission.budget``) then reorders by free KV budget.
+- Health: ``probe_forever`` asks every engine's ``/health`` once per ``PROBE_S`` (a failed
+  probe: unreachable, timeout or 5xx, which vLLM answers when its engine died; a 404 means an
+  OpenAI-compatible server without that route, and passes); requests
+  report their failures and successes. Engines that are out are skipped; if every engine of a
+  model is out, 503 ``no_healthy_upstream``.
+- Retry: a failure *before the first byte* reached the client (connection refused, timeout,
+  5xx) is retried once on another upstream serving the model; a 4xx is the caller's and is
+  never retried.
+- Timeouts: connect, first token (response headers and first body bytes), idle (between
+  reads). The library exceptions of httpx and aiohttp are translated to ``UpstreamError``
+  in ``translate`` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import aiohttp
+import httpx
+import orjson
+
+from gateway.errors import (
+    NotFound,
+    ServiceUnavailable,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
+from gateway.relay.rewrite import upstream_error
+from gateway.settings import Settings
+from gateway.upstream.health import EngineHealth
+
+T = TypeVar("T")
+Headers = Sequence[tuple[bytes, bytes]]
+log = logging.getLogger("thinkgate")
+
+PROBE_S = 1.0
+
+
+@dataclass(slots=True, eq=False)
+class Upstream:
+    base_url: str
+    in_flight: int = 0
+    health: EngineHealth = field(default_factory=EngineHealth)
+    chat_url: httpx.URL = field(init=False)
+    models_url: httpx.URL = field(init=False)
+    health_url: httpx.URL = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.chat_url = httpx.URL(f"{self.base_url}/chat/completions")
+        self.models_url = httpx.URL(f"{self.base_url}/models")
+        # vLLM and SGLang serve /health beside /v1, not under it
+        self.health_url = httpx.URL(f"{self.base_url.removesuffix('/v1')}/health")
+
+
+def translate(exc: BaseException, *, started: bool) -> UpstreamError:
+    """One boundary for httpx/aiohttp/OS errors. ``started``: response headers were received."""
+    if isinstance(exc, UpstreamError):
+        return exc
+    if isinstance(exc, httpx.TimeoutException | asyncio.TimeoutError | TimeoutError):
+        if isinstance(exc, httpx.ConnectTimeout) and not started:
+            return UpstreamConnectError("could not connect to the model server")
+        return UpstreamTimeout("the model server did not answer in time")
+    if not started and isinstance(
+        exc, httpx.ConnectError | aiohttp.ClientConnectionError | OSError
+    ):
+        return UpstreamConnectError("could not connect to the model server")
+    if isinstance(exc, httpx.HTTPError | aiohttp.ClientError | OSError):
+        return UpstreamProtocolError("the model server closed the connection unexpectedly")
+    raise exc
+
+
+def create_transport(settings: Settings) -> httpx.AsyncBaseTransport:
+    if settings.http_transport == "aiohttp":
+        from httpx_aiohttp import AiohttpTransport
+
+        return AiohttpTransport(client=lambda: _aiohttp_session(settings))
+    limits = httpx.Limits(
+        max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections
+    )
+    return httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+
+
+def _aiohttp_session(settings: Settings) -> aiohttp.ClientSession:
+    """The aiohttp session under httpx: no cookies, no proxies from the environment, and a
+    16 KiB read buffer per response (aiohttp's default 64 KiB, doubled by its flow control,
+    costs megabytes across a hundred streams that the client reads slower than vLLM writes)."""
+    connector = aiohttp.TCPConnector(limit=settings.max_connections, keepalive_timeout=60)
+    return aiohttp.ClientSession(
+        connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trust_env=False,
+        read_bufsize=16 * 1024,
+        auto_decompress=False,
+    )
+
+
+@dataclass(slots=True)
+class Opened:
+    """An upstream response whose status was checked and whose first bytes were read."""
+
+    upstream: Upstream
+    response: httpx.Response
+    first: bytes
+    _rest: AsyncIterator[bytes] = field(repr=False)
+    _closed: bool = field(default=False, repr=False)
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        yield self.first
+        try:
+            async for chunk in self._rest:
+                yield chunk
+        except Exception as exc:
+            raise translate(exc, started=True) from exc
+
+    async def aclose(self) -> None:
+        """Idempotent: release the upstream slot and the connection once."""
+        if self._closed:
+            return
+        self._closed = True
+        self.upstream.in_flight -= 1
+        await self.response.aclose()
+
+
+class UpstreamPool:
+    def __init__(self, transport: httpx.AsyncBaseTransport, settings: Settings) -> None:
+        self._transport = transport
+        self._settings = settings
+        self._headers = [(b"content-type", b"application/json"), (b"accept", b"*/*")]
+        if settings.upstream_api_key.get_secret_value():
+            token = settings.upstream_api_key.get_secret_value()
+            self._headers.append((b"authorization", f"Bearer {token}".encode()))
+        connect, idle = settings.connect_timeout_s, settings.idle_timeout_s
+        self._timeouts = {"connect": connect, "read": idle, "write": idle, "pool": connect}
+        self.upstreams = [Upstream(u) for u in settings.upstreams]
+        self._rr = itertools.count()
+        self._catalogue: dict[str, list[Upstream]] = {}
+        self._model_cards: list[dict[str, Any]] = []
+        self._catalogue_at = -1.0
+        self._catalogue_lock = asyncio.Lock()
+        # Told of every failed attempt (metrics): the URL and the error.
+        self.on_failure: Callable[[str, UpstreamError], None] | None = None
+
+    # -- models ------------------------------------------------------------------------------
+
+    async def model_cards(self) -> list[dict[str, Any]]:
+        await self._refresh_catalogue()
+        return self._model_cards
+
+    async def route(self, model: str) -> list[Upstream]:
+        """Upstreams serving ``model``, best first; ``NotFound`` when none does."""
+        await self._refresh_catalogue()
+        serving = self._catalogue.get(model)
+        if not serving:
+            raise NotFound(
+                f"The model `{model}` does not exist.", param="model", code="model_not_found"
+            )
+        healthy = [u for u in serving if u.health.serving]
+        if not healthy:
+            raise ServiceUnavailable(
+                f"Every model server for `{model}` is out of rotation (failing health checks).",
+                code="no_healthy_upstream",
+            )
+        start = next(self._rr)
+        rotated = [healthy[(start + i) % len(healthy)] for i in range(len(healthy))]
+        return sorted(rotated, key=lambda u: u.in_flight)
+
+    async def _refresh_catalogue(self) -> None:
+        ttl = self._settings.models_cache_ttl_s
+        if self._catalogue_at >= 0 and time.monotonic() - self._catalogue_at < ttl:
+            return
+        async with self._catalogue_lock:
+            if self._catalogue_at >= 0 and time.monotonic() - self._catalogue_at < ttl:
+                return
+            results = await asyncio.gather(*(self._fetch_models(u) for u in self.upstreams))
+            catalogue: dict[str, list[Upstream]] = {}
+            cards: dict[str, dict[str, Any]] = {}
+            for upstream, data in zip(self.upstreams, results, strict=True):
+                for card in data:
+                    catalogue.setdefault(card["id"], []).append(upstream)
+                    cards.setdefault(card["id"], card)
+            if not catalogue and not self._catalogue:
+                raise ServiceUnavailable("no model server is reachable")
+            if catalogue:  # keep serving the last known catalogue while all upstreams are down
+                self._catalogue, self._model_cards = catalogue, list(cards.values())
+                self._catalogue_at = time.monotonic()
+
+    async def _fetch_models(self, upstream: Upstream) -> list[dict[str, Any]]:
+        try:
+            async with asyncio.timeout(self._settings.connect_timeout_s):
+                response = await self._send("GET", upstream.models_url, b"")
+                raw = await response.aread()
+            body = orjson.loads(raw) if response.status_code == 200 else {}
+        except (httpx.HTTPError, aiohttp.ClientError, OSError, orjson.JSONDecodeError):
+            return []
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list):
+            return []
+        return [c for c in data if isinstance(c, dict) and isinstance(c.get("id"), str)]
+
+    # -- health ------------------------------------------------------------------------------
+
+    async def probe_forever(self) -> None:
+        while True:
+            await asyncio.gather(*(self._probe(u) for u in self.upstreams))
+            await asyncio.sleep(PROBE_S)
+
+    async def _probe(self, upstream: Upstream) -> None:
+        try:
+            async with asyncio.timeout(self._settings.connect_timeout_s):
+                response = await self._send("GET", upstream.health_url, b"")
+                await response.aread()
+            ok = response.status_code < 500  # no /health at all (404) is not a sick engine
+        except (httpx.HTTPError, aiohttp.ClientError, OSError, TimeoutError):
+            ok = False
+        if ok != upstream.health.probe_ok:
+            log.warning("model server %s is %s rotation", upstream.base_url,
+                        "back in" if ok else "out of")  # fmt: skip
+        upstream.health.probed(ok)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def open_stream(
+        self, candidates: Sequence[Upstream], body: bytes, headers: Headers = ()
+    ) -> Opened:
+        """POST a streaming request; return once the status is OK and first bytes are in.
+        ``headers``: this request's own (``traceparent``), after the pool's."""
+        return await self._with_retry(
+            candidates, lambda u: self._open_stream_once(u, body, headers)
+        )
+
+    async def complete(
+        self, candidates: Sequence[Upstream], body: bytes, headers: Headers = ()
+    ) -> tuple[Upstream, Any]:
+        """POST a non-streaming request and return the decoded JSON body."""
+        return await self._with_retry(candidates, lambda u: self._complete_once(u, body, headers))
+
+    async def _with_retry(
+        self, candidates: Sequence[Upstream], attempt: Callable[[Upstream], Awaitable[T]]
+    ) -> T:
+        last: UpstreamError | None = None
+        for upstream in candidates[:2]:
+            try:
+                result = await attempt(upstream)
+            except UpstreamError as exc:
+                exc.upstream_url = upstream.base_url
+                if self.on_failure is not None:
+                    self.on_failure(upstream.base_url, exc)
+                if not exc.retryable:
+                    raise
+                upstream.health.request_failed()
+                last = exc
+            else:
+                upstream.health.request_succeeded()
+                return result
+        assert last is not None
+        raise last
+
+    async def _open_stream_once(self, upstream: Upstream, body: bytes, headers: Headers) -> Opened:
+        upstream.in_flight += 1
+        response: httpx.Response | None = None
+        try:
+            async with asyncio.timeout(self._settings.first_token_timeout_s):
+                response = await self._send("POST", upstream.chat_url, body, headers)
+                if response.status_code >= 400:
+                    raise upstream_error(
+                        _json_or_none(await response.aread()), response.status_code
+                    )
+                kind = response.headers.get("content-type", "text/event-stream")
+                if "event-stream" not in kind:  # a proxy's HTML page, say: nothing valid came
+                    raise UpstreamProtocolError(
+                        f"the model server answered a stream with {kind.split(';')[0]}"
+                    )
+                stream = response.stream
+                assert isinstance(stream, httpx.AsyncByteStream)  # an async transport's
+                rest = aiter(stream)
+                first = await anext(rest, b"")
+            return Opened(upstream, response, first, rest)
+        except BaseException as exc:
+            upstream.in_flight -= 1
+            if response is not None:
+                await response.aclose()
+            if isinstance(exc, Exception):
+                raise translate(exc, started=response is not None) from exc
+            raise
+
+    async def _complete_once(
+        self, upstream: Upstream, body: bytes, headers: Headers
+    ) -> tuple[Upstream, Any]:
+        upstream.in_flight += 1
+        try:
+            async with asyncio.timeout(self._settings.first_token_timeout_s):
+                response = await self._send("POST", upstream.chat_url, body, headers)
+                decoded = _json_or_none(await response.aread())
+            if response.status_code >= 400:
+                raise upstream_error(decoded, response.status_code)
+            if not isinstance(decoded, dict):
+                raise UpstreamProtocolError("the model server sent a response that is not JSON")
+            return upstream, decoded
+        except Exception as exc:
+            raise translate(exc, started=False) from exc
+        finally:
+            upstream.in_flight -= 1
+
+    async def _send(
+        self, method: str, url: httpx.URL, body: bytes, headers: Headers = ()
+    ) -> httpx.Response:
+        """The response with its status and headers; the body is still to be read."""
+        request = httpx.Request(
+            method,
+            url,
+            headers=[*self._headers, *headers] if headers else self._headers,
+            content=body,
+            extensions={"timeout": self._timeouts},
+        )
+        return await self._transport.handle_async_request(request)
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None

@@ -1,0 +1,169 @@
+"""The ``thinkgate`` command line, run as a user runs it: a subprocess in a fresh directory."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import openai
+
+THINKGATE = [sys.executable, "-m", "gateway.cli.main"]
+
+
+def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THINKGATE_")}
+    return subprocess.run(
+        [*THINKGATE, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_keys_create_list_revoke(tmp_path: Path) -> None:
+    created = run_cli(
+        tmp_path,
+        "keys",
+        "create",
+        "--tenant",
+        "acme",
+        "--role",
+        "client",
+        "--reasoning",
+        "visible",
+        "--rpm",
+        "60",
+    )
+    assert created.returncode == 0, created.stderr
+    secret = created.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"sk-tg-[0-9a-f]{12}-[A-Za-z0-9_-]{43}", secret)
+    key_id = secret.split("-")[2]
+    assert (tmp_path / "var" / "thinkgate.db").exists()
+    assert secret.encode() not in (tmp_path / "var" / "thinkgate.db").read_bytes()
+
+    listed = run_cli(tmp_path, "keys", "list")
+    assert listed.returncode == 0
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith(key_id)]
+    assert "acme" in row and "visible" in row and "active" in row
+    assert secret not in listed.stdout
+
+    assert run_cli(tmp_path, "keys", "revoke", key_id).returncode == 0
+    assert "revoked" in run_cli(tmp_path, "keys", "list").stdout
+    again = run_cli(tmp_path, "keys", "revoke", key_id)
+    assert again.returncode == 1 and "no active key" in again.stderr
+
+
+def test_keys_create_rejects_bad_input(tmp_path: Path) -> None:
+    assert (
+        run_cli(tmp_path, "keys", "create", "--tenant", "a b", "--role", "client").returncode != 0
+    )
+    assert run_cli(tmp_path, "keys", "create", "--tenant", "t", "--role", "root").returncode == 2
+
+
+def test_serve_without_upstream_explains_what_to_do(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "serve")
+    assert result.returncode == 2 and "--demo" in result.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+async def start_demo(cwd: Path, port: int) -> tuple[asyncio.subprocess.Process, str]:
+    """Start ``serve --demo``; return the process and the printed client key once it serves."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THINKGATE_")}
+    proc = await asyncio.create_subprocess_exec(
+        *THINKGATE,
+        "serve",
+        "--demo",
+        "--port",
+        str(port),
+        cwd=cwd,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    printed = ""
+    while "print(getattr" not in printed:  # the snippet's last line
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
+        assert line, "the demo server exited before printing its keys"
+        printed += line.decode()
+    while True:  # wait, with a deadline, until uvicorn reports that the app started
+        line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
+        assert line, "the demo server exited during start-up"
+        if b"Application startup complete" in line:
+            break
+    match = re.search(r"client key .*: (sk-tg-\S+)", printed)
+    assert match, printed
+    assert f'base_url="http://127.0.0.1:{port}/v1"' in printed
+    return proc, match.group(1)
+
+
+async def stop(proc: asyncio.subprocess.Process) -> int:
+    proc.send_signal(signal.SIGINT)
+    return await asyncio.wait_for(proc.wait(), timeout=15)
+
+
+async def test_demo_serves_the_readme_snippet_and_keeps_its_keys(tmp_path: Path) -> None:
+    port = free_port()
+    proc, key = await start_demo(tmp_path, port)
+    try:
+
+        def snippet() -> list[Any]:
+            c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key)
+            out = []
+            for chunk in c.chat.completions.create(
+                model="deepseek-r1",
+                stream=True,
+                max_tokens=60,
+                messages=[{"role": "user", "content": "Why is the sky blue?"}],
+            ):
+                d = chunk.choices[0].delta if chunk.choices else None
+                out.append((getattr(d, "reasoning_content", None), d and d.content))
+            c.close()
+            return out
+
+        pieces = await asyncio.to_thread(snippet)
+        assert any(r for r, _ in pieces)
+
+        def formats() -> list[tuple[Any, Any]]:
+            # the demo reads each simulated model as it sends reasoning: a separating engine's
+            # content-only answer is the answer; Kimi K3's markers are split from the text
+            c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key)
+            asks = [
+                ("deepseek-r1-parsed", {"empty_reasoning": True, "itl_ms": 0}),
+                ("kimi-k3", {"chunks": ["plan", "<|close|>", "think", "<|sep|>", "Hi"]}),
+            ]
+            out = []
+            for model, sim in asks:
+                message = c.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": "Hi"}],
+                    extra_body={"sim": sim},
+                ).choices[0].message  # fmt: skip
+                out.append(((message.model_extra or {}).get("reasoning_content"), message.content))
+            c.close()
+            return out
+
+        parsed, k3 = await asyncio.to_thread(formats)
+        assert parsed[0] is None and parsed[1]
+        assert k3 == ("plan", "Hi")
+    finally:
+        assert await stop(proc) == 0
+    proc, key_again = await start_demo(tmp_path, port)
+    assert await stop(proc) == 0
+    assert key_again == key
+    assert oct((tmp_path / "var" / "demo-keys.json").stat().st_mode & 0o777) == "0o600"

@@ -1,0 +1,97 @@
+"""Per-choice splitting, including the repairs for upstream-separated reasoning that real
+vLLM 0.32 made necessary (a spelled </think>, and vllm-project/vllm#51641's leaked tag tail)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.relay.choice import ChoiceState
+from gateway.relay.thinksplit import ThinkSplitter
+
+
+def separated(repair: bool = True) -> ChoiceState:
+    return ChoiceState(ThinkSplitter("deepseek_r1"), repair_leak=repair)
+
+
+def feed(state: ChoiceState, deltas: list[tuple[str, str]]) -> tuple[str, str]:
+    """Feed (field, text) deltas, the last one final; join what came out per channel."""
+    out_r, out_c = [], []
+    for i, (field, text) in enumerate(deltas):
+        final = i == len(deltas) - 1
+        r, c = state.take(
+            text if field == "content" else None, text if field != "content" else None, final
+        )
+        out_r.append(r)
+        out_c.append(c)
+    return "".join(out_r), "".join(out_c)
+
+
+def test_a_spelled_end_tag_in_the_reasoning_field_ends_reasoning() -> None:
+    # vLLM's parser knows </think> only as one token; spelled, it stays in "reasoning".
+    deltas = [
+        ("reasoning", "That is 42.\n<"),
+        ("reasoning", "/th"),
+        ("reasoning", "ink>\n\nThe"),
+        ("reasoning", " answer"),
+    ]
+    assert feed(separated(), deltas) == ("That is 42.\n", "\n\nThe answer")
+
+
+def test_an_opening_tag_inside_the_reasoning_field_is_literal() -> None:
+    assert feed(separated(), [("reasoning", "a <think> b"), ("content", "c")]) == (
+        "a <think> b",
+        "c",
+    )
+
+
+# Boundaries seen from real vLLM 0.32 streaming with stop strings (vllm-project/vllm#51641):
+# what the reasoning field ended with, and how the content field began.
+SEEN_51641 = [
+    ("That is 42", ["k>", "\n\nThe answer"]),
+    ("That is 42", ["k", ">", "\n", "\nThe answer"]),
+    ("That is 42.\n</thi", ["think>\n\nThe answer"]),
+    ("That is 42.\n</thin", ["nk>\n\nThe answer"]),
+    ("That is 42.\n</thin", ["ink>\n\nThe answer"]),
+    ("That is", ["h", "i", "nk>", "\n", "\nThe answer"]),
+    ("That is 42.", [">\n\nThe answer"]),
+    ("That is 42.\n</thi", ["</think>\n\nThe answer"]),
+    ("That ", ["/think>\n\nThe answer"]),
+    ("That is 42.\n<", ["\n</think>\n\nThe answer"]),
+    ("That is 42.\n", ["\n\nThe answer"]),  # undamaged
+]
+
+
+@pytest.mark.parametrize(("reasoning", "content"), SEEN_51641)
+def test_the_boundary_garbled_by_vllm_51641_is_repaired(reasoning: str, content: list[str]) -> None:
+    state = separated()
+    got_reasoning, got_content = feed(
+        state, [("reasoning", reasoning), *[("content", c) for c in content]]
+    )
+    assert got_content == "\n\nThe answer"
+    assert "That is 42.\n".startswith(got_reasoning)  # text vLLM lost stays lost
+    assert state.leaks_repaired == (0 if content[0].startswith("\n\n") else 1)
+
+
+@pytest.mark.parametrize("content", [["> a quote"], ["kids"], ["k", "ids"], ["\n\nk>"], ["k"]])
+def test_genuine_content_is_untouched(content: list[str]) -> None:
+    state = separated()
+    deltas = [("reasoning", "r"), *[("content", c) for c in content]]
+    assert feed(state, deltas) == ("r", "".join(content))
+    assert state.leaks_repaired == 0
+
+
+def test_no_repair_without_stop_strings() -> None:
+    state = separated(repair=False)
+    assert feed(state, [("reasoning", "r"), ("content", "hink>x")]) == ("r", "hink>x")
+
+
+def test_only_the_first_content_is_examined() -> None:
+    state = separated()
+    deltas = [("reasoning", "r"), ("content", "A"), ("content", "k> later")]
+    assert feed(state, deltas) == ("r", "Ak> later")
+
+
+def test_text_split_choices_count_tag_tokens_as_reasoning() -> None:
+    state = ChoiceState(ThinkSplitter("deepseek_r1"))
+    feed(state, [("content", "a"), ("content", "</think>"), ("content", "b")])
+    assert (state.deltas, state.reasoning_deltas) == (3, 2)

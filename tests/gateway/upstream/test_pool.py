@@ -1,0 +1,76 @@
+"""The httpx/aiohttp/OS exception boundary is complete: every library error becomes an
+``UpstreamError`` with the right kind, before and after the response started."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+
+from gateway.errors import (
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+)
+from gateway.upstream.pool import translate
+
+
+def subclasses(cls: type[Any]) -> list[type[Any]]:
+    found = []
+    for sub in cls.__subclasses__():
+        found.append(sub)
+        found.extend(subclasses(sub))
+    return found
+
+
+def make(cls: type[BaseException]) -> BaseException | None:
+    request = httpx.Request("POST", "http://upstream/v1/chat/completions")
+    for args, kwargs in (((), {}), (("boom",), {}), (("boom",), {"request": request})):
+        try:
+            return cls(*args, **kwargs)
+        except TypeError:
+            continue
+    return None
+
+
+HTTPX = [c for c in subclasses(httpx.HTTPError) if c.__module__.startswith("httpx")]
+AIOHTTP = [c for c in subclasses(aiohttp.ClientError) if c.__module__.startswith("aiohttp")]
+
+
+@pytest.mark.parametrize("cls", HTTPX + AIOHTTP, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("started", [False, True])
+def test_every_library_error_is_translated(cls: type[BaseException], started: bool) -> None:
+    exc = make(cls)
+    if exc is None:
+        exc = cls.__new__(cls)  # constructors with required context: the type is what matters
+    assert isinstance(translate(exc, started=started), UpstreamError)
+
+
+@pytest.mark.parametrize(
+    ("exc", "started", "kind"),
+    [
+        (httpx.ConnectError("refused"), False, UpstreamConnectError),
+        (httpx.ConnectTimeout("slow"), False, UpstreamConnectError),
+        (ConnectionRefusedError(), False, UpstreamConnectError),
+        (httpx.ReadTimeout("idle"), True, UpstreamTimeout),
+        (TimeoutError(), False, UpstreamTimeout),
+        (httpx.RemoteProtocolError("eof"), True, UpstreamProtocolError),
+        (httpx.ReadError("reset"), True, UpstreamProtocolError),
+        (ConnectionResetError(), True, UpstreamProtocolError),
+    ],
+)
+def test_kinds(exc: BaseException, started: bool, kind: type[UpstreamError]) -> None:
+    assert type(translate(exc, started=started)) is kind
+
+
+def test_only_upstream_errors_before_the_response_are_retryable() -> None:
+    assert translate(httpx.ConnectError("x"), started=False).retryable
+    assert not translate(httpx.ReadError("x"), started=True).retryable
+
+
+def test_programming_errors_are_not_swallowed() -> None:
+    with pytest.raises(KeyError):
+        translate(KeyError("bug"), started=True)
