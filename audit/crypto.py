@@ -50,6 +50,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
 
+from audit.errors import AuditError
 from audit.keyfiles import fsync_directory, write_exclusive
 
 KEY_SIZE = 32  # tenant data keys, KEKs and record keys are all AES-256 keys
@@ -64,7 +65,7 @@ _OPAQUE = "The record could not be decrypted."
 _KEK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-class DecryptionError(Exception):
+class DecryptionError(AuditError):
     """A record or wrapped key could not be opened; deliberately says nothing about why."""
 
     def __init__(self) -> None:
@@ -74,7 +75,7 @@ class DecryptionError(Exception):
         return (DecryptionError, ())  # pickles although __init__ takes no message
 
 
-class KeyFileError(ValueError):
+class KeyFileError(AuditError, ValueError):
     """The key file (or key set) is malformed; the message names the problem, never a key."""
 
 

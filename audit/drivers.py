@@ -27,12 +27,13 @@ from typing import Any, Protocol
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit.commit import ExecMany, Query, Script, Statements
+from audit.errors import AuditError
 from audit.merkle import CompactRange
 
 SEQUENCER_LOCK = 0x7467_6C65_6467_7371  # "tgledgsq": any constant shared by all replicas
 
 
-class DatabaseError(Exception):
+class DatabaseError(AuditError):
     """The database failed the commit (asyncpg's own errors, wrapped so that importing this
     module does not import asyncpg in a gateway that runs on SQLite)."""
 

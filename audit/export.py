@@ -22,12 +22,13 @@ from typing import Any
 import orjson
 
 from audit import merkle, store
+from audit.errors import AuditError
 from audit.ledger import LedgerReader
 from audit.note import NoteError, NoteVerifier, parse_checkpoint
 from audit.record import Sealed
 
 
-class ExportInvalid(Exception):
+class ExportInvalid(AuditError):
     """The export does not verify; the message names the line."""
 
 

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from audit import crypto, merkle, migrate, store
 from audit.crypto import KeyProvider
 from audit.datakeys import DataKeys
+from audit.errors import AuditError
 from audit.note import NoteSigner
 from audit.record import Body, Facts, Seal, Sealed, encode_header, parse_header
 from audit.sequencer import Sequencer
@@ -34,7 +35,7 @@ NO_KEY = "none"
 T = TypeVar("T")
 
 
-class ProofUnavailable(ValueError):
+class ProofUnavailable(AuditError, ValueError):
     """A proof was asked for sizes or an index the ledger does not (yet) have."""
 
 

@@ -34,12 +34,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from audit.errors import AuditError
+
 HASH_SIZE = 32
 # RFC 9162 §2.1.1: the hash of an empty list is the hash of an empty string.
 EMPTY_ROOT: bytes = hashlib.sha256(b"").digest()
 
 
-class ProofError(ValueError):
+class ProofError(AuditError, ValueError):
     """The one error of this module: a proof does not verify, or the API was misused.
 
     Bad sizes or indexes, hashes of the wrong length, a proof of the wrong length, a mismatch

@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
+from audit.errors import AuditError
 from audit.keyfiles import write_exclusive
 
 HASH_SIZE = 32
@@ -53,7 +54,7 @@ _KEY_HASH = re.compile(r"[0-9a-fA-F]{8}")
 _DECIMAL = re.compile(r"0|[1-9][0-9]*")  # [0-9], not \d: \d also matches non-ASCII digits
 
 
-class NoteError(ValueError):
+class NoteError(AuditError, ValueError):
     """A malformed note or checkpoint, or a missing or invalid signature."""
 
 

@@ -27,6 +27,8 @@ from typing import Any, Literal
 
 import orjson
 
+from audit.errors import AuditError
+
 SCHEMA_VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
 
@@ -34,7 +36,7 @@ Kind = Literal["completion", "access", "shred"]
 Capture = Literal["full", "reasoning", "metadata"]
 
 
-class RecordFormatError(ValueError):
+class RecordFormatError(AuditError, ValueError):
     """Bytes that are not a record this code wrote (corrupt spool line, tampered row)."""
 
 
@@ -72,6 +74,7 @@ class Facts:
     traceparent: str | None = None  # completions: the caller's W3C trace context, if any
     reasoning_format: str | None = None  # completions: the format that split the answer
     thinking: bool | None = None  # completions: False when the request switched thinking off
+    endpoint: str | None = None  # completions: the API it came through ("chat.completions")
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,8 +30,10 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from audit.errors import AuditError
 
-class SpoolCorrupt(Exception):
+
+class SpoolCorrupt(AuditError):
     """A complete spool line before the end does not check out: damage, not a torn write."""
 
 

@@ -27,6 +27,7 @@ from sqlalchemy import Row, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit import store
+from audit.errors import AuditError
 from audit.merkle import CompactRange, NodeID, leaf_hash
 from audit.note import NoteError, NoteVerifier, parse_checkpoint
 from audit.record import RecordFormatError, Sealed, parse_header
@@ -36,7 +37,7 @@ CHUNK = 2000
 _COLUMNS = ("kind", "tenant", "key_id", "request_id", "model", "status", "writer", "sequence")
 
 
-class LedgerCorrupt(Exception):
+class LedgerCorrupt(AuditError):
     """The ledger does not verify; the message names the first bad index or checkpoint."""
 
 

@@ -18,7 +18,7 @@ so does every later batch until a replay succeeds: replay is attempted at most o
 already stored), then clears the spool. New records never overtake spooled ones.
 
 When the spool cannot take a batch either (disk full, read-only), or anything else fails (a
-spool damaged under us), the batch's submitters get ``LedgerUnavailable`` and ``accepting()``
+spool damaged under us), the batch's submitters get ``WriterUnavailable`` and ``accepting()``
 turns false until a commit or replay succeeds again. The writer task itself never dies of it:
 a dead writer would leave strict-mode requests waiting forever.
 """
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from audit.datakeys import DataKeyRow, DataKeys
+from audit.errors import AuditError
 from audit.record import Sealed
 from audit.sequencer import Sequencer
 from audit.spool import Spool
@@ -45,7 +46,7 @@ Mode = Literal["strict", "async"]
 _KEY, _RECORD = b"K", b"R"
 
 
-class LedgerUnavailable(Exception):
+class WriterUnavailable(AuditError):
     """Neither the database nor the spool could take a record."""
 
 
@@ -143,7 +144,7 @@ class LedgerWriter:
                 log.error("ledger writer failed (%s): records refused", type(exc).__name__)
                 self._unavailable = True
                 self.stats.failed += len(batch)
-                _resolve(batch, LedgerUnavailable("The audit ledger cannot store records."))
+                _resolve(batch, WriterUnavailable("The audit ledger cannot store records."))
             if stop:
                 return
 
@@ -198,7 +199,7 @@ class LedgerWriter:
             log.error("ledger spool failed (%s): records refused", type(exc).__name__)
             self._unavailable = True
             self.stats.failed += len(batch)
-            _resolve(batch, LedgerUnavailable("The audit ledger cannot store records."))
+            _resolve(batch, WriterUnavailable("The audit ledger cannot store records."))
             return
         self._spooled_keys.update(k.dek_id for k in keys)
         self.stats.spooled += len(batch)

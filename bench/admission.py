@@ -3,22 +3,21 @@ process and through the gateway, with Redis and without.
 
 ``python -m bench.admission [--duration S] [--quick] [--parts ...] [--redis-url URL] [--write]``
 
-- **micro**: one process on uvloop, the gateway's own objects built as its lifespan builds
-  them: ``open_redis`` (the process's one client, auto-pipelined), ``open_limiter`` and
-  ``open_admission`` on it, with ``KV_CAPACITY_TOKENS`` 10⁹ (capacity known, never full), one
-  key whose rpm / tpm (10⁷ / 10¹²) are evaluated but never refuse, one upstream, no scraping.
-  An *admission* is ``gateway.routes.chat.admit`` itself (``limiter.admit`` and ``kv.admit`` at
-  once), a *settlement* ``limiter.settle`` and ``kv.release`` at once, as ``Exchange.finish``
-  does them; 1,024 tokens reserved, 600 used, so the refund has something to give back. C
-  workers (C = 1, 64) share the key and loop admission then settlement for the cell's duration
-  (after a 0.5 s warm-up); a third shape gives 64 workers 64 keys, each its own tenant (the KV
-  budget queues admissions per tenant: this separates that queue from Redis itself). Latency
-  is ``perf_counter_ns`` around the admission, settlement timed apart. Baseline: the same
-  objects with ``REDIS_URL`` unset (the in-process backends). Per shape the cells alternate
-  in-process, Redis, in-process, Redis, so a drifting machine shows between rounds. CPU per
-  admission + settlement: this process (``time.process_time``) and the Redis server (``INFO
-  cpu``; other clients of that Redis add to it); round trips: the client's
-  ``AutoPipeline.round_trips``.
+- **micro**: one process on uvloop, the gateway's own objects built as its lifespan builds them:
+  ``open_redis`` (the process's one client, auto-pipelined), ``open_limiter`` and
+  ``open_admission`` on it, with ``KV_CAPACITY_TOKENS`` 10⁹ (capacity known, never full), one key
+  whose rpm / tpm (10⁷ / 10¹²) are evaluated but never refuse, one upstream, no scraping. An
+  *admission* is ``gateway.admission.gate.Gate.admit`` itself (``limiter.admit`` and ``kv.admit``
+  at once), a *settlement* ``limiter.settle`` and ``kv.release`` at once, as ``Exchange.finish``
+  does them; 1,024 tokens reserved, 600 used, so the refund has something to give back. C workers
+  (C = 1, 64) share the key and loop admission then settlement for the cell's duration (after a
+  0.5 s warm-up); a third shape gives 64 workers 64 keys, each its own tenant (the KV budget
+  queues admissions per tenant: this separates that queue from Redis itself). Latency is
+  ``perf_counter_ns`` around the admission, settlement timed apart. Baseline: the same objects
+  with ``REDIS_URL`` unset (the in-process backends). Per shape the cells alternate in-process,
+  Redis, in-process, Redis, so a drifting machine shows between rounds. CPU per admission +
+  settlement: this process (``time.process_time``) and the Redis server (``INFO cpu``; other
+  clients of that Redis add to it); round trips: the client's ``AutoPipeline.round_trips``.
 - **commands**: the same objects against Redis after a warm-up (scripts loaded, a connection
   open), one call at a time, each of the four calls alone and then the admission and the
   settlement as the app makes them. Round trips: ``AutoPipeline.round_trips``; commands: every
@@ -58,7 +57,7 @@ from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
 from tempfile import TemporaryDirectory
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import httpx
 import psutil
@@ -69,12 +68,11 @@ from bench.loadgen import LoadSpec, Percentiles, run_load
 from bench.procs import THINKGATE, CpuMeter, ServerProcess, Workdir, free_port, start_sim
 from bench.sections import cpu_model, revision, write_section
 from gateway.admission.budget import Grant, KVAdmission, open_admission
+from gateway.admission.gate import Gate, Ticket
 from gateway.admission.limiter import Admission
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
 from gateway.admission.redisconn import open_redis
 from gateway.auth.keys import KeyInfo
-from gateway.routes.chat import admit
-from gateway.routes.state import AppState
 from gateway.settings import Settings
 from gateway.upstream.pool import Upstream
 from ratelimit.autopipe import AutoPipeline
@@ -136,15 +134,16 @@ class Stack:
     def round_trips(self) -> int:
         return self.redis.round_trips if self.redis is not None else 0
 
-    async def admit(self, probe: Probe) -> tuple[Admission, Grant]:
-        """``gateway.routes.chat.admit`` itself (reads only ``state.limiter`` and ``state.kv``)."""
-        state = cast(AppState, self)
-        admission, grant, _ = await admit(state, probe.key, [probe.upstream], "standard", TOKENS)
-        return admission, grant
+    async def admit(self, probe: Probe) -> Ticket:
+        """``gateway.admission.gate.Gate.admit`` itself, as every route asks it."""
+        ticket, _ = await Gate(self.limiter, self.kv).admit(
+            probe.key, [probe.upstream], "standard", TOKENS
+        )
+        return ticket
 
-    async def settle(self, admission: Admission, grant: Grant) -> None:
+    async def settle(self, ticket: Ticket) -> None:
         """As ``Exchange.finish`` settles: refund and release at once (and record, not here)."""
-        await asyncio.gather(self.limiter.settle(admission, USED), self.kv.release(grant))
+        await Gate(self.limiter, self.kv).settle(ticket, USED)
 
 
 @contextlib.asynccontextmanager
@@ -223,9 +222,9 @@ async def _cycles(stack: Stack, probe: Probe, until_ns: int, admits: list[int],
     clock = time.perf_counter_ns
     while clock() < until_ns:
         start = clock()
-        admission, grant = await stack.admit(probe)
+        ticket = await stack.admit(probe)
         admitted = clock()
-        await stack.settle(admission, grant)
+        await stack.settle(ticket)
         admits.append(admitted - start)
         settles.append(clock() - admitted)
 
@@ -341,7 +340,7 @@ def _work(stack: Stack, probe: Probe) -> dict[Step, Callable[[int], Awaitable[No
     limiter, kv = stack.limiter, stack.kv
     admissions: list[Admission] = []
     grants: list[Grant] = []
-    pairs: list[tuple[Admission, Grant]] = []
+    pairs: list[Ticket] = []
 
     async def put(into: list[Any], result: Awaitable[Any]) -> None:
         into.append(await result)
@@ -355,7 +354,7 @@ def _work(stack: Stack, probe: Probe) -> dict[Step, Callable[[int], Awaitable[No
         "kv.release": lambda i: kv.release(grants[i]),
         "limiter.settle": lambda i: limiter.settle(admissions[i], USED),
         "admission": lambda _: put(pairs, stack.admit(probe)),
-        "settlement": lambda i: stack.settle(*pairs[i]),
+        "settlement": lambda i: stack.settle(pairs[i]),
     }
 
 

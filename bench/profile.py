@@ -88,7 +88,7 @@ KEY_FUNCTIONS = (
     "SSEParser.feed",
     "StreamRelay.feed",
     "ThinkSplitter.feed",
-    "Opened._chunks",
+    "UpstreamStream._chunks",
     "RequestResponseCycle.send",
     "ResponseHandler.data_received",
     "authenticate",

@@ -31,7 +31,7 @@ from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.ledger.record import RecordSink
 from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
-from gateway.routes import admin, auditor, chat, health
+from gateway.routes import admin, auditor, chat, health, models
 from gateway.routes.health import metrics_app
 from gateway.routes.state import AppState
 from gateway.settings import ModelOverride, Settings
@@ -86,10 +86,8 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _internal_error)
-    app.add_api_route(
-        "/v1/chat/completions", chat.chat_completions, methods=["POST"], response_model=None
-    )
-    app.add_api_route("/v1/models", chat.models, methods=["GET"], response_model=None)
+    chat.add_routes(app)
+    models.add_routes(app)
     health.add_routes(app)
     admin.add_routes(app)
     auditor.add_routes(app)

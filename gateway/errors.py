@@ -29,6 +29,11 @@ The sans-I/O parsers raise the h11-style pair below, which say whose fault it is
 the API). The shell translates ``RemoteProtocolError`` from an upstream into
 ``UpstreamProtocolError``.
 
+Errors are complete when raised: nothing is set on one afterwards. What the context adds (the
+request's ``x-ratelimit-*`` headers, the engine that failed) makes a new error with
+``with_headers`` / ``at``, raised in the old one's place. Each class carries its ``outcome``,
+the one classification the record, the metrics and the log share (``Outcome``).
+
 Every rendered error is an OpenAI error object, ``{"error": {"message", "type", "param",
 "code"}}`` (OpenAI API reference, "Error codes"). Messages never contain secrets, prompts or
 reasoning text: constructors take only what is safe to show.
@@ -37,10 +42,13 @@ reasoning text: constructors take only what is safe to show.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Self
 
 import orjson
+
+# How a request ended, for the record, ``thinkgate_requests_total`` and the access log.
+Outcome = Literal["ok", "invalid", "rate_limited", "upstream_error", "client_disconnected", "error"]
 
 
 class ProtocolError(Exception):
@@ -51,7 +59,9 @@ class RemoteProtocolError(ProtocolError):
     """The peer sent bytes that violate the protocol (its fault, not ours). ``events``: what a
     parser had already decoded from the same input before the violation (still good)."""
 
-    events: list[Any] = []  # noqa: RUF012 (set per instance where it matters)
+    def __init__(self, message: str, events: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.events = list(events)
 
 
 class LocalProtocolError(ProtocolError):
@@ -64,6 +74,10 @@ class GatewayError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str | None = "internal_error"
+    outcome: Outcome = "error"
+    # Headers of the request's context that every response carries, errors included (the
+    # ``x-ratelimit-*`` of an admitted request that then failed upstream): ``with_headers``.
+    context_headers: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
         super().__init__(message)
@@ -86,9 +100,17 @@ class GatewayError(Exception):
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_dict())
 
-    # Headers of the request's context that every response carries, errors included (the
-    # ``x-ratelimit-*`` of an admitted request that then failed upstream); set by the handler.
-    context_headers: tuple[tuple[str, str], ...] = ()
+    def with_headers(self, headers: Sequence[tuple[str, str]]) -> Self:
+        """This error, for a response that also carries ``headers`` (a new error)."""
+        if not headers:
+            return self
+        return self._copy(context_headers=tuple(headers))
+
+    def _copy(self, **changes: Any) -> Self:
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__, **changes)
+        new.args = self.args
+        return new
 
     def headers(self) -> dict[str, str]:
         """Extra response headers this error needs (``retry-after`` for 429)."""
@@ -99,6 +121,7 @@ class ClientError(GatewayError):
     status = 400
     type = "invalid_request_error"
     code: str | None = None
+    outcome: Outcome = "invalid"
 
 
 class InvalidRequest(ClientError):
@@ -125,6 +148,7 @@ class ClientClosedRequest(ClientError):
     status = 499
     type = "invalid_request_error"
     code = "client_closed_request"
+    outcome: Outcome = "client_disconnected"
 
 
 class HeadersTooLarge(ClientError):
@@ -155,6 +179,7 @@ class RateLimited(ClientError):
     status = 429
     type = "rate_limit_error"
     code = "rate_limit_exceeded"
+    outcome: Outcome = "rate_limited"
 
     def __init__(
         self,
@@ -185,10 +210,15 @@ class UpstreamError(GatewayError):
     status = 502
     type = "upstream_error"
     code = "upstream_error"
+    outcome: Outcome = "upstream_error"
     # Whether another upstream may be tried: true only when nothing reached the model yet.
     retryable = False
-    # Which model server failed, once known (set where the attempt was made): for the record.
+    # Which model server failed, once known (``at``, where the attempt was made): the record's.
     upstream_url: str | None = None
+
+    def at(self, upstream_url: str) -> Self:
+        """This error, as the model server ``upstream_url`` caused it (a new error)."""
+        return self._copy(upstream_url=upstream_url)
 
 
 class UpstreamConnectError(UpstreamError):
@@ -215,9 +245,10 @@ class UpstreamStatusError(UpstreamError):
     def __init__(self, status: int, message: str, *, param: str | None, code: str | None):
         super().__init__(message, param=param, code=code)
         self.upstream_status = status
-        if status < 500:
+        if status < 500:  # the client's request, refused by the engine: relayed as it is
             self.status = status
             self.type = "invalid_request_error"
+            self.outcome = "invalid"
         else:
             self.status = 503 if status == 503 else 502
             self.retryable = True
@@ -227,6 +258,7 @@ class ServiceUnavailable(GatewayError):
     status = 503
     type = "service_unavailable"
     code = "service_unavailable"
+    outcome: Outcome = "upstream_error"
 
 
 class LedgerError(GatewayError):

@@ -51,9 +51,9 @@ from pydantic_settings import (
 )
 
 from gateway.relay.formats import FormatError, ReasoningFormat, ReasoningSource, lookup
+from gateway.relay.rewrite import ReasoningField
 from ratelimit.fairness import MAX_WEIGHT, Priority
 
-ReasoningField = Literal["reasoning_content", "reasoning", "both"]
 HttpTransport = Literal["aiohttp", "httpx"]
 
 

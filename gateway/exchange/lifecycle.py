@@ -1,4 +1,9 @@
-"""One chat completion's life in the shell: timing, outcome, and the single ``finish``.
+"""One completion's life in the shell, whatever API it came through: timing, outcome, and
+the single ``finish``.
+
+An ``Exchange`` knows its request only as ``Forwarded`` (the model, the body sent upstream and
+what the record keeps of it), the ``endpoint`` it came through (``chat.completions``, written
+into the record) and the upstream ``path`` it goes to.
 
 ``finish`` settles the rate limit and hands the record to the ledger exactly once, however the
 request ended (completed, upstream error, client disconnect). It runs as its own task, shielded
@@ -11,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from gateway.admission.limiter import Admission, Limiter
-from gateway.api.chat import ChatRequest
+from gateway.admission.gate import Gate, Ticket
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError, UpstreamError
-from gateway.ledger.record import CompletionRecord, RecordSink, Status
+from gateway.ledger.record import CompletionRecord, RecordSink, Status, status_of
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_completion
 from gateway.telemetry.metrics import CompletedRequest, GapCounts, Metrics
@@ -26,14 +31,31 @@ from gateway.telemetry.metrics import CompletedRequest, GapCounts, Metrics
 log = logging.getLogger("thinkgate")
 
 
+class Forwarded(Protocol):
+    """What the exchange needs of a parsed request, whatever its API."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def messages(self) -> list[Any]: ...
+    @property
+    def params(self) -> dict[str, Any]: ...
+    @property
+    def upstream_body(self) -> bytes: ...
+
+
 @dataclass(slots=True)
 class Exchange:
     request_id: str
     key: KeyInfo
-    chat: ChatRequest
+    request: Forwarded
+    endpoint: str  # the API it came through: "chat.completions"
+    path: str  # the upstream path it goes to: "/chat/completions"
     rewriter: Rewriter
-    admission: Admission
-    limiter: Limiter
+    ticket: Ticket
+    gate: Gate
     sink: RecordSink
     started_at: float = field(default_factory=time.time)
     t0: float = field(default_factory=time.perf_counter)
@@ -42,7 +64,6 @@ class Exchange:
     status: Status = "error"
     error_code: str | None = None
     client_disconnected: bool = False
-    release_kv: Callable[[], Awaitable[None]] | None = None
     metrics: Metrics | None = None
     traceparent: str | None = None
     overhead_s: float = 0.0  # inside the gateway, waiting for the upstream excluded
@@ -69,7 +90,7 @@ class Exchange:
         self.overhead_s += time.perf_counter() - arrived
 
     def fail(self, error: GatewayError) -> None:
-        self.status = "upstream_error" if error.type in ("upstream_error", "timeout") else "error"
+        self.status = status_of(error.outcome)
         self.error_code = error.code
         if self.metrics is not None and isinstance(error, UpstreamError) and self.upstream:
             self.metrics.upstream_failed(self.upstream, error)
@@ -109,18 +130,13 @@ class Exchange:
             self.metrics.observe_completion(done)
         log_completion(record, overhead_s=self.overhead_s, first_content_at=self.first_content_at)
         used = int((record.usage or {}).get("total_tokens") or 0)
-        work: list[Awaitable[None]] = [
+        recorded, failures = await asyncio.gather(
             self.sink.submit(record),
-            self.limiter.settle(self.admission, used or self.admission.reserved_tokens),
-        ]
-        if self.release_kv is not None:
-            work.append(self.release_kv())
-        recorded, *settled = await asyncio.gather(*work, return_exceptions=True)
-        for failure in settled:
-            if isinstance(failure, BaseException):
-                log.warning(
-                    "settling request %s failed: %s", self.request_id, type(failure).__name__
-                )
+            self.gate.settle(self.ticket, used or self.ticket.reserved_tokens),
+            return_exceptions=True,
+        )
+        for failure in failures if isinstance(failures, list) else [failures]:
+            log.warning("settling request %s failed: %s", self.request_id, type(failure).__name__)
         if isinstance(recorded, BaseException):
             raise recorded
 
@@ -130,9 +146,10 @@ class Exchange:
             request_id=self.request_id,
             tenant=self.key.tenant,
             key_id=self.key.key_id,
-            model=self.chat.model,
+            endpoint=self.endpoint,
+            model=self.request.model,
             upstream=self.upstream,
-            stream=self.chat.stream,
+            stream=self.request.stream,
             started_at=self.started_at,
             first_token_at=self.first_token_at,
             ended_at=self.started_at + (time.perf_counter() - self.t0),
@@ -141,8 +158,8 @@ class Exchange:
             client_disconnected=self.client_disconnected,
             usage=self.rewriter.usage,
             finish_reasons=tuple(c.finish_reason for c in choices),
-            messages=self.chat.messages,
-            params=self.chat.params,
+            messages=self.request.messages,
+            params=self.request.params,
             reasoning=tuple("".join(c.reasoning) for c in choices),
             content=tuple("".join(c.content) for c in choices),
             traceparent=self.traceparent,

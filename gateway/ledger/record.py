@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from gateway.errors import Outcome
+
 Status = Literal["ok", "upstream_error", "client_disconnected", "error"]
 
 
@@ -18,6 +20,7 @@ class CompletionRecord:
     """Everything the ledger needs about one completion; ``messages`` and texts are sensitive."""
 
     request_id: str
+    endpoint: str  # the API it came through: "chat.completions"
     tenant: str
     key_id: str
     model: str
@@ -38,6 +41,14 @@ class CompletionRecord:
     traceparent: str | None = None  # the caller's W3C trace context, as passed upstream
     reasoning_format: str | None = None  # the format the answer was split by
     thinking: bool = True  # False: the request switched thinking off, nothing was split
+
+
+def status_of(outcome: Outcome) -> Status:
+    """A completion's record status for an error's outcome: an admitted request ends ok,
+    failed upstream, disconnected, or in error (an engine's 4xx included)."""
+    if outcome == "upstream_error" or outcome == "client_disconnected":
+        return outcome
+    return "error"
 
 
 class RecordSink(Protocol):

@@ -23,9 +23,9 @@ from audit.crypto import FileKeyProvider
 from audit.ledger import Ledger
 from audit.note import NoteSigner, create_signing_key, load_signing_key
 from audit.record import Body, Facts, Usage, captured
-from audit.writer import LedgerUnavailable as WriterUnavailable
-from gateway.errors import LedgerUnavailable
+from audit.writer import WriterUnavailable
 from gateway.ledger.record import CompletionRecord
+from gateway.ledger.translate import translate
 from gateway.settings import Settings
 
 log = logging.getLogger("thinkgate")
@@ -48,9 +48,9 @@ class LedgerSink:
         body = captured(record_body(record), self._capture)
         try:
             await self.ledger.append(record_facts(record, self._capture), body)
-        except WriterUnavailable:
+        except WriterUnavailable as exc:
             if not self._fail_open:
-                raise LedgerUnavailable("The audit ledger cannot store records.") from None
+                raise translate(exc) from None
             log.error("audit record lost (request %s): ledger unavailable", record.request_id)
 
 
@@ -75,6 +75,7 @@ def record_facts(record: CompletionRecord, capture: Any) -> Facts:
         capture=capture,
         traceparent=record.traceparent,
         reasoning_format=record.reasoning_format,
+        endpoint=record.endpoint,
         thinking=None if record.thinking else False,
     )
 

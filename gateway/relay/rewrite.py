@@ -32,7 +32,7 @@ Unchanged chunks are re-framed from the upstream's bytes without re-encoding the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -41,8 +41,8 @@ from gateway.relay.choice import ChoiceState
 from gateway.relay.formats import BUILTIN, ReasoningFormat, ReasoningSource
 from gateway.relay.sse import DONE_EVENT, Event, encode_data
 from gateway.relay.thinksplit import State
-from gateway.settings import ReasoningField
 
+ReasoningField = Literal["reasoning_content", "reasoning", "both"]  # REASONING_FIELD
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning")
 _UNCHANGED, _CHANGED, _DROPPED = object(), object(), object()
 _DELTA_KEYS = {

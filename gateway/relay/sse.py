@@ -80,9 +80,8 @@ class SSEParser:
                     events += self._feed_lines(block + b"\n\n")
             if tail:
                 events += self._feed_lines(tail)
-        except RemoteProtocolError as exc:
-            exc.events = events  # the good events before the bad one still count
-            raise
+        except RemoteProtocolError as exc:  # the good events before the bad one still count
+            raise RemoteProtocolError(str(exc), events) from None
         return events
 
     def _feed_lines(self, chunk: bytes) -> list[Event]:

@@ -17,8 +17,8 @@ from starlette.responses import Response
 from gateway.auth import keys
 from gateway.auth.bearer import authenticate
 from gateway.auth.keys import KeyInfo, ReasoningPolicy, Role
+from gateway.edge.body import read_body
 from gateway.errors import InvalidRequest, NotFound
-from gateway.routes.chat import read_body
 from gateway.routes.state import AppState
 
 

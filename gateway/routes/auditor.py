@@ -33,11 +33,11 @@ from gateway.auth.bearer import authenticate
 from gateway.auth.keys import ALL_TENANTS, KeyInfo
 from gateway.errors import (
     InvalidRequest,
-    LedgerIntegrityError,
     LedgerUnavailable,
     NotFound,
     PermissionDenied,
 )
+from gateway.ledger.translate import translate
 from gateway.routes.state import AppState
 
 MAX_PAGE = 1000
@@ -114,8 +114,8 @@ async def read_record(request: Request) -> Response:
     index = _int(request.path_params, "index", low=0)
     try:
         record = await ledger.read(index)
-    except DecryptionError:
-        raise LedgerIntegrityError("The record could not be decrypted.") from None
+    except DecryptionError as exc:
+        raise translate(exc) from None
     tenant = None if record is None else record.header.get("tenant")
     if record is None or key.tenant not in (ALL_TENANTS, tenant):
         raise NotFound(f"No record {index}.", code="record_not_found")
@@ -163,7 +163,7 @@ async def inclusion(request: Request) -> Response:
     try:
         proof = await ledger.inclusion(index, size)
     except ProofUnavailable as exc:
-        raise InvalidRequest(f"No inclusion proof: {exc}.", param="tree_size") from None
+        raise translate(exc, param="tree_size") from None
     return _json({"index": index, "tree_size": size, "leaf_hash": _b64(proof.leaf_hash),
                   "hashes": [_b64(h) for h in proof.hashes]})  # fmt: skip
 
@@ -175,7 +175,7 @@ async def consistency(request: Request) -> Response:
     try:
         hashes = await ledger.consistency(first, second)
     except ProofUnavailable as exc:
-        raise InvalidRequest(f"No consistency proof: {exc}.", param="second") from None
+        raise translate(exc, param="second") from None
     return _json({"first": first, "second": second, "hashes": [_b64(h) for h in hashes]})
 
 

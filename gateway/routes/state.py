@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.requests import Request
 
 from audit.ledger import Ledger
 from gateway.admission.budget import KVAdmission
+from gateway.admission.gate import Gate
 from gateway.admission.limiter import Limiter
 from gateway.auth.keystore import KeyStore
+from gateway.exchange.forward import Forwarder
 from gateway.ledger.record import RecordSink
 from gateway.settings import Settings
 from gateway.telemetry.metrics import Metrics
@@ -32,3 +35,18 @@ class AppState:
     metrics: Metrics
     redis: AutoPipeline | None = None  # the process's one Redis client, when configured
     instrument: bool = True  # measure each request (off only in benchmarks of the metrics)
+
+    gate: Gate = field(init=False)  # the limiter and the KV budget, asked at once
+    forwarder: Forwarder = field(init=False)  # the forward loop over the upstream pool
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        object.__setattr__(self, "gate", Gate(self.limiter, self.kv))
+        forwarder = Forwarder(self.upstreams, s.max_sse_event_bytes, s.keepalive_s)
+        object.__setattr__(self, "forwarder", forwarder)
+
+
+def app_state(request: Request) -> AppState:
+    """The app's state, as the lifespan made it."""
+    state: AppState = request.app.state.tg
+    return state

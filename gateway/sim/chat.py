@@ -38,10 +38,10 @@ from starlette.types import Receive, Send
 from gateway.sim.asgi import race_disconnect, send_part, send_start, send_whole
 from gateway.sim.config import SimConfig
 from gateway.sim.deltas import Emission, interleave, leak_width
-from gateway.sim.request import ChatRequest, error_body
+from gateway.sim.request import SimRequest, error_body
 from gateway.sim.script import Script, build_script
 from gateway.sim.state import FailMode, Outcome, SimState
-from gateway.sim.wire import DONE, ChunkEncoder, Usage, completion_body, usage_for
+from gateway.sim.wire import DONE, ChunkEncoder, SimUsage, completion_body, usage_for
 
 SSE = b"text/event-stream; charset=utf-8"
 
@@ -68,7 +68,7 @@ class Fault:
 
 
 async def serve_chat(
-    config: SimConfig, state: SimState, request: ChatRequest, receive: Receive, send: Send
+    config: SimConfig, state: SimState, request: SimRequest, receive: Receive, send: Send
 ) -> None:
     """Answer one validated chat request."""
     scripts = _plan(request)
@@ -94,7 +94,7 @@ async def serve_chat(
         raise SimulatedDrop(f"simulated drop after {fault.at} pieces")
 
 
-def _plan(request: ChatRequest) -> list[Script]:
+def _plan(request: SimRequest) -> list[Script]:
     return [
         build_script(
             request.mode,
@@ -111,7 +111,7 @@ def _plan(request: ChatRequest) -> list[Script]:
     ]
 
 
-def _schedule(request: ChatRequest, scripts: list[Script]) -> tuple[Emission, ...]:
+def _schedule(request: SimRequest, scripts: list[Script]) -> tuple[Emission, ...]:
     """Streams merge tokens and suffer vLLM #51641; whole responses go token by token."""
     if not request.stream:
         return interleave(scripts)
@@ -119,14 +119,14 @@ def _schedule(request: ChatRequest, scripts: list[Script]) -> tuple[Emission, ..
     return interleave(scripts, merge=request.sim.merge, leak=leak)
 
 
-def _fault(request: ChatRequest, state: SimState, emissions: int) -> Fault:
+def _fault(request: SimRequest, state: SimState, emissions: int) -> Fault:
     """The request's own ``sim.fail`` wins over the configured rates."""
     mode = request.sim.fail or state.roll_fault()
     after = request.sim.fail_after
     return Fault(mode, min(emissions, emissions // 2 if after is None else max(after, 0)))
 
 
-def _pacing(config: SimConfig, request: ChatRequest) -> Pacing:
+def _pacing(config: SimConfig, request: SimRequest) -> Pacing:
     sim = request.sim
     ttft = config.ttft_ms if sim.ttft_ms is None else sim.ttft_ms
     itl = config.itl_ms if sim.itl_ms is None else sim.itl_ms
@@ -143,7 +143,7 @@ class _Run:
         self,
         state: SimState,
         request_id: int,
-        request: ChatRequest,
+        request: SimRequest,
         pacing: Pacing,
         fault: Fault,
         send: Send,
@@ -233,7 +233,7 @@ class _Run:
             await anyio.sleep_forever()
         return True
 
-    def _usage(self, scripts: list[Script]) -> Usage:
+    def _usage(self, scripts: list[Script]) -> SimUsage:
         return usage_for(scripts, self.request.mode, self.request.sim.reasoning_tokens)
 
 

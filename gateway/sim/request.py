@@ -1,6 +1,6 @@
 """Parse and validate a chat completion request the way vLLM's OpenAI server does (sans-I/O).
 
-``parse_chat_request(body, config) -> ChatRequest`` or raises ``SimRequestError``, which
+``parse_chat_request(body, config) -> SimRequest`` or raises ``SimRequestError``, which
 renders vLLM's error shape ``{"error": {"message", "type", "param", "code"}}``.
 
 Rules (vLLM 0.32 behaviour where it has one):
@@ -76,7 +76,7 @@ class SimOptions:
 
 
 @dataclass(frozen=True, slots=True)
-class ChatRequest:
+class SimRequest:
     """A validated request with every default resolved."""
 
     model: str
@@ -99,7 +99,7 @@ def error_body(message: str, error_type: str, param: str | None, code: int) -> b
     return orjson.dumps({"error": error})
 
 
-def parse_chat_request(body: bytes, config: SimConfig) -> ChatRequest:
+def parse_chat_request(body: bytes, config: SimConfig) -> SimRequest:
     """Validate ``body`` against ``config``; raise ``SimRequestError`` as vLLM would."""
     data = _load_object(body)
     model = _resolve_model(data.get("model"), config)
@@ -108,7 +108,7 @@ def parse_chat_request(body: bytes, config: SimConfig) -> ChatRequest:
     sim = _parse_sim(data.get("sim"))
     stream = _typed(data, "stream", bool, False)
     options = data.get("stream_options")
-    return ChatRequest(
+    return SimRequest(
         model=model,
         mode=sim.mode or config.models[model],
         prompt_tokens=prompt_tokens,

@@ -56,7 +56,7 @@ _FINGERPRINT = b',"system_fingerprint":' + orjson.dumps(SYSTEM_FINGERPRINT)
 
 
 @dataclass(frozen=True, slots=True)
-class Usage:
+class SimUsage:
     """Token counts of one response (all choices; the prompt counted once).
 
     ``reasoning_tokens`` ``None`` means vLLM sends no ``completion_tokens_details``.
@@ -85,14 +85,14 @@ class Usage:
 
 def usage_for(
     scripts: Sequence[Script], mode: SimMode, override: ReasoningOverride = "auto"
-) -> Usage:
+) -> SimUsage:
     """Usage as vLLM 0.32 reports it: 0 reasoning tokens with its parser (its bug), no count
     without one; ``override`` replaces that unless ``"auto"``."""
     reasoning: int | None = 0 if mode == "separated" else None
     if override != "auto":
         reasoning = override
     completion = sum(script.completion_tokens for script in scripts)
-    return Usage(scripts[0].prompt_tokens if scripts else 0, completion, reasoning)
+    return SimUsage(scripts[0].prompt_tokens if scripts else 0, completion, reasoning)
 
 
 class ChunkEncoder:
@@ -146,7 +146,7 @@ class ChunkEncoder:
             )
         )
 
-    def usage(self, usage: Usage) -> bytes:
+    def usage(self, usage: SimUsage) -> bytes:
         """The ``choices: []`` chunk that ends an ``include_usage`` stream."""
         body = orjson.dumps(usage.to_dict(streamed=True))
         return self._open + b'],"usage":' + body + _FINGERPRINT + b"}\n\n"
@@ -157,7 +157,7 @@ def completion_body(
     created: int,
     model: str,
     scripts: Sequence[Script],
-    usage: Usage,
+    usage: SimUsage,
     mode: SimMode,
 ) -> bytes:
     """A non-streamed ``chat.completion``: the same pieces, joined per channel."""

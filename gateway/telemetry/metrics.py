@@ -29,10 +29,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from audit.writer import WriterEvent
 from gateway.errors import (
-    ClientError,
     GatewayError,
     RateLimited,
-    ServiceUnavailable,
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
@@ -303,16 +301,8 @@ class CompletedRequest:
 
 
 def refusal_status(error: GatewayError) -> str:
-    """The ``status`` of a request refused before any upstream answered it."""
-    if isinstance(error, RateLimited):
-        return "rate_limited"
-    if error.code == "client_closed_request":
-        return "client_disconnected"
-    if isinstance(error, ClientError):
-        return "invalid"
-    if isinstance(error, UpstreamError | ServiceUnavailable):
-        return "upstream_error"
-    return "error"
+    """The ``status`` of a request refused before any upstream answered it: its outcome."""
+    return error.outcome
 
 
 def add_counts(child: Histogram, gaps: GapCounts) -> None:

@@ -62,15 +62,20 @@ class Upstream:
     base_url: str
     in_flight: int = 0
     health: EngineHealth = field(default_factory=EngineHealth)
-    chat_url: httpx.URL = field(init=False)
-    models_url: httpx.URL = field(init=False)
     health_url: httpx.URL = field(init=False)
+    _urls: dict[str, httpx.URL] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.chat_url = httpx.URL(f"{self.base_url}/chat/completions")
-        self.models_url = httpx.URL(f"{self.base_url}/models")
         # vLLM and SGLang serve /health beside /v1, not under it
         self.health_url = httpx.URL(f"{self.base_url.removesuffix('/v1')}/health")
+
+    def url(self, path: str) -> httpx.URL:
+        """The engine's URL for an OpenAI API path (``/chat/completions``, ``/models``), built
+        once per path: no URL parsing per request."""
+        found = self._urls.get(path)
+        if found is None:
+            found = self._urls[path] = httpx.URL(f"{self.base_url}{path}")
+        return found
 
 
 def translate(exc: BaseException, *, started: bool) -> UpstreamError:
@@ -116,7 +121,7 @@ def _aiohttp_session(settings: Settings) -> aiohttp.ClientSession:
 
 
 @dataclass(slots=True)
-class Opened:
+class UpstreamStream:
     """An upstream response whose status was checked and whose first bytes were read."""
 
     upstream: Upstream
@@ -211,7 +216,7 @@ class UpstreamPool:
     async def _fetch_models(self, upstream: Upstream) -> list[dict[str, Any]]:
         try:
             async with asyncio.timeout(self._settings.connect_timeout_s):
-                response = await self._send("GET", upstream.models_url, b"")
+                response = await self._send("GET", upstream.url("/models"), b"")
                 raw = await response.aread()
             body = orjson.loads(raw) if response.status_code == 200 else {}
         except (httpx.HTTPError, aiohttp.ClientError, OSError, orjson.JSONDecodeError):
@@ -244,19 +249,22 @@ class UpstreamPool:
     # -- requests ----------------------------------------------------------------------------
 
     async def open_stream(
-        self, candidates: Sequence[Upstream], body: bytes, headers: Headers = ()
-    ) -> Opened:
-        """POST a streaming request; return once the status is OK and first bytes are in.
-        ``headers``: this request's own (``traceparent``), after the pool's."""
+        self, candidates: Sequence[Upstream], path: str, body: bytes, headers: Headers = ()
+    ) -> UpstreamStream:
+        """POST a streaming request to ``path`` (``/chat/completions``); return once the status
+        is OK and first bytes are in. ``headers``: this request's own (``traceparent``), after
+        the pool's."""
         return await self._with_retry(
-            candidates, lambda u: self._open_stream_once(u, body, headers)
+            candidates, lambda u: self._open_stream_once(u.url(path), u, body, headers)
         )
 
     async def complete(
-        self, candidates: Sequence[Upstream], body: bytes, headers: Headers = ()
+        self, candidates: Sequence[Upstream], path: str, body: bytes, headers: Headers = ()
     ) -> tuple[Upstream, Any]:
-        """POST a non-streaming request and return the decoded JSON body."""
-        return await self._with_retry(candidates, lambda u: self._complete_once(u, body, headers))
+        """POST a non-streaming request to ``path`` and return the decoded JSON body."""
+        return await self._with_retry(
+            candidates, lambda u: self._complete_once(u.url(path), u, body, headers)
+        )
 
     async def _with_retry(
         self, candidates: Sequence[Upstream], attempt: Callable[[Upstream], Awaitable[T]]
@@ -265,12 +273,12 @@ class UpstreamPool:
         for upstream in candidates[:2]:
             try:
                 result = await attempt(upstream)
-            except UpstreamError as exc:
-                exc.upstream_url = upstream.base_url
+            except UpstreamError as failed:
+                exc = failed.at(upstream.base_url)
                 if self.on_failure is not None:
                     self.on_failure(upstream.base_url, exc)
                 if not exc.retryable:
-                    raise
+                    raise exc from failed.__cause__
                 upstream.health.request_failed()
                 last = exc
             else:
@@ -279,12 +287,14 @@ class UpstreamPool:
         assert last is not None
         raise last
 
-    async def _open_stream_once(self, upstream: Upstream, body: bytes, headers: Headers) -> Opened:
+    async def _open_stream_once(
+        self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers
+    ) -> UpstreamStream:
         upstream.in_flight += 1
         response: httpx.Response | None = None
         try:
             async with asyncio.timeout(self._settings.first_token_timeout_s):
-                response = await self._send("POST", upstream.chat_url, body, headers)
+                response = await self._send("POST", url, body, headers)
                 if response.status_code >= 400:
                     raise upstream_error(
                         _json_or_none(await response.aread()), response.status_code
@@ -298,7 +308,7 @@ class UpstreamPool:
                 assert isinstance(stream, httpx.AsyncByteStream)  # an async transport's
                 rest = aiter(stream)
                 first = await anext(rest, b"")
-            return Opened(upstream, response, first, rest)
+            return UpstreamStream(upstream, response, first, rest)
         except BaseException as exc:
             upstream.in_flight -= 1
             if response is not None:
@@ -308,12 +318,12 @@ class UpstreamPool:
             raise
 
     async def _complete_once(
-        self, upstream: Upstream, body: bytes, headers: Headers
+        self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers
     ) -> tuple[Upstream, Any]:
         upstream.in_flight += 1
         try:
             async with asyncio.timeout(self._settings.first_token_timeout_s):
-                response = await self._send("POST", upstream.chat_url, body, headers)
+                response = await self._send("POST", url, body, headers)
                 decoded = _json_or_none(await response.aread())
             if response.status_code >= 400:
                 raise upstream_error(decoded, response.status_code)

@@ -30,7 +30,7 @@ from audit.record import Body, Facts, Sealed, parse_header
 from audit.schema import checkpoints, data_keys, entries
 from audit.spool import SpoolCorrupt, decode_line, encode_line
 from audit.verify import Report, verify
-from audit.writer import LedgerUnavailable, Mode, WriterStats
+from audit.writer import Mode, WriterStats, WriterUnavailable
 from gateway.db import create_engine
 from tests.tcpproxy import TcpProxy
 from tests.waiting import eventually
@@ -405,11 +405,11 @@ async def test_without_database_and_spool_appends_fail_until_the_database_return
     await proxy.stop()
     shutil.rmtree(spool.parent)
     spool.parent.write_bytes(b"")  # the spool's directory is now a file: no write can succeed
-    with pytest.raises(LedgerUnavailable):
+    with pytest.raises(WriterUnavailable):
         await ledger.append(facts("refused"), body("refused"))
     assert not ledger.accepting()
     assert ledger.stats.failed == 1
-    with pytest.raises(LedgerUnavailable):
+    with pytest.raises(WriterUnavailable):
         await ledger.append(facts("refused-too"), body("refused-too"))
 
     await proxy.start()
@@ -432,7 +432,7 @@ async def test_a_damaged_spool_refuses_records_instead_of_hanging(harness: Harne
     except SpoolCorrupt:
         return  # refusing to start on a damaged spool is an answer too
     async with asyncio.timeout(5):
-        with pytest.raises(LedgerUnavailable):
+        with pytest.raises(WriterUnavailable):
             await ledger.append(facts("after-damage"), body("after-damage"))
     assert not ledger.accepting()
     assert await harness.request_ids() == []

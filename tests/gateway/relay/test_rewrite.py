@@ -12,9 +12,8 @@ from hypothesis import strategies as st
 
 from gateway.errors import RemoteProtocolError, UpstreamStatusError
 from gateway.relay.formats import BUILTIN, ReasoningSource
-from gateway.relay.rewrite import Policy, Rewriter, StreamRelay, rewrite_completion
+from gateway.relay.rewrite import Policy, ReasoningField, Rewriter, StreamRelay, rewrite_completion
 from gateway.relay.sse import DONE_EVENT, Event, SSEParser
-from gateway.settings import ReasoningField
 
 
 def chunk(index: int = 0, finish: str | None = None, usage: Any = ..., **delta: Any) -> Event:

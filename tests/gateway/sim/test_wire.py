@@ -10,7 +10,7 @@ import pytest
 
 from gateway.sim.deltas import Delta
 from gateway.sim.script import CLOSE_TAG, SimMode, build_script, compose
-from gateway.sim.wire import ChunkEncoder, Usage
+from gateway.sim.wire import ChunkEncoder, SimUsage
 from tests.gateway.sim.clients import chat, choices, deltas, in_process, stream_chunks
 
 USAGE = {"include_usage": True}
@@ -277,7 +277,7 @@ def test_encoder_bytes_are_compact_json() -> None:
         encoder.delta(1, Delta("reasoning", 'say "hi"\n', 2)),
         encoder.finish(0, "length", None),
         encoder.finish(0, "stop", "</x>"),
-        encoder.usage(Usage(3, 4, 0)),
+        encoder.usage(SimUsage(3, 4, 0)),
     ]
     for event in events:
         assert event.startswith(b"data: ")

@@ -23,6 +23,7 @@ from gateway.telemetry.logs import (
     log_completion,
     log_refusal,
 )
+from tests.records import completion_record
 
 MARKER = "zq-marker-7f3a9"
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -57,7 +58,7 @@ def secret_record(**changes: Any) -> CompletionRecord:
         "reasoning": (f"thinking {MARKER}",), "content": (f"answer {MARKER}",),
         "traceparent": TRACEPARENT,
     }  # fmt: skip
-    return CompletionRecord(**{**fields, **changes})
+    return completion_record(**{**fields, **changes})
 
 
 # -- formatters ------------------------------------------------------------------------------

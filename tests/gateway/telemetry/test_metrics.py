@@ -30,7 +30,6 @@ from gateway.errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from gateway.ledger.record import CompletionRecord
 from gateway.telemetry.metrics import (
     LATENCY_BUCKETS,
     OTHER,
@@ -41,6 +40,7 @@ from gateway.telemetry.metrics import (
     add_counts,
     refusal_status,
 )
+from tests.records import completion_record
 
 EDGES = [*LATENCY_BUCKETS, 0.0, 60.000001, 1e9]
 gap_values = st.one_of(
@@ -252,18 +252,7 @@ def test_upstream_failures_by_kind(error: UpstreamError, kind: str) -> None:
 # -- one completion --------------------------------------------------------------------------
 
 
-def completion(**changes: Any) -> CompletionRecord:
-    fields: dict[str, Any] = {
-        "request_id": "req_1", "tenant": "acme", "key_id": "k1", "model": "m",
-        "upstream": "http://engine/v1", "stream": True, "started_at": 100.0,
-        "first_token_at": 100.5, "ended_at": 103.0, "status": "ok", "error_code": None,
-        "client_disconnected": False,
-        "usage": {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17,
-                  "completion_tokens_details": {"reasoning_tokens": 4}},
-        "finish_reasons": ("stop",), "messages": [{"role": "user", "content": "hi"}],
-        "params": {}, "reasoning": ("r",), "content": ("a",),
-    }  # fmt: skip
-    return CompletionRecord(**{**fields, **changes})
+completion = completion_record
 
 
 def reader(metrics: Metrics) -> Any:

@@ -1,0 +1,82 @@
+"""The one gate every request passes before an engine is asked: rate limits and KV budget at once.
+
+``Gate.admit(key, candidates, priority, tokens) -> (Ticket, candidates in order)`` asks the
+limiter and the KV budget together (with Redis, their two scripts share one round trip,
+``ratelimit.autopipe``); whichever refuses, the other's reservation is given back before the
+refusal propagates. A ``Ticket`` is settled exactly once by its owner (``exchange``):
+``settle(used)`` refunds the unused tokens and releases the KV lease at once, and reports the
+failures of either without raising (unrefunded tokens refill, a lease expires).
+
+Rules:
+
+- A refusal of the KV budget (429 ``kv_budget_exhausted``) still carries the limiter's
+  ``x-ratelimit-*`` headers: they are part of the refusal, given when it is made.
+- Cancellation while both are asked leaves nothing reserved: a grant already made is released,
+  one still in flight is awaited and released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gateway.admission.budget import Grant, KVAdmission
+from gateway.admission.limiter import Admission, Limiter
+from gateway.auth.keys import KeyInfo
+from gateway.errors import GatewayError
+from gateway.upstream.pool import Upstream
+from ratelimit.fairness import Priority
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A request admitted by both: what it reserved and what it must give back."""
+
+    admission: Admission
+    grant: Grant
+
+    @property
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        """``x-ratelimit-*`` for the response."""
+        return self.admission.headers
+
+    @property
+    def reserved_tokens(self) -> int:
+        return self.admission.reserved_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    limiter: Limiter
+    kv: KVAdmission
+
+    async def admit(
+        self, key: KeyInfo, candidates: Sequence[Upstream], priority: Priority, tokens: int
+    ) -> tuple[Ticket, list[Upstream]]:
+        kv = asyncio.ensure_future(self.kv.admit(list(candidates), key.tenant, priority, tokens))
+        try:
+            admission = await self.limiter.admit(key, tokens)
+        except BaseException:
+            kv.cancel()  # a grant it already had is released below; one in flight, by the task
+            with contextlib.suppress(BaseException):
+                await self.kv.release((await kv)[0])
+            raise
+        try:
+            grant, ordered = await kv
+        except BaseException as exc:
+            await self.limiter.settle(admission, 0)  # refused: the reservation comes back whole
+            if isinstance(exc, GatewayError):
+                raise exc.with_headers(admission.headers) from None
+            raise
+        return Ticket(admission, grant), ordered
+
+    async def settle(self, ticket: Ticket, used_tokens: int) -> list[BaseException]:
+        """Refund and release at once; the failures of either, for the caller to log."""
+        done = await asyncio.gather(
+            self.limiter.settle(ticket.admission, used_tokens),
+            self.kv.release(ticket.grant),
+            return_exceptions=True,
+        )
+        return [failure for failure in done if isinstance(failure, BaseException)]

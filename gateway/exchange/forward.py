@@ -1,0 +1,203 @@
+"""The forward loop of every completion-style route: one admitted exchange to the engine and back.
+
+``Forwarder.run(ex, candidates, receive) -> Response`` opens the upstream (its status and first
+bytes checked *before* the response starts), then either relays the stream (SSE parse →
+rewrite → one client write per upstream read) or rewrites the whole response, and in every case
+finishes the exchange exactly once (``Exchange.finish``: settle and record). A route builds the
+``Exchange`` with its own rewriter and calls ``run``; nothing here knows which API it speaks.
+
+Rules:
+
+- Before the response starts, a failure is raised as the error it is (with the request's
+  ``x-ratelimit-*`` headers); after it started, it becomes exactly one terminal SSE ``error``
+  event, then ``[DONE]``.
+- A client that disconnects cancels the request at once (``DisconnectWatcher``), while it waits
+  for the first token as while it relays; the exchange is recorded as disconnected.
+- ``[DONE]``, or the whole body, goes out only once the record is as durable as ``AUDIT_MODE``
+  says; a ledger that refuses a failed stream's record changes nothing for its client.
+- A stream whose reasoning is withheld may send nothing for minutes: after ``keepalive_s`` of
+  silence an SSE comment keeps proxies from closing the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive
+
+from gateway.edge.streaming import DisconnectWatcher, RelayResponse
+from gateway.errors import GatewayError, RemoteProtocolError, UpstreamError, UpstreamProtocolError
+from gateway.exchange.lifecycle import Exchange
+from gateway.relay.rewrite import StreamRelay, rewrite_completion
+from gateway.relay.sse import DONE_EVENT, KEEPALIVE_COMMENT, SSEParser, encode_event
+from gateway.upstream.pool import Upstream, UpstreamPool, UpstreamStream
+
+log = logging.getLogger("thinkgate")
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarder:
+    pool: UpstreamPool
+    max_sse_event_bytes: int
+    keepalive_s: float
+
+    async def run(self, ex: Exchange, candidates: Sequence[Upstream], receive: Receive) -> Response:
+        """The exchange, forwarded to the first candidate that answers, and finished once."""
+        watcher = DisconnectWatcher(receive)
+        streaming = False
+        try:
+            if isinstance(ex.rewriter, StreamRelay):
+                response = await self._open(ex, ex.rewriter, candidates, watcher)
+                streaming = True  # the response owns the watcher and the cleanup from here
+                return response
+            return await self._complete(ex, candidates)
+        except GatewayError as exc:
+            # failed before the response: which server, for the record (the pool counted it)
+            if ex.upstream is None and isinstance(exc, UpstreamError):
+                ex.upstream = exc.upstream_url
+            ex.fail(exc)
+            raise exc.with_headers(ex.ticket.headers) from None
+        except asyncio.CancelledError as exc:
+            watcher.claim(exc)
+            ex.disconnected()
+            return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+        finally:
+            if not streaming:
+                watcher.stop()
+                # The success path already awaited (and raised) the record; here an error or a
+                # disconnect is on its way out and must not be replaced by a ledger refusal.
+                with contextlib.suppress(GatewayError):
+                    await ex.finish()
+
+    async def _open(
+        self, ex: Exchange, relay: StreamRelay, candidates: Sequence[Upstream],
+        watcher: DisconnectWatcher,
+    ) -> RelayResponse:  # fmt: skip
+        """Open the upstream stream (status and first bytes checked) and wrap it for the client."""
+        ex.overhead_s = time.perf_counter() - ex.t0
+        opened = await self.pool.open_stream(
+            candidates, ex.path, ex.request.upstream_body, ex.upstream_headers
+        )
+        ex.upstream = opened.upstream.base_url
+
+        async def cleanup(disconnected: bool) -> None:
+            await opened.aclose()
+            if disconnected and ex.status != "ok":
+                ex.disconnected()
+            with contextlib.suppress(GatewayError):  # the stream is over: nobody left to tell
+                await ex.finish()
+
+        parser = SSEParser(self.max_sse_event_bytes)
+        body = relay_stream(ex, opened, relay, parser, self.keepalive_s)
+        return RelayResponse(body, watcher, cleanup, (*ex.ticket.headers, overhead_header(ex)))
+
+    async def _complete(self, ex: Exchange, candidates: Sequence[Upstream]) -> Response:
+        ex.overhead_s = time.perf_counter() - ex.t0
+        upstream, body = await self.pool.complete(
+            candidates, ex.path, ex.request.upstream_body, ex.upstream_headers
+        )
+        ex.upstream = upstream.base_url
+        ex.mark_first_token()
+        arrived = time.perf_counter()
+        try:
+            rewrite_completion(ex.rewriter, body)
+        except RemoteProtocolError as exc:
+            raise UpstreamProtocolError(str(exc)) from None
+        if ex.rewriter.has_content:
+            ex.mark_first_content()
+        ex.status = "ok"
+        ex.overhead_s += time.perf_counter() - arrived
+        await ex.finish()
+        headers = dict((*ex.ticket.headers, overhead_header(ex)))
+        return Response(orjson.dumps(body), media_type="application/json", headers=headers)
+
+
+def overhead_header(ex: Exchange) -> tuple[str, str]:
+    """``x-thinkgate-overhead-ms``: the gateway's own time so far (for a stream, what it spent
+    before the response started; the whole figure is in ``thinkgate_overhead_seconds``)."""
+    return "x-thinkgate-overhead-ms", f"{ex.overhead_s * 1000:.3f}"
+
+
+async def relay_stream(
+    ex: Exchange, opened: UpstreamStream, relay: StreamRelay, parser: SSEParser, keepalive_s: float
+) -> AsyncIterator[bytes]:
+    """The relay loop: upstream reads in, one client write per upstream read out. Closing the
+    upstream and the final ``finish`` belong to the response's cleanup, which also runs when
+    this generator is cancelled or never started."""
+    last_sent = time.perf_counter()
+    try:
+        async for raw in opened:
+            arrived = time.perf_counter()
+            out, error = relay_read(relay, parser, raw)
+            ex.observe_read(arrived)
+            if out:
+                ex.mark_first_token()
+                yield out
+                last_sent = time.perf_counter()
+            elif arrived - last_sent > keepalive_s:
+                yield KEEPALIVE_COMMENT  # upstream is busy with withheld reasoning
+                last_sent = time.perf_counter()
+            if error is not None:
+                raise error
+            if relay.done:
+                break
+        if not relay.done:
+            raise UpstreamProtocolError("the model server ended the stream before [DONE]")
+        ex.status = "ok"
+        await ex.finish()
+        yield DONE_EVENT
+    except (GatewayError, RemoteProtocolError) as exc:
+        error = exc if isinstance(exc, GatewayError) else UpstreamProtocolError(str(exc))
+        yield _failed(ex, error)
+        await _finish_quietly(ex)
+        yield DONE_EVENT
+    except Exception:  # a bug of ours: the client still gets its one terminal error event
+        log.exception("relay failed (request %s)", ex.request_id)
+        yield _failed(ex, GatewayError("The gateway failed while streaming."))
+        await _finish_quietly(ex)
+        yield DONE_EVENT
+
+
+def _failed(ex: Exchange, error: GatewayError) -> bytes:
+    """The terminal error event; the outcome is recorded unless the record is already on its
+    way (the ledger refused a completed stream's record: that record keeps its outcome)."""
+    if not ex.finishing:
+        ex.fail(error)
+    return encode_event("error", error.to_json())
+
+
+async def _finish_quietly(ex: Exchange) -> None:
+    """``[DONE]`` after a failure, like after a success, waits until the record is as durable
+    as ``AUDIT_MODE`` says. A ledger that refuses it changes nothing for this client: the
+    stream already failed, and the refusal was logged where it happened."""
+    with contextlib.suppress(GatewayError):
+        await ex.finish()
+
+
+def relay_read(
+    relay: StreamRelay, parser: SSEParser, raw: bytes
+) -> tuple[bytes, GatewayError | RemoteProtocolError | None]:
+    """Everything due to the client for one upstream read (``[DONE]`` held back), and the
+    error that cut it short, if any: the good events before a bad one still go out."""
+    out: list[bytes] = []
+    try:
+        try:
+            events = parser.feed(raw)
+            error: RemoteProtocolError | None = None
+        except RemoteProtocolError as exc:  # keep what came before the bad event
+            events, error = exc.events, exc
+        for event in events:
+            data = relay.feed(event)
+            if relay.done:
+                break
+            out.append(data)
+    except (GatewayError, RemoteProtocolError) as exc:
+        return b"".join(out), exc
+    return b"".join(out), error

@@ -1,0 +1,65 @@
+"""The steps every completion route shares before its exchange starts (sans the API's own).
+
+``receive(state, request, role)`` authenticates (before any body is read: a caller without a
+key cannot make the gateway read one) and reads the body, bounded. ``admit(state, request, key,
+model, stream, tokens)`` refuses what the ledger cannot record, applies the priority rules,
+routes the model and passes the ``Gate``. Every refusal on the way is counted
+(``thinkgate_requests_total``, and by kind for limits) and logged, as ``refused`` does.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from gateway.admission.budget import priority_of
+from gateway.admission.gate import Ticket
+from gateway.auth.bearer import authenticate
+from gateway.auth.keys import KeyInfo, Role
+from gateway.edge.body import read_body
+from gateway.errors import GatewayError, LedgerUnavailable
+from gateway.routes.state import AppState
+from gateway.telemetry.logs import log_refusal
+from gateway.telemetry.traceparent import parse_traceparent
+from gateway.upstream.pool import Upstream
+
+
+async def receive(state: AppState, request: Request, role: Role) -> tuple[KeyInfo, bytes]:
+    """The caller's key, then its body."""
+    try:
+        key = await authenticate(state.keys, request.headers.get("authorization"), role)
+        raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
+    except GatewayError as exc:  # counted and logged too: key guessing must leave a trace
+        refused(state, request, None, exc, "unknown", stream=False)
+        raise
+    return key, raw
+
+
+async def admit(
+    state: AppState, request: Request, key: KeyInfo, model: str, stream: bool, tokens: int
+) -> tuple[Ticket, list[Upstream]]:
+    """Everything that may refuse the request before any upstream is asked."""
+    served = False  # a metrics label only for a model an upstream serves: labels stay bounded
+    try:
+        if not state.sink.accepting():
+            raise LedgerUnavailable("The audit ledger cannot store records; try again later.")
+        ceiling = state.settings.priority_ceiling(key.key_id, key.tenant)
+        priority = priority_of(request.headers.get("x-thinkgate-priority"), ceiling)
+        candidates = await state.upstreams.route(model)
+        served = True
+        return await state.gate.admit(key, candidates, priority, tokens)
+    except GatewayError as exc:
+        refused(state, request, key, exc, model, stream, served=served)
+        raise
+
+
+def refused(
+    state: AppState, request: Request, key: KeyInfo | None, error: GatewayError, model: str,
+    stream: bool, *, served: bool = False,
+) -> None:  # fmt: skip
+    """Count and log a refusal. The log line names the model asked for; the metrics label
+    only one an upstream serves (``unknown`` otherwise)."""
+    tenant, key_id = (key.tenant, key.key_id) if key is not None else ("unknown", "")
+    state.metrics.refused(error, model if served else "unknown", tenant, stream)
+    traceparent = parse_traceparent(request.headers.get("traceparent"))
+    log_refusal(request.state.request_id, tenant, key_id, model, error.outcome, error.code,
+                traceparent)  # fmt: skip

@@ -1,0 +1,142 @@
+"""The package layout, read from the imports: a request's way through ``gateway/`` is the folder
+tree, and no import goes against it.
+
+Layers, lowest first; a package imports only packages of lower layers (and its own modules)::
+
+    errors
+    relay (sans-I/O: SSE, formats, splitter, rewriters)  api (request parsers)  edge
+    settings  sim (the simulator: a vLLM of its own, it shares only the formats)
+    db  ledger
+    auth  telemetry
+    upstream
+    admission
+    exchange
+    routes
+    app
+    cli
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS: dict[str, int] = {
+    "errors": 0,
+    "relay": 1, "api": 1, "edge": 1,
+    "settings": 2, "sim": 2,
+    "db": 3, "ledger": 3,
+    "auth": 4, "telemetry": 4,
+    "upstream": 5,
+    "admission": 6,
+    "exchange": 7,
+    "routes": 8,
+    "app": 9,
+    "cli": 10,
+}  # fmt: skip
+# What the sans-I/O core may import from outside the standard library.
+RELAY_THIRD_PARTY = {"orjson"}
+
+
+def modules() -> Iterator[tuple[str, Path]]:
+    for path in sorted((ROOT / "gateway").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        yield name, path
+
+
+def imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at module level or inside a function."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def package(module: str) -> str:
+    return module.split(".")[1] if module.count(".") else ""
+
+
+MODULES = dict(modules())
+NAMES = set(MODULES)
+
+
+def gateway_imports(module: str) -> set[str]:
+    """The gateway modules ``module`` imports (a package it lives in does not count: ``from
+    gateway.cli import ledger`` imports ``gateway.cli.ledger``)."""
+    return {
+        m for m in imports(MODULES[module])
+        if m in NAMES and m != module and not module.startswith(m + ".")
+    }  # fmt: skip
+
+
+def test_every_package_has_a_layer() -> None:
+    assert {package(m) for m in NAMES} - {""} == set(LAYERS)
+
+
+@pytest.mark.parametrize("module", sorted(NAMES - {"gateway"}))
+def test_imports_go_only_to_lower_layers(module: str) -> None:
+    mine = package(module)
+    for target in gateway_imports(module):
+        theirs = package(target)
+        if theirs and theirs != mine:
+            assert LAYERS[theirs] < LAYERS[mine], f"{module} imports {target}: an upward import"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in NAMES if package(m) == "relay"))
+def test_the_relay_core_does_no_io_and_knows_no_framework(module: str) -> None:
+    stdlib = sys.stdlib_module_names
+    for name in imports(MODULES[module]):
+        top = name.split(".")[0]
+        if top == "gateway":
+            assert package(name) in {"relay", "errors"}, f"{module} imports {name}"
+        else:
+            assert top in stdlib or top in RELAY_THIRD_PARTY or top == "__future__", (
+                f"{module} imports {name}"
+            )
+
+
+def test_nothing_below_the_routes_reaches_the_routes_or_the_app_state() -> None:
+    for module in NAMES:
+        if LAYERS.get(package(module), 99) < LAYERS["routes"]:
+            bad = {t for t in gateway_imports(module) if package(t) in {"routes", "app", "cli"}}
+            assert not bad, f"{module} imports {bad}"
+
+
+def test_no_import_cycles() -> None:
+    graph = {m: gateway_imports(m) for m in NAMES}
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycle = [*path[path.index(target) :], target] if target in path else [target]
+                raise AssertionError(f"import cycle: {' -> '.join(cycle)}")
+            if target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_no_two_public_classes_share_a_name() -> None:
+    seen: dict[str, str] = {}
+    paths = [p for top in ("gateway", "audit", "ratelimit") for p in (ROOT / top).rglob("*.py")]
+    for path in sorted(paths):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                assert node.name not in seen, f"{node.name}: {seen[node.name]} and {module}"
+                seen[node.name] = module
