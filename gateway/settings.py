@@ -58,20 +58,26 @@ HttpTransport = Literal["aiohttp", "httpx"]
 
 
 class FormatSpec(BaseModel):
-    """A model's own markers: the fields given replace those of its named format."""
+    """A model's own markers: each field given replaces that of its named format; a field not
+    given (``None`` here) keeps the named format's. ``open``/``close`` may be given as null (no
+    such marker)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     open: str | None = None
     close: str | None = None
-    opened: bool = True
-    ends: tuple[str, ...] = ()
-    ends_unopened: tuple[str, ...] = ()
-    switches: tuple[str, ...] = ()
-    thinking_default: bool = True
-    effort_switch: bool = False
+    opened: bool | None = None
+    ends: tuple[str, ...] | None = None
+    ends_unopened: tuple[str, ...] | None = None
+    switches: tuple[str, ...] | None = None
+    thinking_default: bool | None = None
+    effort_switch: bool | None = None
 
     def apply(self, base: ReasoningFormat, name: str) -> ReasoningFormat:
-        given = {k: getattr(self, k) for k in self.model_fields_set}
+        given = {
+            k: getattr(self, k)
+            for k in self.model_fields_set
+            if getattr(self, k) is not None or k in ("open", "close")
+        }
         return dataclasses.replace(base, name=name, **given)
 
 
@@ -182,6 +188,7 @@ class Settings(BaseSettings):
     test_database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 
     _reasoning: dict[str, ModelReasoning] = PrivateAttr(default_factory=dict)
+    _default: ModelReasoning = PrivateAttr()
 
     @model_validator(mode="after")
     def _resolve_reasoning(self) -> Settings:
@@ -191,7 +198,7 @@ class Settings(BaseSettings):
 
     def _resolve_all(self) -> None:
         try:
-            self._reasoning[""] = self._model_reasoning("", ModelOverride())
+            self._default = self._model_reasoning("", ModelOverride())
             for model, override in self.models.items():
                 self._reasoning[model] = self._model_reasoning(model, override)
         except FormatError as exc:
@@ -212,10 +219,7 @@ class Settings(BaseSettings):
         else:
             fmt = lookup(self.reasoning_parser)
         if override.reasoning_format is not None:
-            try:
-                fmt = override.reasoning_format.apply(fmt, model or fmt.name)
-            except FormatError as exc:
-                raise FormatError(f"model {model!r}: {exc}") from None
+            fmt = override.reasoning_format.apply(fmt, model or fmt.name)  # errors name it
         source = override.reasoning_source
         explicit = source is not None or (not model and "reasoning_source" in self.model_fields_set)
         source = source or self.reasoning_source
@@ -266,7 +270,7 @@ class Settings(BaseSettings):
 
     def reasoning_for(self, model: str) -> ModelReasoning:
         """The model's reasoning format and source (its YAML entry, else the defaults)."""
-        return self._reasoning.get(model) or self._reasoning[""]
+        return self._reasoning.get(model) or self._default
 
 
 _DEFAULT_TENANT = TenantPolicy()

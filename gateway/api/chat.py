@@ -14,6 +14,7 @@ assistant messages). The forwarded body is the client's own JSON object with thr
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -68,6 +69,18 @@ class ChatRequest:
     messages: list[Any]
     params: dict[str, Any]  # every other field, as forwarded (for the audit record)
     upstream_body: bytes
+
+    def without_thinking(self, switches: tuple[str, ...]) -> ChatRequest:
+        """The request with each of ``switches`` set to false in ``chat_template_kwargs``: the
+        gateway decided thinking is off, and the template must agree (``gateway.relay.formats``)."""
+        if not switches:
+            return self
+        kwargs = self.params.get("chat_template_kwargs")
+        kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
+        kwargs.update(dict.fromkeys(switches, False))
+        params = {**self.params, "chat_template_kwargs": kwargs}
+        body = _encode({**params, "messages": self.messages})
+        return dataclasses.replace(self, params=params, upstream_body=body)
 
 
 def parse_chat_request(raw: bytes) -> ChatRequest:

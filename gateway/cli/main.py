@@ -23,6 +23,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result: int = args.func(args)
     except ValidationError as exc:  # the operator's settings: one line, no traceback
+        if exc.title != "Settings":
+            raise
         print(f"thinkgate: invalid configuration: {config_problem(exc)}", file=sys.stderr)
         return 2
     return result

@@ -36,7 +36,10 @@ Rules:
      counted in ``leaks_repaired``.
 
 - Counting: a delta is a reasoning token when it carried reasoning or was consumed whole by a
-  tag inside reasoning (the tag is a reasoning token for the model too).
+  marker dropped inside reasoning (the marker is a reasoning token for the model too). A delta
+  held back whole (a piece of a marker still to be decided) counts once the text is decided:
+  as reasoning when a marker was dropped or the text went on as reasoning, as content when it
+  became the start of the answer (an "also ends" marker such as ``<tool_call>`` stays there).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class ChoiceState:
     content: list[str] = field(default_factory=list)
     _leak_held: str = ""
     _leak_armed: bool = False
+    _pending: int = 0  # deltas held back whole, their channel still to be decided
 
     @classmethod
     def start(
@@ -105,6 +109,7 @@ class ChoiceState:
         if upstream_reasoning is not None and not self.separated:
             self._become_separated()
         was_reasoning = self.splitter.state in REASONING_STATES
+        dropped = self.splitter.dropped
         fed = upstream_reasoning if self.separated else text
         events = self.splitter.feed(fed) if fed else []
         extra = ""
@@ -118,15 +123,28 @@ class ChoiceState:
             extra += self._flush_leak()
         reasoning, content = _join(events)
         content += extra
-        # A delta consumed whole by a tag (or held as a tag's prefix) inside reasoning.
-        tag_only = bool(fed) and was_reasoning and not (reasoning or content)
-        self._count(reasoning, content, tag_only)
+        self._settle_pending(events, self.splitter.dropped > dropped)
+        if bool(fed) and was_reasoning and not (reasoning or content):
+            if self.splitter.idle:  # consumed whole by a dropped marker: a reasoning token
+                self.reasoning_deltas += 1
+            else:  # held: decided by the text that follows
+                self._pending += 1
+            self.deltas += 1
+        self._count(reasoning, content)
         return reasoning, content
+
+    def _settle_pending(self, events: list[SplitEvent], dropped: bool) -> None:
+        """Held-back deltas whose text was decided now: reasoning tokens when a marker was
+        dropped or the text went on as reasoning; else they began the answer."""
+        if self._pending and (events or dropped or self.splitter.idle):
+            if dropped or (events and isinstance(events[0], Reasoning)):
+                self.reasoning_deltas += self._pending
+            self._pending = 0
 
     def _become_separated(self) -> None:
         """From now on reasoning comes in its own field."""
         self.separated = True
-        self.splitter = self.splitter.inside()
+        self.splitter = ThinkSplitter.inside_reasoning(self.splitter.format)
         self._leak_armed = self.repair_leak
 
     def _repair(self, text: str) -> str:
@@ -148,15 +166,14 @@ class ChoiceState:
         held, self._leak_held, self._leak_armed = self._leak_held, "", False
         return held
 
-    def _count(self, reasoning: str, content: str, tag_only: bool) -> None:
+    def _count(self, reasoning: str, content: str) -> None:
         self.last_had_reasoning = bool(reasoning)
         if reasoning:
             self.reasoning.append(reasoning)
+            self.reasoning_deltas += 1
         if content:
             self.content.append(content)
-        if reasoning or tag_only:
-            self.reasoning_deltas += 1
-        if reasoning or content or tag_only:
+        if reasoning or content:
             self.deltas += 1
 
 

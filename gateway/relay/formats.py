@@ -39,18 +39,22 @@ Rules:
 
 - "opened" means the output starts inside reasoning; a leading open marker (R1-0528, Qwen3 and
   GLM write one themselves) is dropped, once, before the close marker.
-- Thinking is decided per request, before the upstream is asked: the first of the format's
-  ``switches`` present in ``chat_template_kwargs`` decides (truthy = on); else
-  ``reasoning_effort: "none"`` (top level, as vLLM maps it onto ``enable_thinking``, or in
-  ``chat_template_kwargs``) turns it off for a format with ``effort_switch``; else the format's
-  default. A format without switches always thinks: R1's template has no switch, so a request
-  cannot make thinkgate hand R1's reasoning to a hidden key as content.
+- Thinking is decided per request, before the upstream is asked, and off is the decision that
+  must never be wrong (thinking off makes every text field the answer): when the request sets
+  any of the format's ``switches`` in ``chat_template_kwargs``, thinking is off only if every
+  one it set is exactly ``false`` (a template switches off only on false; vLLM's parsers think
+  when either key is on); else top-level ``reasoning_effort: "none"`` (vLLM maps it onto
+  ``enable_thinking`` for the template) turns it off for a format with ``effort_switch``; else
+  the format's default. A format without switches always thinks: R1's template has no switch,
+  so a request cannot make thinkgate hand R1's reasoning to a hidden key as content. The route
+  then forwards the decision (``gateway.api.chat``): every switch of the format set to false,
+  so the template cannot think where thinkgate decided it does not.
 - ``openai_gptoss`` has no text markers: vLLM always separates Harmony's analysis and final
   channels itself, so this format is read from the upstream's fields only
   (``reasoning_source: upstream``); text splitting of it is refused at start-up.
-- Invariants checked on construction: markers are non-empty, and no marker active in a state is
-  a prefix of another one active there (the splitter could not decide between them under every
-  chunking).
+- Invariants checked on construction: markers are non-empty, none is given twice, and no marker
+  active in a state starts another one active there or sits inside it (the splitter could not
+  decide between them under every chunking); ending another is fine.
 """
 
 from __future__ import annotations
@@ -86,9 +90,11 @@ class ReasoningFormat:
     def __post_init__(self) -> None:
         markers = (self.open, self.close, *self.ends, *self.ends_unopened)
         if any(m == "" for m in markers):
-            raise FormatError(f"reasoning format {self.name!r}: markers cannot be empty")
+            raise FormatError(f"reasoning format of {self.name!r}: markers cannot be empty")
         if self.text and self.close is None and self.open is not None:
-            raise FormatError(f"reasoning format {self.name!r}: an open marker needs a close one")
+            raise FormatError(
+                f"reasoning format of {self.name!r}: an open marker needs a close one"
+            )
         for state_markers in (
             (self.open, self.close, *self.ends, *self.ends_unopened),
             (self.close, *self.ends),
@@ -104,22 +110,23 @@ class ReasoningFormat:
         """Whether a request with these fields asked the model to think (rules above)."""
         kwargs = params.get("chat_template_kwargs")
         kwargs = kwargs if isinstance(kwargs, Mapping) else {}
-        for key in self.switches:
-            if key in kwargs and kwargs[key] is not None:
-                return bool(kwargs[key])
-        if self.effort_switch and "none" in (
-            params.get("reasoning_effort"),
-            kwargs.get("reasoning_effort"),
-        ):
+        given = [kwargs[key] for key in self.switches if kwargs.get(key) is not None]
+        if given:
+            return not all(value is False for value in given)
+        if self.effort_switch and params.get("reasoning_effort") == "none":
             return False
         return self.thinking_default
 
 
 def _check_prefix_free(name: str, markers: list[str]) -> None:
+    """No marker may start another or sit inside it (the splitter could not decide between
+    them under every chunking); one that ends another is fine (the longer one is leftmost)."""
+    if len(set(markers)) != len(markers):
+        raise FormatError(f"reasoning format of {name!r}: a marker is given twice")
     for a in markers:
         for b in markers:
-            if a != b and b.startswith(a):
-                raise FormatError(f"reasoning format {name!r}: marker {a!r} is a prefix of {b!r}")
+            if a != b and a in b and not b.endswith(a):
+                raise FormatError(f"reasoning format of {name!r}: marker {a!r} is inside {b!r}")
 
 
 BUILTIN: Mapping[str, ReasoningFormat] = {

@@ -126,7 +126,9 @@ class Rewriter:
     def fill_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
         """``usage`` with ``completion_tokens_details.reasoning_tokens`` filled in."""
         details = dict(usage.get("completion_tokens_details") or {})
-        if not details.get("reasoning_tokens"):
+        if not self.policy.thinking:  # nothing was reasoning, whatever the engine counted
+            details["reasoning_tokens"] = 0
+        elif not details.get("reasoning_tokens"):
             details["reasoning_tokens"] = self.count_reasoning_tokens(
                 int(usage.get("completion_tokens") or 0)
             )
@@ -264,7 +266,8 @@ class StreamRelay(Rewriter):
         if not new_delta and finish is None:
             return _DROPPED
         choice["delta"] = new_delta
-        if choice.get("logprobs") and state.last_had_reasoning and not self.policy.show_reasoning:
+        hidden = state.last_had_reasoning or not state.splitter.idle  # held: maybe reasoning
+        if choice.get("logprobs") and hidden and not self.policy.show_reasoning:
             choice["logprobs"] = None  # they would spell out the hidden reasoning
         return _CHANGED
 

@@ -17,8 +17,11 @@ Rules:
   reasoning (text before it stays content); a close marker before it is literal content.
 - Inside reasoning, the close marker ends it and is dropped; each of the format's ``ends``
   markers (Qwen3's ``<tool_call>``) ends it too and stays, verbatim, at the start of the
-  content; ``ends_unopened`` markers do so only before any open marker (Kimi K3's response
-  channel).
+  content; ``ends_unopened`` markers do so only at the very start of the output, after
+  whitespace at most (Kimi K3's response channel: the model answered without thinking).
+- A reasoning *field* (the engine separated it: ``inside_reasoning``) ends only at the close
+  marker: the engine's own parser already moved what ends reasoning out of it, so an ``ends``
+  marker left in the field is the model's text, not the end of its reasoning.
 - After reasoning ends everything is content, verbatim, further markers included; ``none``
   is all content. With no close marker at all (``finish_reason: length``) everything after
   the opening is reasoning. Whitespace and CRLF are never touched.
@@ -27,7 +30,11 @@ States and the markers active in each (the whole transition table, ``_table``)::
 
     OPENING    reasoning  open -> REASONING (dropped)   close -> ANSWER (dropped)
                           ends, ends_unopened -> ANSWER (kept)
+                          (non-whitespace text first -> OPENED)
+    OPENED     reasoning  open -> REASONING (dropped)   close -> ANSWER (dropped)
+                          ends -> ANSWER (kept)
     REASONING  reasoning  close -> ANSWER (dropped)     ends -> ANSWER (kept)
+    FIELD      reasoning  close -> ANSWER (dropped)
     BEFORE     content    open -> REASONING (dropped)
     ANSWER     content    (no markers: pass through, nothing held)
 
@@ -67,12 +74,14 @@ SplitEvent = Reasoning | Content
 
 class State(enum.Enum):
     OPENING = enum.auto()
+    OPENED = enum.auto()
     REASONING = enum.auto()
+    FIELD = enum.auto()
     BEFORE = enum.auto()
     ANSWER = enum.auto()
 
 
-REASONING_STATES = frozenset({State.OPENING, State.REASONING})
+REASONING_STATES = frozenset({State.OPENING, State.OPENED, State.REASONING, State.FIELD})
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +91,7 @@ class _Rule:
     marker: str
     to: State
     keep: bool  # the marker stays in the text (it belongs to the content)
+    at_start: bool = False  # only before any non-whitespace text (``ends_unopened``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +103,7 @@ class _Row:
     starts: str  # the first characters of the markers, for the fast path
     first: str | None  # the one first character, when all markers share it (usually "<")
     window: int  # the longest held suffix: longest marker - 1
+    at_start: bool  # some rule holds only at the start: non-whitespace text leaves to OPENED
 
     def may_start(self, text: str) -> bool:
         """Whether ``text`` holds a character that may start one of the markers."""
@@ -106,7 +117,8 @@ def _row(state: State, reasoning: bool, rules: list[_Rule]) -> _Row:
     starts = "".join(sorted({m[0] for m in markers}))
     window = max((len(m) for m in markers), default=1) - 1
     first = starts if len(starts) == 1 else None
-    return _Row(state, reasoning, tuple(rules), markers, starts, first, window)
+    at_start = any(r.at_start for r in rules)
+    return _Row(state, reasoning, tuple(rules), markers, starts, first, window, at_start)
 
 
 @cache
@@ -115,11 +127,13 @@ def _table(fmt: ReasoningFormat) -> dict[State, _Row]:
     kept (formats are a handful of frozen values from the registry and the settings)."""
     drop = [_Rule(fmt.close, State.ANSWER, False)] if fmt.close else []
     ends = [_Rule(m, State.ANSWER, True) for m in fmt.ends]
-    unopened = [_Rule(m, State.ANSWER, True) for m in fmt.ends_unopened]
+    unopened = [_Rule(m, State.ANSWER, True, at_start=True) for m in fmt.ends_unopened]
     opens = [_Rule(fmt.open, State.REASONING, False)] if fmt.open and fmt.close else []
     rows = (
         _row(State.OPENING, True, opens + drop + ends + unopened),
+        _row(State.OPENED, True, opens + drop + ends),
         _row(State.REASONING, True, drop + ends),
+        _row(State.FIELD, True, drop),
         _row(State.BEFORE, False, opens),
         _row(State.ANSWER, False, []),
     )
@@ -135,7 +149,7 @@ def initial_state(fmt: ReasoningFormat) -> State:
 class ThinkSplitter:
     """Splits one choice's text stream; create one per choice index."""
 
-    __slots__ = ("_closed", "_held", "_row", "_table", "format", "state")
+    __slots__ = ("_closed", "_held", "_row", "_table", "dropped", "format", "state")
 
     def __init__(self, fmt: ReasoningFormat | str = "deepseek_r1") -> None:
         fmt = lookup(fmt) if isinstance(fmt, str) else fmt
@@ -144,22 +158,19 @@ class ThinkSplitter:
         self._go(initial_state(fmt))
         self._held = ""
         self._closed = False
+        self.dropped = 0  # markers dropped so far (a counter callers compare)
 
     def _go(self, state: State) -> None:
         self.state = state
         self._row = self._table[state]
 
     @classmethod
-    def inside_reasoning(cls, fmt: ReasoningFormat | str = "deepseek_r1") -> ThinkSplitter:
-        """For reasoning text whose block was opened and its open marker removed upstream (a
-        reasoning field): only the close marker and ``ends`` end it; an open marker is literal."""
+    def inside_reasoning(cls, fmt: ReasoningFormat | str) -> ThinkSplitter:
+        """For a reasoning field (the engine separated it and removed the opening): only the
+        close marker ends it, as the model spelled it across tokens; the rest is literal."""
         splitter = cls(fmt)
-        splitter._go(State.REASONING)
+        splitter._go(State.FIELD)
         return splitter
-
-    def inside(self) -> ThinkSplitter:
-        """A new splitter of the same format for a reasoning field (``inside_reasoning``)."""
-        return ThinkSplitter.inside_reasoning(self.format)
 
     @property
     def idle(self) -> bool:
@@ -189,6 +200,8 @@ class ThinkSplitter:
         if not self._held and (first not in text if first is not None else not row.may_start(text)):
             if not text:  # the hot path inside reasoning: no marker can start
                 return []
+            if row.at_start and not text.isspace():
+                self._go(State.OPENED)
             return [Reasoning(text) if row.reasoning else Content(text)]
         out: list[SplitEvent] = []
         buf = self._held + text
@@ -224,14 +237,21 @@ class ThinkSplitter:
             _emit(out, row.reasoning, buf)
             return ""
         pos, rule = _first_marker(buf, row)
+        text = buf[:pos] if rule is not None else buf[: len(buf) - _held_suffix(buf, row)]
+        if row.at_start and text and not text.isspace():
+            _emit(out, row.reasoning, text)  # past the start: at_start rules no longer hold
+            self._go(State.OPENED)
+            return buf[len(text) :]
         if rule is None:
-            keep = _held_suffix(buf, row)
-            _emit(out, row.reasoning, buf[: len(buf) - keep])
-            self._held = buf[len(buf) - keep :]
+            _emit(out, row.reasoning, text)
+            self._held = buf[len(text) :]
             return ""
-        _emit(out, row.reasoning, buf[:pos])
+        _emit(out, row.reasoning, text)
         self._go(rule.to)
-        return buf[pos:] if rule.keep else buf[pos + len(rule.marker) :]
+        if rule.keep:
+            return buf[pos:]
+        self.dropped += 1
+        return buf[pos + len(rule.marker) :]
 
 
 def _first_marker(buf: str, row: _Row) -> tuple[int, _Rule | None]:

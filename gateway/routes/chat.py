@@ -43,7 +43,10 @@ async def chat_completions(request: Request) -> Response:
     ticket, candidates = await steps.admit(
         state, request, key, chat.model, chat.stream, estimate_tokens(chat, state)
     )
-    ex = Exchange(request.state.request_id, key, chat, ENDPOINT, PATH, rewriter(state, key, chat),
+    relay = rewriter(state, key, chat)
+    if not relay.policy.thinking:  # forwarded as decided: the template cannot think either
+        chat = chat.without_thinking(relay.policy.format.switches)
+    ex = Exchange(request.state.request_id, key, chat, ENDPOINT, PATH, relay,
                   ticket, state.gate, state.sink, started_at=started_at, t0=t0,
                   metrics=state.metrics if state.instrument else None,
                   traceparent=parse_traceparent(request.headers.get("traceparent")))  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.relay.choice import ChoiceState
+from gateway.relay.formats import BUILTIN
 from gateway.relay.thinksplit import ThinkSplitter
 
 
@@ -95,3 +96,22 @@ def test_text_split_choices_count_tag_tokens_as_reasoning() -> None:
     state = ChoiceState(ThinkSplitter("deepseek_r1"))
     feed(state, [("content", "a"), ("content", "</think>"), ("content", "b")])
     assert (state.deltas, state.reasoning_deltas) == (3, 2)
+
+
+@pytest.mark.parametrize(
+    ("name", "tokens", "reasoning_tokens"),
+    [
+        ("deepseek_r1", ["a", "</thi", "nk>", "b"], 3),  # the marker's two tokens are reasoning
+        ("deepseek_r1", ["a", "<", "b", "</think>", "c"], 4),  # a held '<' that was reasoning
+        ("kimi_k3", ["r", "<|close|>", "think", "<|sep|>", "Hi"], 4),
+        # an "also ends" marker is a content token: it stays in the answer
+        ("kimi_k3", ["<|open|>", "response", "<|sep|>", "Hi", " there"], 0),
+        ("deepseek_v4", ["r", "<｜DSML｜", "tool_calls", ">", "x"], 1),
+    ],
+)
+def test_held_tokens_count_where_their_text_went(
+    name: str, tokens: list[str], reasoning_tokens: int
+) -> None:
+    state = ChoiceState.start(BUILTIN[name], "text", thinking=True, repair_leak=False)
+    feed(state, [("content", t) for t in tokens])
+    assert (state.deltas, state.reasoning_deltas) == (len(tokens), reasoning_tokens)

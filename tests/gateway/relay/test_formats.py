@@ -43,7 +43,15 @@ THINKING: list[tuple[str, dict[str, Any], bool]] = [
     ("deepseek_v4", {}, True),  # on unless switched off
     ("deepseek_v4", OFF, False),
     ("deepseek_v4", EFFORT_NONE, False),
-    ("deepseek_v4", {"chat_template_kwargs": {"reasoning_effort": "none"}}, False),
+    # off must never be wrong: the template reads only false as off, and vLLM thinks when
+    # either key is on; effort inside the template's kwargs is not the request's effort
+    ("deepseek_v4", {"chat_template_kwargs": {"reasoning_effort": "none"}}, True),
+    ("glm45", {"chat_template_kwargs": {"thinking": False, "enable_thinking": True}}, True),
+    ("kimi_k2", {"chat_template_kwargs": {"enable_thinking": False, "thinking": True}}, True),
+    ("qwen3", {"chat_template_kwargs": {"enable_thinking": 0}}, True),
+    ("qwen3", {"chat_template_kwargs": {"enable_thinking": ""}}, True),
+    ("deepseek_v3", {"chat_template_kwargs": {"thinking": 0}}, True),
+    ("glm45", {"chat_template_kwargs": {"thinking": False, "enable_thinking": False}}, False),
     ("deepseek_v4", EFFORT_LOW, True),
     ("qwen3", {}, True),
     ("qwen3", OFF_QWEN, False),
@@ -81,6 +89,9 @@ def test_lookup_names_the_model_and_every_known_format() -> None:
     "fields",
     [
         {"open": "<r>", "close": "<r>x"},  # a marker that is a prefix of another
+        {"close": "[/THINK]", "ends": ("THINK",)},  # one inside another
+        {"open": "<reason>", "ends": ("reas",)},
+        {"open": "<t>", "close": "<t>"},  # the same marker twice
         {"ends": ("</think>x",)},
         {"close": ""},
         {"close": None, "open": "<r>"},
@@ -128,7 +139,8 @@ def test_a_model_entry_may_name_a_format_a_source_and_its_own_markers(
     [
         ("models:\n  m1: {reasoning_parser: deepseek_r2}\n",
          "unknown reasoning parser 'deepseek_r2' for model 'm1'"),
-        ("models:\n  m1: {reasoning_format: {open: '<a>', close: '<a>b'}}\n", "model 'm1'"),
+        ("models:\n  m1: {reasoning_format: {open: '<a>', close: '<a>b'}}\n",
+         "reasoning format of 'm1': marker '<a>' is inside '<a>b'"),
         ("models:\n  m1: {reasoning_format: {open: 3}}\n", "models.m1.reasoning_format.open"),
         ("models:\n  m1: {reasoning_parser: openai_gptoss, reasoning_source: text}\n",
          "use reasoning_source 'upstream'"),

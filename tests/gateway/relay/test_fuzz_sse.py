@@ -193,7 +193,7 @@ def inside_reasoning_reference(text: str) -> tuple[str | None, str | None]:
 @given(case=chunked_texts())
 def test_inside_reasoning_keeps_opening_tags_literal(case: tuple[str, list[str]]) -> None:
     text, pieces = case
-    splitter = ThinkSplitter.inside_reasoning()
+    splitter = ThinkSplitter.inside_reasoning("deepseek_r1")
     events: list[SplitEvent] = []
     for piece in pieces:
         out = splitter.feed(piece)

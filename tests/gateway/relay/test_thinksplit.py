@@ -224,6 +224,8 @@ FORMAT_CASES: list[tuple[str, str, str | None, str | None]] = [
     ("kimi_k3", "r<|close|>thin<|close|>think<|sep|>a", "r<|close|>thin", "a"),
     ("kimi_k3", f"{K3_RESPONSE}hello", None, f"{K3_RESPONSE}hello"),
     ("kimi_k3", f"{K3_OPEN}r{K3_RESPONSE}x{K3_CLOSE}a", f"r{K3_RESPONSE}x", "a"),
+    ("kimi_k3", f"plan {K3_RESPONSE}x", f"plan {K3_RESPONSE}x", None),
+    ("kimi_k3", f" \n{K3_RESPONSE}x", " \n", f"{K3_RESPONSE}x"),
     ("kimi_k3", "r<think></think>a", "r<think></think>a", None),
     ("kimi_k3", "r<|close|>think<|sep|", "r<|close|>think<|sep|", None),
     ("kimi_k3", f"r{K3_CLOSE}{K3_OPEN}x", "r", f"{K3_OPEN}x"),
@@ -256,7 +258,12 @@ def reference_format(fmt: ReasoningFormat, text: str) -> tuple[str | None, str |
         found = [(text.find(fmt.close, pos), fmt.close, "drop")]
         found += [(text.find(m, pos), m, "keep") for m in fmt.ends]
         if opening:
-            found += [(text.find(m, pos), m, "keep") for m in fmt.ends_unopened]
+            # only at the very start of the output: whitespace at most before it
+            found += [
+                (at, m, "keep")
+                for m in fmt.ends_unopened
+                if (at := text.find(m, pos)) >= 0 and not text[:at].strip()
+            ]
             if fmt.open:
                 found.append((text.find(fmt.open, pos), fmt.open, "open"))
         hits = sorted((at, m, what) for at, m, what in found if at >= 0)
@@ -304,8 +311,26 @@ def test_the_hold_back_ends_as_soon_as_the_text_leaves_every_marker() -> None:
     s = ThinkSplitter("kimi_k3")
     assert s.feed("a<|close|>thi") == [Reasoning("a")]
     assert s.feed("s") == [Reasoning("<|close|>this")]
-    assert s.feed("<|open|>response<|se") == []  # the response opener, before any think marker
+    assert s.feed(" <|open|>think<|se") == [Reasoning(" ")]
+    assert s.feed("x") == [Reasoning("<|open|>think<|sex")]
+
+
+def test_kimi_k3s_response_opener_ends_reasoning_only_at_the_start_of_the_output() -> None:
+    # The model answered without thinking; later, the same marker is text of the reasoning.
+    s = ThinkSplitter("kimi_k3")
+    assert s.feed("\n<|open|>response<|se") == [Reasoning("\n")]
     assert s.feed("p|>hi") == [Content("<|open|>response<|sep|>hi")]
+    late = "Plan: answer inside <|open|>response<|sep|> once done. Secret step 2."
+    assert run("kimi_k3", list(late)) == (late, None)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "deepseek_v4", "glm45", "minimax_m2", "kimi_k2"])
+def test_a_reasoning_field_ends_only_at_the_close_marker(name: str) -> None:
+    # the engine's parser already took tool calls out: a marker left in its field is text
+    fmt = BUILTIN[name]
+    s = ThinkSplitter.inside_reasoning(fmt)
+    text = f"I could emit {fmt.ends[0]} but first: step 2"
+    assert [*s.feed(text), *s.close()] == [Reasoning(text)]
 
 
 def format_alphabet(fmt: ReasoningFormat) -> st.SearchStrategy[str]:
