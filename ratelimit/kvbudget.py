@@ -257,165 +257,6 @@ class MemoryKVBudgetStore:
 
 # --- Redis --------------------------------------------------------------------------------------
 
-# An engine's keys, from base offset ``e`` into KEYS: e+1 expiries (sorted set lease id ->
-# expiry ms), e+2 leases (hash lease id -> "tokens|tenant"), e+3 tenants (hash tenant ->
-# tokens), e+4 total (string), e+5 waiting (sorted set tenant -> until ms). The running totals
-# make a reservation O(log n + expired) instead of a sum over every lease. Every key expires at
-# least a second, and at most about two lease TTLs, after the last lease or waiter it holds, so
-# an engine nobody uses leaves nothing behind; when no lease is left the totals are reset, so
-# they cannot drift even if a key was evicted.
-_PRELUDE = """
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-
-local function drop(e, id)
-  redis.call('ZREM', KEYS[e+1], id)
-  local held = redis.call('HGET', KEYS[e+2], id)
-  if not held then return end
-  redis.call('HDEL', KEYS[e+2], id)
-  local bar = string.find(held, '|', 1, true)
-  local tokens = tonumber(string.sub(held, 1, bar - 1))
-  local tenant = string.sub(held, bar + 1)
-  if redis.call('HINCRBY', KEYS[e+3], tenant, -tokens) <= 0 then
-    redis.call('HDEL', KEYS[e+3], tenant)
-  end
-  if redis.call('DECRBY', KEYS[e+4], tokens) <= 0 then redis.call('DEL', KEYS[e+4]) end
-end
-
-local function purge(e)
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[e+1], '-inf', now)
-  if #expired > 0 then
-    for _, id in ipairs(expired) do drop(e, id) end
-    if redis.call('ZCARD', KEYS[e+1]) == 0 then
-      redis.call('DEL', KEYS[e+2], KEYS[e+3], KEYS[e+4])
-    end
-  end
-  redis.call('ZREMRANGEBYSCORE', KEYS[e+5], '-inf', now)
-end
-
-local function total(e) return tonumber(redis.call('GET', KEYS[e+4]) or '0') end
-
--- Keep keys e+j0..e+j1 alive until at least `until_ms` + 1 s. A short expiry is pushed twice
--- as far as needed, so most calls only read one PTTL.
-local function outlive(e, j0, j1, until_ms)
-  local left = redis.call('PTTL', KEYS[e+j0])
-  if left >= 0 and now + left >= until_ms + 1000 then return end
-  local horizon = until_ms + 1000 + math.max(until_ms - now, 0)
-  for j = j0, j1 do redis.call('PEXPIREAT', KEYS[e+j], horizon) end
-end
-
-local function hold(e, id, expiry)
-  redis.call('ZADD', KEYS[e+1], expiry, id)
-  outlive(e, 1, 4, expiry)
-end
-"""
-
-# ARGV: lease id, tenant, priority, ttl ms, waiting ttl ms, pressure threshold, the number of
-# weights and (tenant, weight) pairs, then (limit, tokens) per candidate; KEYS: five per
-# candidate, in the same order. fairness.decide and fairness.route in Lua: the same integer
-# expressions in the same order. Returns {1, candidate} admitted, {0, 0} wait, {-1, 0} reject.
-_ADMIT = """
-local id, tenant, priority = ARGV[1], ARGV[2], ARGV[3]
-local ttl, wttl, threshold = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local weights, nw = {}, tonumber(ARGV[7])
-for j = 0, nw - 1 do weights[ARGV[8 + 2 * j]] = tonumber(ARGV[9 + 2 * j]) end
-local first = 8 + 2 * nw
-local n = #KEYS / 5
-local function weight(t) return weights[t] or 1 end
-local function limit(i) return tonumber(ARGV[first + 2 * (i - 1)]) end
-local function tokens(i) return tonumber(ARGV[first + 2 * (i - 1) + 1]) end
-
-for i = 1, n do
-  local e = 5 * (i - 1)
-  purge(e)
-  if redis.call('ZSCORE', KEYS[e+1], id) then hold(e, id, now + ttl); return {1, i} end
-end
-
-local function within_share(e, need, cap, waiting)
-  local seen, sum, mine = {}, 0, 0
-  local held = redis.call('HGETALL', KEYS[e+3])
-  for j = 1, #held, 2 do
-    local t, h = held[j], tonumber(held[j + 1])
-    if t == tenant then mine = h end
-    if h > 0 and not seen[t] then seen[t] = true; sum = sum + weight(t) end
-  end
-  for _, t in ipairs(waiting) do
-    if not seen[t] then seen[t] = true; sum = sum + weight(t) end
-  end
-  if not seen[tenant] then sum = sum + weight(tenant) end
-  return (mine + need) * sum <= cap * weight(tenant)
-end
-
-local function decide(e, reserved, cap, need)
-  local after = reserved + need
-  if after > cap * threshold then
-    if priority == 'sheddable' then return 'reject' end
-    if priority == 'standard' then return 'wait' end
-  end
-  if after > cap then return 'wait' end
-  local waiting = redis.call('ZRANGE', KEYS[e+5], 0, -1)
-  local others = false
-  for _, t in ipairs(waiting) do if t ~= tenant then others = true end end
-  if not others or within_share(e, need, cap, waiting) then return 'admit' end
-  return 'wait'
-end
-
-local order, free, totals = {}, {}, {}
-for i = 1, n do
-  totals[i] = total(5 * (i - 1))
-  order[i] = i
-  free[i] = totals[i] - limit(i)
-end
-table.sort(order, function(a, b)
-  if free[a] ~= free[b] then return free[a] < free[b] end
-  return a < b
-end)
-
-local waits = false
-for _, i in ipairs(order) do
-  local e, need = 5 * (i - 1), tokens(i)
-  local verdict = decide(e, totals[i], limit(i), need)
-  if verdict == 'admit' then
-    redis.call('HSET', KEYS[e+2], id, need .. '|' .. tenant)
-    redis.call('HINCRBY', KEYS[e+3], tenant, need)
-    redis.call('INCRBY', KEYS[e+4], need)
-    hold(e, id, now + ttl)
-    return {1, i}
-  end
-  if verdict == 'wait' then waits = true end
-end
-if not waits then return {-1, 0} end
-for i = 1, n do
-  local e = 5 * (i - 1)
-  redis.call('ZADD', KEYS[e+5], now + wttl, tenant)
-  outlive(e, 5, 5, now + wttl)
-end
-return {0, 0}
-"""
-
-# ARGV: lease id, ttl ms. Returns 1 if the lease was live (and now runs to now + ttl), else 0.
-_RENEW = """
-purge(0)
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
-hold(0, ARGV[1], now + tonumber(ARGV[2]))
-return 1
-"""
-
-_RELEASE = """
-drop(0, ARGV[1])
-purge(0)
-return 1
-"""
-
-_RESERVED = """
-purge(0)
-return total(0)
-"""
-
-_BY_TENANT = """
-purge(0)
-return redis.call('HGETALL', KEYS[3])
-"""
 
 _DECISIONS: Mapping[int, Decision] = {1: "admit", 0: "wait", -1: "reject"}
 
@@ -433,11 +274,11 @@ class RedisKVBudgetStore:
     tests. Works with ``decode_responses`` on or off.
     """
 
-    _admit = LuaScript(_PRELUDE + _ADMIT)
-    _renew = LuaScript(_PRELUDE + _RENEW)
-    _release = LuaScript(_PRELUDE + _RELEASE)
-    _reserved = LuaScript(_PRELUDE + _RESERVED)
-    _by_tenant = LuaScript(_PRELUDE + _BY_TENANT)
+    _admit = LuaScript(files=("kvbudget_prelude.lua", "kvbudget_admit.lua"))
+    _renew = LuaScript(files=("kvbudget_prelude.lua", "kvbudget_renew.lua"))
+    _release = LuaScript(files=("kvbudget_prelude.lua", "kvbudget_release.lua"))
+    _reserved = LuaScript(files=("kvbudget_prelude.lua", "kvbudget_reserved.lua"))
+    _by_tenant = LuaScript(files=("kvbudget_prelude.lua", "kvbudget_by_tenant.lua"))
 
     def __init__(self, client: ScriptClient, *, prefix: str = "thinkgate:kv:") -> None:
         if "{" in prefix or "}" in prefix:

@@ -246,98 +246,12 @@ class MemoryBackend:
 
 _EPOCH = 1_735_689_600  # 2025-01-01T00:00:00Z, the origin of the Lua clock
 
-# gcra.decide, gcra.refund and admit's all-or-nothing rule in Lua, the same expressions in the
-# same order. Lua numbers are doubles (Redis embeds Lua 5.1), so both sides compute bit-identical
-# TATs and decisions.
-_LUA_GCRA = """
-local WINDOW, SLACK = 60, 0.001
 
--- gcra.decide: the new TAT, or nil when `cost` does not fit (limit 0: unlimited)
-local function take(tat, now, limit, cost)
-  if limit == 0 then return tat end
-  local interval = WINDOW / limit
-  local base = math.max(tat, now)
-  local available = limit - (base - now) / interval
-  if cost > limit or cost > available + SLACK then return nil end
-  return base + cost * interval
-end
-
--- gcra.refund: back by `amount` units, never before now, never forward
-local function give_back(tat, now, limit, amount)
-  if limit == 0 then return tat end
-  return math.min(tat, math.max(tat - amount * (WINDOW / limit), now))
-end
-
--- admit: 1 request and `tokens` tokens from every bucket, all or nothing. `tats` and `limits`
--- hold (requests, tokens) pairs, scope after scope; the new TATs, or nil when a bucket refuses
-local function admit(tats, now, limits, tokens)
-  local new = {}
-  for i = 1, #tats, 2 do
-    new[i] = take(tats[i], now, limits[i], 1)
-    new[i + 1] = take(tats[i + 1], now, limits[i + 1], tokens)
-    if not (new[i] and new[i + 1]) then return nil end
-  end
-  return new
-end
-
-local function fmt(x) return string.format('%.17g', x) end
-"""
-
-# Redis >= 5 replicates scripts by their effects, so reading TIME before writing is allowed and
-# replicas receive the HSET/PEXPIRE, not the script.
-_LUA_STATE = f"""
-local function clock()
-  local t = redis.call('TIME')
-  return (tonumber(t[1]) - {_EPOCH}) + tonumber(t[2]) / 1000000
-end
-
--- keep the key until both buckets are full again; a full bucket is an absent one
-local function store(key, now, tat_r, tat_t)
-  local ttl = math.ceil((math.max(tat_r, tat_t) - now) * 1000)
-  if ttl > 0 then
-    redis.call('HSET', key, 'r', fmt(tat_r), 't', fmt(tat_t))
-    redis.call('PEXPIRE', key, ttl)
-  else
-    redis.call('DEL', key)
-  end
-end
-"""
-
-# KEYS = one hash per limited scope; ARGV = rpm, tpm per scope, then tokens.
-# Returns now and the TATs it found, two per scope.
-_LUA_RESERVE = """
-local tokens, now = tonumber(ARGV[#ARGV]), clock()
-local tats, limits, out = {}, {}, {fmt(now)}
-for i, key in ipairs(KEYS) do
-  local found = redis.call('HMGET', key, 'r', 't')
-  tats[2 * i - 1], tats[2 * i] = tonumber(found[1]) or now, tonumber(found[2]) or now
-  limits[2 * i - 1], limits[2 * i] = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
-  out[2 * i], out[2 * i + 1] = fmt(tats[2 * i - 1]), fmt(tats[2 * i])
-end
-local new = admit(tats, now, limits, tokens)
-if new then
-  for i, key in ipairs(KEYS) do store(key, now, new[2 * i - 1], new[2 * i]) end
-end
-return out
-"""
-
-# KEYS = the hash of each scope with a tokens limit; ARGV = each one's tpm, then tokens.
-# An absent bucket is full: nothing to do.
-_LUA_REFUND = """
-local tokens, now = tonumber(ARGV[#ARGV]), clock()
-for i, key in ipairs(KEYS) do
-  local found = redis.call('HMGET', key, 'r', 't')
-  if found[2] then
-    local tat_t = give_back(tonumber(found[2]), now, tonumber(ARGV[i]), tokens)
-    store(key, now, tonumber(found[1]) or now, tat_t)
-  end
-end
-return 0
-"""
-
-
-_RESERVE = LuaScript(_LUA_GCRA + _LUA_STATE + _LUA_RESERVE)
-_REFUND = LuaScript(_LUA_GCRA + _LUA_STATE + _LUA_REFUND)
+# gcra.decide, gcra.refund and admit's all-or-nothing rule in Lua (lua/limits_gcra.lua: the
+# same expressions in the same order, so both sides compute bit-identical TATs), the clock and
+# the store (lua/limits_state.lua), then each call's body.
+_RESERVE = LuaScript(files=("limits_gcra.lua", "limits_state.lua", "limits_reserve.lua"))
+_REFUND = LuaScript(files=("limits_gcra.lua", "limits_state.lua", "limits_refund.lua"))
 
 
 class RedisBackend:

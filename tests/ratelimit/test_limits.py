@@ -25,7 +25,6 @@ from redis.crc import key_slot
 from ratelimit.gcra import UNLIMITED, decide, refund
 from ratelimit.limits import (
     _EPOCH,
-    _LUA_GCRA,
     Limits,
     MemoryBackend,
     RateLimitBackend,
@@ -36,6 +35,7 @@ from ratelimit.limits import (
     admit,
     limited,
 )
+from ratelimit.luascript import lua_source
 from tests.redis_commands import count_commands
 from tests.waiting import eventually
 
@@ -615,7 +615,7 @@ def sequence(rng: random.Random, limit: int) -> tuple[float, list[tuple[float, s
 
 async def test_redis_lua_computes_exactly_what_gcra_computes(client: redis.Redis) -> None:
     rng = random.Random(20250101)
-    script = client.register_script(_LUA_GCRA + _LUA_SEQUENCE)
+    script = client.register_script(lua_source("limits_gcra.lua") + _LUA_SEQUENCE)
     for limit in [1, 3, 7, 60, 997, 1_000, 123_457, 10**6, 10**7]:
         for _ in range(4):
             tat, ops = sequence(rng, limit)
@@ -717,9 +717,15 @@ async def test_redis_lua_admits_exactly_what_python_admits(
     limits = [x for scope in active for x in (scope.limits.rpm, scope.limits.tpm)]
     args: list[str | int] = [len(active), *limits, *(repr(x) for tat in tats for x in tat)]
     args += [x for now, op, amount in timed for x in (repr(now), op, amount)]
-    lua = await client.register_script(_LUA_GCRA + _LUA_SCOPES)(args=args)
+    lua = await client.register_script(lua_source("limits_gcra.lua") + _LUA_SCOPES)(args=args)
     width = 1 + 2 * len(active)
     for i, (outcome, expected) in enumerate(python_steps(scopes, tats, timed)):
         got = lua[i * width : (i + 1) * width]
         assert got[0].decode() == outcome, (i, timed[i])
         assert [float(x) for x in got[1:]] == [x for tat in expected for x in tat]
+
+
+def test_the_lua_clock_starts_where_the_python_one_does() -> None:
+    from ratelimit.limits import _EPOCH
+
+    assert f"(tonumber(t[1]) - {_EPOCH})" in lua_source("limits_state.lua")

@@ -1,0 +1,2 @@
+purge(0)
+return redis.call('HGETALL', KEYS[3])

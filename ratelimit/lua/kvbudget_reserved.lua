@@ -1,0 +1,2 @@
+purge(0)
+return total(0)
