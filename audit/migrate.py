@@ -1,13 +1,18 @@
-"""Bring the ledger schema to the current revision (Alembic, run on the caller's engine).
+"""Bring a schema to its current revision (Alembic, run on the caller's engine).
+
+A ``Schema`` names an Alembic script directory, its own version table, its newest revision and
+an advisory-lock id. The ledger's is ``LEDGER`` (``audit/migrations``); the gateway's key store
+has its own (``gateway.db``), so each is versioned apart and either can be upgraded alone.
 
 Safe to call at every start and from several replicas at once on PostgreSQL: the upgrade runs
 under a transaction-scoped advisory lock, so one replica migrates and the others then find the
-schema current. A schema already at ``HEAD`` is recognised with one query and Alembic is not
+schema current. A schema already at its head is recognised with one query and Alembic is not
 even imported: a gateway process would otherwise carry Alembic and Mako in memory for good.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, inspect, text
@@ -16,37 +21,48 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 if TYPE_CHECKING:
     from alembic.config import Config
 
-HEAD = "0001"  # the newest file in audit/migrations/versions (a test keeps the two equal)
-VERSION_TABLE = "ledger_alembic_version"
-MIGRATION_LOCK = 0x7467_6C65_6467_6D31  # "tgledgm1": any constant shared by all replicas
+
+@dataclass(frozen=True, slots=True)
+class Schema:
+    script_location: str  # "package:folder" of the Alembic scripts
+    version_table: str
+    head: str  # the newest revision in the folder (a test keeps the two equal)
+    lock: int  # a constant every replica shares
+
+    def config(self, connection: Connection | None = None) -> Config:
+        from alembic.config import Config
+
+        result = Config()
+        result.set_main_option("script_location", self.script_location)
+        result.attributes["connection"] = connection
+        return result
+
+    def current(self, connection: Connection) -> str | None:
+        if not inspect(connection).has_table(self.version_table):
+            return None
+        version = connection.execute(text(f"SELECT version_num FROM {self.version_table}"))
+        found = version.scalar()
+        return None if found is None else str(found)
+
+    def _upgrade(self, connection: Connection) -> None:
+        if self.current(connection) == self.head:
+            return
+        from alembic import command
+
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": self.lock})
+        command.upgrade(self.config(connection), "head")
+
+    async def upgrade(self, engine: AsyncEngine) -> None:
+        async with engine.begin() as conn:
+            await conn.run_sync(self._upgrade)
 
 
-def config(connection: Connection | None = None) -> Config:
-    from alembic.config import Config
-
-    result = Config()
-    result.set_main_option("script_location", "audit:migrations")
-    result.attributes["connection"] = connection
-    return result
-
-
-def current(connection: Connection) -> str | None:
-    if not inspect(connection).has_table(VERSION_TABLE):
-        return None
-    version = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
-    return None if version is None else str(version)
-
-
-def _upgrade(connection: Connection) -> None:
-    if current(connection) == HEAD:
-        return
-    from alembic import command
-
-    if connection.dialect.name == "postgresql":
-        connection.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
-    command.upgrade(config(connection), "head")
+LEDGER = Schema("audit:migrations", "ledger_alembic_version", "0001", 0x7467_6C65_6467_6D31)
+HEAD, VERSION_TABLE, MIGRATION_LOCK = LEDGER.head, LEDGER.version_table, LEDGER.lock
+config, current = LEDGER.config, LEDGER.current
 
 
 async def upgrade(engine: AsyncEngine) -> None:
-    async with engine.begin() as conn:
-        await conn.run_sync(_upgrade)
+    """The ledger's tables at their current revision."""
+    await LEDGER.upgrade(engine)

@@ -25,7 +25,7 @@ from gateway.admission.limiter import Limiter
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
 from gateway.admission.redisconn import open_redis
 from gateway.auth.keystore import KeyStore
-from gateway.db import create_engine, create_schema
+from gateway.db import create_engine, upgrade_schema
 from gateway.edge.frontdoor import FrontDoor, error_response
 from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound
@@ -125,7 +125,7 @@ async def _start(
     stack.push_async_callback(transport.aclose)
     engine = create_engine(settings.database_url)
     stack.push_async_callback(engine.dispose)
-    await create_schema(engine)
+    await upgrade_schema(engine)
     ledger = None
     if sink is None:
         for path in ensure_keys(settings, create=settings.demo):

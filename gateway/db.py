@@ -1,7 +1,9 @@
 """The database engine: one async SQLAlchemy engine per app, created in the lifespan.
 
-Schema creation is ``create_all`` at start-up (idempotent); thinkgate owns few, insert-mostly
-tables, so migrations are deliberately left to a later issue.
+The gateway's own tables (the key store) migrate through Alembic like the ledger's, with their
+own version table (``gateway/migrations``): ``upgrade_schema`` at every start of the gateway and
+of ``thinkgate keys``, and in ``thinkgate ledger init`` (one migration story: both schemas are
+brought to their head wherever the database is first touched; a current one costs one query).
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ from sqlalchemy import MetaData, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from audit.migrate import Schema
+
 metadata = MetaData()
+# "tggatem1": any constant shared by all replicas, apart from the ledger's
+GATEWAY = Schema("gateway:migrations", "gateway_alembic_version", "0001", 0x7467_6761_7465_6D31)
 
 
 def create_engine(url: str) -> AsyncEngine:
@@ -34,7 +40,6 @@ def _sqlite_pragmas(dbapi_connection: object, _record: object) -> None:
     cursor.close()
 
 
-async def create_schema(engine: AsyncEngine, *metadatas: MetaData) -> None:
-    async with engine.begin() as conn:
-        for md in (metadata, *metadatas):
-            await conn.run_sync(md.create_all)
+async def upgrade_schema(engine: AsyncEngine) -> None:
+    """The gateway's tables at their current revision (the ledger migrates its own)."""
+    await GATEWAY.upgrade(engine)

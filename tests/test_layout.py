@@ -45,6 +45,8 @@ RELAY_THIRD_PARTY = {"orjson"}
 
 def modules() -> Iterator[tuple[str, Path]]:
     for path in sorted((ROOT / "gateway").rglob("*.py")):
+        if "migrations" in path.parts:  # Alembic's scripts, loaded by Alembic, not imported
+            continue
         parts = path.relative_to(ROOT).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         yield name, path

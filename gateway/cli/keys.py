@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from gateway.auth.keys import ReasoningPolicy, Role, valid_tenant
 from gateway.auth.keystore import KeyStore
-from gateway.db import create_engine, create_schema
+from gateway.db import create_engine, upgrade_schema
 from gateway.settings import Settings
 
 
@@ -15,7 +15,7 @@ from gateway.settings import Settings
 async def open_store(settings: Settings) -> AsyncIterator[KeyStore]:
     engine = create_engine(settings.database_url)
     try:
-        await create_schema(engine)
+        await upgrade_schema(engine)
         yield KeyStore(engine, ttl=0)
     finally:
         await engine.dispose()

@@ -19,7 +19,7 @@ from audit.migrate import upgrade
 from audit.note import NoteError, NoteSigner, NoteVerifier, load_signing_key
 from audit.store import Filter
 from audit.verify import Report, verify
-from gateway.db import create_engine
+from gateway.db import create_engine, upgrade_schema
 from gateway.ledger.sink import ensure_keys, open_ledger
 from gateway.settings import Settings
 
@@ -28,12 +28,14 @@ Progress = Callable[[int, int], None]
 
 async def init(settings: Settings) -> list[str]:
     """Create the key files that are missing (never overwriting one) and bring the ledger's
-    schema to the current migration. Run it once with a database role that may create tables;
-    the gateway itself then needs only SELECT and INSERT on the ledger (docs/ledger.md)."""
+    and the key store's schemas to their current migration. Run it once with a database role
+    that may create tables; the gateway itself then needs only SELECT and INSERT on the ledger
+    (docs/ledger.md)."""
     made = ensure_keys(settings, create=True)
     engine = create_engine(settings.database_url)
     try:
         await upgrade(engine)
+        await upgrade_schema(engine)
     finally:
         await engine.dispose()
     return made

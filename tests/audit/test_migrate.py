@@ -39,3 +39,31 @@ def test_a_current_schema_is_recognised_without_alembic(tmp_path: Path) -> None:
 
     assert run() == "True"  # a fresh database: Alembic creates the schema
     assert run() == "False"  # from then on, one query and no Alembic
+
+
+def test_the_key_stores_head_is_its_newest_revision() -> None:
+    from gateway.db import GATEWAY
+
+    assert ScriptDirectory.from_config(GATEWAY.config()).get_current_head() == GATEWAY.head
+
+
+async def test_a_key_table_made_before_migrations_is_kept_and_stamped(tmp_path: Path) -> None:
+    # deployments before this change had the table from create_all: it stays, with its rows
+    from sqlalchemy import insert, inspect, select
+
+    from gateway.auth.keystore import api_keys
+    from gateway.db import GATEWAY, create_engine, metadata, upgrade_schema
+
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'old.db'}")
+    row = {"key_id": "k1", "secret_hash": b"\0" * 32, "tenant": "t", "role": "client",
+           "reasoning": "hidden", "created_at": __import__("datetime").datetime.now()}  # fmt: skip
+    async with engine.begin() as conn:
+        await conn.run_sync(metadata.create_all)
+        await conn.execute(insert(api_keys).values(**row))
+    await upgrade_schema(engine)
+    await upgrade_schema(engine)  # current: nothing to do
+    async with engine.connect() as conn:
+        assert (await conn.execute(select(api_keys.c.key_id))).scalars().all() == ["k1"]
+        assert await conn.run_sync(GATEWAY.current) == "0001"
+        assert await conn.run_sync(lambda c: inspect(c).has_table("gateway_alembic_version"))
+    await engine.dispose()

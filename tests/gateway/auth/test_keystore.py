@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from gateway.auth import keys
 from gateway.auth.keystore import KeyStore
-from gateway.db import create_engine, create_schema
+from gateway.db import create_engine, upgrade_schema
 
 
 async def test_create_lookup_revoke(database_url: str) -> None:
     engine = create_engine(database_url)
-    await create_schema(engine)
+    await upgrade_schema(engine)
     try:
         store = KeyStore(engine, ttl=0)
         new, info = await store.create(tenant="acme", role="client", reasoning="visible", rpm=60)
@@ -30,7 +30,7 @@ async def test_create_lookup_revoke(database_url: str) -> None:
 
 async def test_only_the_hash_is_stored(database_url: str) -> None:
     engine = create_engine(database_url)
-    await create_schema(engine)
+    await upgrade_schema(engine)
     try:
         new, _ = await KeyStore(engine).create(tenant="t", role="admin")
         async with engine.connect() as conn:
@@ -46,7 +46,7 @@ async def test_only_the_hash_is_stored(database_url: str) -> None:
 
 async def test_cache_serves_within_ttl_and_reloads_after(sqlite_url: str) -> None:
     engine = create_engine(sqlite_url)
-    await create_schema(engine)
+    await upgrade_schema(engine)
     now = [0.0]
     try:
         writer = KeyStore(engine, ttl=0)
