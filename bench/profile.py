@@ -166,8 +166,8 @@ def start_pyspy(
 
 
 def cprofile_argv(argv: Sequence[str], out: Path) -> list[str]:
-    """``thinkgate serve ...`` as ``python -m cProfile -o OUT -m gateway.cli.main serve ...``."""
-    return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "gateway.cli.main", *argv[1:]]
+    """``thinkgate serve ...`` as ``python -m cProfile -o OUT -m gateway.cli serve ...``."""
+    return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "gateway.cli", *argv[1:]]
 
 
 def summarise_pyspy(raw: Path, top: int = 15) -> ProfileSummary:

@@ -28,7 +28,7 @@ from gateway.auth.keystore import KeyStore
 from gateway.db import create_engine, upgrade_schema
 from gateway.edge.frontdoor import FrontDoor, error_response
 from gateway.edge.servers import BackgroundServer
-from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.errors import GatewayError, InvalidRequest, NotFound, RouteError
 from gateway.ledger.record import RecordSink
 from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
 from gateway.routes import admin, auditor, chat, health, models
@@ -188,9 +188,7 @@ async def _gateway_error(_request: Request, exc: GatewayError) -> Response:
 async def _http_error(_request: Request, exc: HTTPException) -> Response:
     if exc.status_code == 404:
         return error_response(NotFound("Unknown route.", code="unknown_route"))
-    error = GatewayError(str(exc.detail), code=None)
-    error.status, error.type = exc.status_code, "invalid_request_error"
-    return error_response(error)
+    return error_response(RouteError(exc.status_code, str(exc.detail)))
 
 
 async def _internal_error(_request: Request, _exc: Exception) -> Response:

@@ -9,6 +9,7 @@
     │   ├── RequestTimeout              408 request_timeout (body not sent in BODY_TIMEOUT_S)
     │   ├── ClientClosedRequest         499 client_closed_request (gone mid-upload)
     │   ├── HeadersTooLarge             431 headers_too_large
+    │   ├── RouteError(status)          the framework's own refusal of a route (405, …)
     │   ├── AuthError                   401 authentication_error / invalid_api_key
     │   ├── PermissionDenied            403 permission_error
     │   ├── NotFound                    404 not_found_error (``model_not_found`` for models)
@@ -149,6 +150,16 @@ class ClientClosedRequest(ClientError):
     type = "invalid_request_error"
     code = "client_closed_request"
     outcome: Outcome = "client_disconnected"
+
+
+class RouteError(ClientError):
+    """The framework refused the route itself (405 method not allowed, say): its status."""
+
+    code = None
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class HeadersTooLarge(ClientError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from audit.record import Usage
 from gateway.ledger.record import CompletionRecord
 
 
@@ -14,8 +15,7 @@ def completion_record(**changes: Any) -> CompletionRecord:
         "model": "m", "upstream": "http://engine/v1", "stream": True, "started_at": 100.0,
         "first_token_at": 100.5, "ended_at": 103.0, "status": "ok", "error_code": None,
         "client_disconnected": False,
-        "usage": {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17,
-                  "completion_tokens_details": {"reasoning_tokens": 4}},
+        "usage": Usage(prompt_tokens=7, completion_tokens=10, reasoning_tokens=4, total_tokens=17),
         "finish_reasons": ("stop",), "messages": [{"role": "user", "content": "hi"}],
         "params": {}, "reasoning": ("r",), "content": ("a",),
     }  # fmt: skip

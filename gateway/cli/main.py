@@ -422,6 +422,3 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(report(asyncio.run(run_load(spec))))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

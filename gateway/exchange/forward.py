@@ -59,10 +59,9 @@ class Forwarder:
                 return response
             return await self._complete(ex, candidates)
         except GatewayError as exc:
-            # failed before the response: which server, for the record (the pool counted it)
+            ex.fail(exc)  # before the upstream is known here: the pool counted its own failure
             if ex.upstream is None and isinstance(exc, UpstreamError):
-                ex.upstream = exc.upstream_url
-            ex.fail(exc)
+                ex.upstream = exc.upstream_url  # failed before the response: for the record
             raise exc.with_headers(ex.ticket.headers) from None
         except asyncio.CancelledError as exc:
             watcher.claim(exc)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from gateway.admission.gate import Gate, Ticket
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError, UpstreamError
-from gateway.ledger.record import CompletionRecord, RecordSink, Status, status_of
+from gateway.ledger.record import CompletionRecord, RecordSink, Status, parse_usage, status_of
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_completion
 from gateway.telemetry.metrics import CompletedRequest, GapCounts, Metrics
@@ -129,7 +129,7 @@ class Exchange:
             )
             self.metrics.observe_completion(done)
         log_completion(record, overhead_s=self.overhead_s, first_content_at=self.first_content_at)
-        used = int((record.usage or {}).get("total_tokens") or 0)
+        used = record.usage.total_tokens if record.usage is not None else 0
         recorded, failures = await asyncio.gather(
             self.sink.submit(record),
             self.gate.settle(self.ticket, used or self.ticket.reserved_tokens),
@@ -156,7 +156,7 @@ class Exchange:
             status=self.status,
             error_code=self.error_code,
             client_disconnected=self.client_disconnected,
-            usage=self.rewriter.usage,
+            usage=parse_usage(self.rewriter.usage),
             finish_reasons=tuple(c.finish_reason for c in choices),
             messages=self.request.messages,
             params=self.request.params,

@@ -7,9 +7,11 @@ The gateway builds one ``CompletionRecord`` per completion, however it ended, an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from audit.record import Usage
 from gateway.errors import Outcome
 
 Status = Literal["ok", "upstream_error", "client_disconnected", "error"]
@@ -32,7 +34,7 @@ class CompletionRecord:
     status: Status
     error_code: str | None
     client_disconnected: bool
-    usage: dict[str, Any] | None
+    usage: Usage | None  # as the engine reported it, reasoning tokens filled in
     finish_reasons: tuple[str | None, ...]
     messages: list[Any]
     params: dict[str, Any]  # the request's other fields, as forwarded
@@ -41,6 +43,27 @@ class CompletionRecord:
     traceparent: str | None = None  # the caller's W3C trace context, as passed upstream
     reasoning_format: str | None = None  # the format the answer was split by
     thinking: bool = True  # False: the request switched thinking off, nothing was split
+
+
+def parse_usage(raw: Mapping[str, Any] | None) -> Usage | None:
+    """The engine's ``usage`` object, read once for every reader (record, metrics, log, the
+    settlement); a figure that is not a whole number >= 0 counts as 0, and reasoning tokens are
+    never more than the completion's."""
+    if not raw:
+        return None
+    details = raw.get("completion_tokens_details")
+    completion = _count(raw.get("completion_tokens"))
+    reasoning = _count(details.get("reasoning_tokens")) if isinstance(details, Mapping) else 0
+    return Usage(
+        prompt_tokens=_count(raw.get("prompt_tokens")),
+        completion_tokens=completion,
+        reasoning_tokens=min(reasoning, completion),
+        total_tokens=_count(raw.get("total_tokens")),
+    )
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def status_of(outcome: Outcome) -> Status:

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from audit.crypto import FileKeyProvider
 from audit.ledger import Ledger
 from audit.note import NoteSigner, create_signing_key, load_signing_key
-from audit.record import Body, Facts, Usage, captured
+from audit.record import Body, Facts, captured
 from audit.writer import WriterUnavailable
 from gateway.ledger.record import CompletionRecord
 from gateway.ledger.translate import translate
@@ -68,7 +68,7 @@ def record_facts(record: CompletionRecord, capture: Any) -> Facts:
         started_at=record.started_at,
         first_token_at=record.first_token_at,
         ended_at=record.ended_at,
-        usage=_usage(record.usage),
+        usage=record.usage,
         finish_reasons=record.finish_reasons,
         error_code=record.error_code,
         client_disconnected=record.client_disconnected,
@@ -77,18 +77,6 @@ def record_facts(record: CompletionRecord, capture: Any) -> Facts:
         reasoning_format=record.reasoning_format,
         endpoint=record.endpoint,
         thinking=None if record.thinking else False,
-    )
-
-
-def _usage(usage: dict[str, Any] | None) -> Usage | None:
-    if not usage:
-        return None
-    details = usage.get("completion_tokens_details") or {}
-    return Usage(
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-        reasoning_tokens=int(details.get("reasoning_tokens") or 0),
-        total_tokens=int(usage.get("total_tokens") or 0),
     )
 
 

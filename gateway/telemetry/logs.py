@@ -81,8 +81,7 @@ def log_config(settings: Settings) -> dict[str, Any]:
 def access_fields(
     record: CompletionRecord, *, overhead_s: float, first_content_at: float | None
 ) -> dict[str, Any]:
-    usage = record.usage or {}
-    details = usage.get("completion_tokens_details")
+    usage = record.usage
     return {
         "request_id": record.request_id,
         "tenant": record.tenant,
@@ -97,11 +96,9 @@ def access_fields(
         "ttfc_ms": _ms(first_content_at, record.started_at),
         "duration_ms": _ms(record.ended_at, record.started_at),
         "overhead_ms": round(overhead_s * 1000, 3),
-        "prompt_tokens": _count(usage.get("prompt_tokens")),
-        "completion_tokens": _count(usage.get("completion_tokens")),
-        "reasoning_tokens": _count(details.get("reasoning_tokens"))
-        if isinstance(details, dict)
-        else None,
+        "prompt_tokens": usage.prompt_tokens if usage else None,
+        "completion_tokens": usage.completion_tokens if usage else None,
+        "reasoning_tokens": usage.reasoning_tokens if usage else None,
         "finish_reasons": list(record.finish_reasons),
         "trace_id": trace_id(record.traceparent) if record.traceparent else None,
     }
@@ -146,7 +143,3 @@ def _iso(created: float) -> str:
 
 def _ms(end: float | None, start: float) -> float | None:
     return None if end is None else round((end - start) * 1000, 3)
-
-
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -247,12 +247,11 @@ class Metrics:
         return found
 
     def _tokens(self, record: CompletionRecord, c: _Children) -> None:
-        usage = record.usage or {}
-        prompt = _int(usage.get("prompt_tokens"))
-        completion = _int(usage.get("completion_tokens"))
-        details = usage.get("completion_tokens_details")
-        reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, dict) else 0
-        reasoning = min(reasoning, completion)
+        usage = record.usage
+        if usage is None:
+            return
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        reasoning = usage.reasoning_tokens
         if prompt:
             c.prompt.inc(prompt)
         if reasoning:
@@ -314,7 +313,3 @@ def add_counts(child: Histogram, gaps: GapCounts) -> None:
         if count:
             buckets[index].inc(count)
     child._sum.inc(gaps.total)
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

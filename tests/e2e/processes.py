@@ -1,4 +1,4 @@
-"""The gateway as a real subprocess (``python -m gateway.cli.main serve``), for tests about what
+"""The gateway as a real subprocess (``python -m gateway.cli serve``), for tests about what
 happens across processes: kill -9, several replicas on one database."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ async def running_gateway(env: dict[str, str]) -> AsyncIterator[Gateway]:
     """A gateway process, started and ready; killed (SIGKILL) on exit if still alive."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port),
+        sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
         env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert proc.stderr is not None

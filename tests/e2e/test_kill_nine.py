@@ -4,7 +4,7 @@ acknowledged record, once; no (writer, sequence) twice; ``thinkgate ledger verif
 what Redis holds (the dead process's 32 leases, expiring within ``LEASE_TTL_S``, then gone) and
 what the new process's metrics say (its own requests only; a tree covering the old records).
 
-The gateway runs as a real subprocess (``python -m gateway.cli.main serve``), with a private
+The gateway runs as a real subprocess (``python -m gateway.cli serve``), with a private
 ``redis-server`` and a slow simulator, so the streams are still running when the process dies.
 """
 

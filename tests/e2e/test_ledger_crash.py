@@ -1,7 +1,7 @@
 """Nothing acknowledged is lost: a gateway process whose database went away spools its records,
 is killed with SIGKILL, and its successor replays the spool once the database is back.
 
-The gateway runs as a real subprocess (``python -m gateway.cli.main serve``); PostgreSQL is real and
+The gateway runs as a real subprocess (``python -m gateway.cli serve``); PostgreSQL is real and
 "goes away" by a TCP proxy in front of it being cut (``tests/tcpproxy.py``).
 """
 

@@ -541,7 +541,7 @@ async def serving_workers(env: dict[str, str], workers: int) -> AsyncIterator[Wo
     stopped with SIGTERM (uvicorn stops its workers), the group killed if anything is left."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli.main", "serve", "--port", str(port),
+        sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
         "--workers", str(workers), env=env, start_new_session=True,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip

@@ -34,7 +34,7 @@ async def test_completed_streams_and_responses_are_recorded_once(stack_factory: 
         assert record.reasoning == ("Rayleigh",) and record.content == ("\n\nBlue.",)
         assert record.messages == MESSAGES and record.tenant == "acme"
         assert record.usage is not None
-        assert record.usage["completion_tokens_details"]["reasoning_tokens"] >= 1
+        assert record.usage.reasoning_tokens >= 1
         assert record.first_token_at is not None and record.started_at <= record.first_token_at
         assert record.first_token_at <= record.ended_at
     assert streamed.stream and not whole.stream

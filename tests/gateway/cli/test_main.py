@@ -14,7 +14,7 @@ from typing import Any
 
 import openai
 
-THINKGATE = [sys.executable, "-m", "gateway.cli.main"]
+THINKGATE = [sys.executable, "-m", "gateway.cli"]
 
 
 def run_cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+from audit.record import Usage
 from gateway.ledger.record import CompletionRecord
 from gateway.telemetry.logs import (
     ACCESS,
@@ -49,8 +50,7 @@ def secret_record(**changes: Any) -> CompletionRecord:
         "upstream": "http://engine/v1", "stream": True, "started_at": 1000.0,
         "first_token_at": 1000.25, "ended_at": 1002.0, "status": "ok", "error_code": None,
         "client_disconnected": False,
-        "usage": {"prompt_tokens": 9, "completion_tokens": 12, "total_tokens": 21,
-                  "completion_tokens_details": {"reasoning_tokens": 5}},
+        "usage": Usage(prompt_tokens=9, completion_tokens=12, reasoning_tokens=5, total_tokens=21),
         "finish_reasons": ("stop",),
         "messages": [{"role": "system", "content": f"sys {MARKER}"},
                      {"role": "user", "content": [{"type": "text", "text": f"ask {MARKER}"}]}],

@@ -1,0 +1,162 @@
+"""``DisconnectWatcher`` and ``RelayResponse`` (``gateway/edge/streaming.py``): a disconnect
+cancels the request's task and is taken back by ``claim``, any other cancellation propagates,
+and the response's cleanup runs exactly once whatever happens to the body."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+from starlette.types import Message
+
+from gateway.edge.streaming import DisconnectWatcher, RelayResponse
+from tests.waiting import eventually
+
+SCOPE = {"type": "http", "method": "POST", "path": "/", "headers": []}
+
+
+async def test_a_disconnect_cancels_the_owner_and_claim_takes_it_back() -> None:
+    messages: asyncio.Queue[Message] = asyncio.Queue()
+
+    async def owner() -> tuple[bool, int]:
+        watcher = DisconnectWatcher(messages.get)
+        try:
+            await asyncio.Event().wait()  # waiting for the upstream's first token
+        except asyncio.CancelledError as exc:
+            watcher.claim(exc)
+            current = asyncio.current_task()
+            assert current is not None
+            return watcher.disconnected, current.cancelling()
+        finally:
+            watcher.stop()
+        raise AssertionError("the wait ended without a cancellation")
+
+    task = asyncio.create_task(owner())
+    messages.put_nowait({"type": "http.request", "body": b"", "more_body": False})
+    await eventually(messages.empty, within_s=2)  # the watcher took it and looks for more
+    assert not task.done()  # anything but http.disconnect is not a disconnect
+    messages.put_nowait({"type": "http.disconnect"})
+    assert await asyncio.wait_for(task, 2) == (True, 0)  # ended quietly, nothing pending
+    await eventually(lambda: asyncio.all_tasks() == {asyncio.current_task()}, within_s=2)
+
+
+async def test_another_cancellation_propagates_through_claim() -> None:
+    started = asyncio.Event()
+    watchers: list[DisconnectWatcher] = []
+
+    async def owner() -> None:
+        watcher = DisconnectWatcher(asyncio.Queue[Message]().get)  # the client never leaves
+        watchers.append(watcher)
+        try:
+            started.set()
+            await asyncio.Event().wait()
+        except asyncio.CancelledError as exc:
+            watcher.claim(exc)
+            raise AssertionError("claim swallowed a cancellation the watcher did not make")
+        finally:
+            watcher.stop()
+
+    task = asyncio.create_task(owner())
+    await asyncio.wait_for(started.wait(), 2)
+    task.cancel()  # server shutdown
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 2)
+    assert task.cancelled() and not watchers[0].disconnected
+
+
+Cleanup = Callable[[bool], Awaitable[None]]
+
+
+class Run:
+    """One ``RelayResponse`` served in its own task (the watcher's owner), with a client
+    whose ``receive`` and ``send`` the test controls."""
+
+    def __init__(self, body: AsyncIterator[bytes], fail_send: BaseException | None = None) -> None:
+        self.body, self.fail_send = body, fail_send
+        self.messages: asyncio.Queue[Message] = asyncio.Queue()
+        self.sent: list[Message] = []
+        self.cleanups: list[bool] = []
+
+    async def cleanup(self, disconnected: bool) -> None:
+        self.cleanups.append(disconnected)
+
+    async def send(self, message: Message) -> None:
+        if self.fail_send is not None:
+            raise self.fail_send
+        self.sent.append(message)
+
+    async def serve(self) -> None:
+        watcher = DisconnectWatcher(self.messages.get)
+        response = RelayResponse(self.body, watcher, self.cleanup, [("x-ratelimit-limit", "9")])
+        await response(SCOPE, self.messages.get, self.send)
+
+    @property
+    def chunks(self) -> list[bytes]:
+        return [m["body"] for m in self.sent if m["type"] == "http.response.body"]
+
+
+async def pieces(*parts: bytes, then: BaseException | None = None) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+    if then is not None:
+        raise then
+    await asyncio.Event().wait()  # a stream that has more to say, later
+
+
+async def test_a_complete_stream_is_sent_and_cleaned_up_once() -> None:
+    async def whole() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+        yield b"data: [DONE]\n\n"
+
+    run = Run(whole())
+    await asyncio.wait_for(run.serve(), 2)
+    start = run.sent[0]
+    assert start["type"] == "http.response.start" and start["status"] == 200
+    assert (b"content-type", b"text/event-stream") in start["headers"]
+    assert (b"x-ratelimit-limit", b"9") in start["headers"]
+    assert run.chunks == [b"data: 1\n\n", b"data: [DONE]\n\n", b""]
+    assert run.sent[-1]["more_body"] is False
+    assert run.cleanups == [False]
+
+
+async def test_a_disconnect_mid_stream_ends_it_quietly_and_cleans_up_once() -> None:
+    run = Run(pieces(b"data: 1\n\n"))
+    task = asyncio.create_task(run.serve())
+    await eventually(lambda: len(run.chunks) == 1, within_s=2)
+    run.messages.put_nowait({"type": "http.disconnect"})
+    await asyncio.wait_for(task, 2)  # no CancelledError: the watcher's own was claimed
+    assert run.cleanups == [True]
+    assert not any(m.get("more_body") is False for m in run.sent)  # the body never ended
+
+
+async def test_a_server_shutdown_propagates_and_still_cleans_up_once() -> None:
+    run = Run(pieces(b"data: 1\n\n"))
+    task = asyncio.create_task(run.serve())
+    await eventually(lambda: len(run.chunks) == 1, within_s=2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 2)
+    assert run.cleanups == [False]  # not the client's doing
+
+
+async def test_a_body_that_never_starts_is_still_cleaned_up_once() -> None:
+    """The connection is gone before the headers go out (the server raises ``OSError``): the
+    body's generator never runs, so only the response can clean up."""
+    started: list[bool] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        started.append(True)
+        yield b"data: 1\n\n"
+
+    run = Run(body(), fail_send=OSError("connection closed"))
+    await asyncio.wait_for(run.serve(), 2)
+    assert started == [] and run.cleanups == [True]
+
+
+async def test_a_body_that_raises_is_still_cleaned_up_once() -> None:
+    run = Run(pieces(b"data: 1\n\n", then=RuntimeError("relay bug")))
+    with pytest.raises(RuntimeError, match="relay bug"):
+        await asyncio.wait_for(run.serve(), 2)
+    assert run.chunks == [b"data: 1\n\n"]
+    assert run.cleanups == [False]
