@@ -12,8 +12,10 @@ from gateway.errors import ClientClosedRequest, RequestTimeout, RequestTooLarge
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """At most ``limit`` bytes within ``timeout_s``: a client that uploads a byte at a time
     cannot hold a request (and its buffer) open for ever."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    declared = request.headers.get("content-length", "")
+    # ASCII digits only ("²" is a digit to isdigit, not to int), and short: a value no int()
+    # can read is left to the streaming check below, which holds whatever the header says
+    if declared.isascii() and declared.isdigit() and len(declared) < 19 and int(declared) > limit:
         raise RequestTooLarge(f"The request body exceeds the limit of {limit} bytes.")
     chunks: list[bytes] = []
     size = 0

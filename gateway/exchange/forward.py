@@ -15,8 +15,10 @@ Rules:
   for the first token as while it relays; the exchange is recorded as disconnected.
 - ``[DONE]``, or the whole body, goes out only once the record is as durable as ``AUDIT_MODE``
   says; a ledger that refuses a failed stream's record changes nothing for its client.
-- A stream whose reasoning is withheld may send nothing for minutes: after ``keepalive_s`` of
-  silence an SSE comment keeps proxies from closing the connection.
+- A stream whose reasoning is withheld may send the client nothing for minutes while the engine
+  keeps sending: when an upstream read arrives ``keepalive_s`` after the client's last byte, an
+  SSE comment goes out, so proxies keep the connection. (An engine that sends nothing at all is
+  a stall, cut by ``IDLE_TIMEOUT_S``.)
 """
 
 from __future__ import annotations

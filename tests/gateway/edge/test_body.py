@@ -98,3 +98,13 @@ async def test_a_client_that_goes_away_mid_upload_is_a_closed_request() -> None:
     with pytest.raises(ClientClosedRequest) as refused:
         await read_body(request(client, 100), limit=1000, timeout_s=5)
     assert refused.value.status == 499 and refused.value.outcome == "client_disconnected"
+
+
+
+@pytest.mark.parametrize("declared", ["²", "9" * 5000, "1e3"])
+async def test_a_content_length_no_int_can_read_is_left_to_the_streaming_check(
+    declared: str,
+) -> None:
+    # "²" is a digit to str.isdigit, not to int(); 5000 digits are past int()'s limit
+    with pytest.raises(RequestTooLarge):
+        await read_body(request(Client([b"x" * 10]), content_length=declared), 5, 1.0)

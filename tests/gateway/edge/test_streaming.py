@@ -53,7 +53,7 @@ async def test_another_cancellation_propagates_through_claim() -> None:
             await asyncio.Event().wait()
         except asyncio.CancelledError as exc:
             watcher.claim(exc)
-            raise AssertionError("claim swallowed a cancellation the watcher did not make")
+            raise AssertionError("claim swallowed a cancellation it did not make") from None
         finally:
             watcher.stop()
 
