@@ -421,4 +421,3 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     print(report(asyncio.run(run_load(spec))))
     return 0
-

@@ -100,7 +100,6 @@ async def test_a_client_that_goes_away_mid_upload_is_a_closed_request() -> None:
     assert refused.value.status == 499 and refused.value.outcome == "client_disconnected"
 
 
-
 @pytest.mark.parametrize("declared", ["²", "9" * 5000, "1e3"])
 async def test_a_content_length_no_int_can_read_is_left_to_the_streaming_check(
     declared: str,
