@@ -31,6 +31,7 @@ from gateway.cli.keys import open_store
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig
 from tests.e2e.conftest import Stack
+from tests.openai_errors import assert_openai_error
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Why is the sky blue?"}]
 MODEL = "deepseek-r1"
@@ -142,13 +143,7 @@ async def served_verifier(client: httpx.AsyncClient) -> NoteVerifier:
 
 
 def assert_error(response: httpx.Response, status: int, code: str | None = None) -> Any:
-    assert response.status_code == status, response.text
-    assert response.headers["x-request-id"]
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    if code is not None:
-        assert error["code"] == code, error
-    return error
+    return assert_openai_error(response, status, code)
 
 
 def database(tmp_path: Path) -> Path:

@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.edge.servers import BackgroundServer
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import Stack
+from tests.openai_errors import assert_openai_error
 
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 
@@ -31,19 +32,6 @@ async def post(stack: Stack, body: Any, key: str | None = "visible", **kw: Any) 
         return await client.post(
             f"{stack.url}/chat/completions", content=content, headers=headers, **kw
         )
-
-
-def assert_openai_error(
-    response: httpx.Response, status: int, code: str | None = None
-) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["x-request-id"]
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["message"]
-    if code is not None:
-        assert error["code"] == code
-    return dict(error)
 
 
 def sse_events(raw: str) -> list[tuple[str | None, str]]:

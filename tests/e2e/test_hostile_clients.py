@@ -32,6 +32,7 @@ import pytest
 from gateway.auth.keys import split_key
 from gateway.sim.app import SimConfig
 from tests.e2e.conftest import Stack, StackFactory
+from tests.openai_errors import assert_openai_error
 from tests.waiting import eventually
 
 T = TypeVar("T")
@@ -183,13 +184,7 @@ def assert_error(
     reply: httpx.Response | RawReply, status: int, code: str, hidden: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     """An OpenAI error object with this status and code, echoing none of ``hidden``."""
-    assert reply.status_code == status, (reply.status_code, reply.content[:300])
-    error = orjson.loads(reply.content)["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"], error
-    assert error["code"] == code, error
-    for text in hidden:
-        assert text.encode() not in reply.content, text
-    return dict(error)
+    return assert_openai_error(reply, status, code, hidden=hidden, request_id=False)
 
 
 def fresh_client() -> httpx.AsyncClient:

@@ -47,6 +47,7 @@ from ratelimit.kvbudget import (
     Rules,
     round_to_blocks,
 )
+from tests.clock import FakeClock
 from tests.redis_commands import count_commands
 from tests.waiting import eventually
 
@@ -89,14 +90,6 @@ async def reserve(
 
 
 # --- backends ---------------------------------------------------------------------------------
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class MemoryBackend:

@@ -36,18 +36,11 @@ from ratelimit.limits import (
     limited,
 )
 from ratelimit.luascript import lua_source
+from tests.clock import FakeClock
 from tests.redis_commands import count_commands
 from tests.waiting import eventually
 
 SCOPE, TENANT = "key:k1", "acme"
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def redis_client(url: str) -> redis.Redis:

@@ -34,6 +34,7 @@ from gateway.app import create_app
 from gateway.errors import InvalidRequest
 from gateway.settings import Settings
 from tests.e2e.conftest import Stack, StackFactory, stack_factory
+from tests.openai_errors import assert_openai_error as check_openai_error
 
 __all__ = ["stack_factory"]  # the real-socket stack fixture of tests/e2e, used here
 
@@ -349,14 +350,7 @@ def api_requests(draw: st.DrawFn, keys: dict[str, str], model: str) -> dict[str,
 
 
 def assert_openai_error(response: httpx.Response) -> None:
-    body = response.json()
-    assert list(body) == ["error"]
-    error = body["error"]
-    assert sorted(error) == ["code", "message", "param", "type"]
-    assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str) and error["type"]
-    assert error["param"] is None or isinstance(error["param"], str)
-    assert error["code"] is None or isinstance(error["code"], str)
+    check_openai_error(response, request_id=False)
 
 
 async def send(client: httpx.AsyncClient, request: dict[str, Any]) -> httpx.Response:
