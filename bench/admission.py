@@ -74,7 +74,7 @@ from gateway.admission.ratelimits import KeyLimiter, open_limiter
 from gateway.admission.redisconn import open_redis
 from gateway.auth.keys import KeyInfo
 from gateway.settings import Settings
-from gateway.upstream.pool import Upstream
+from gateway.upstream.engine import Upstream
 from ratelimit.autopipe import AutoPipeline
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"

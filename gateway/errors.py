@@ -253,6 +253,24 @@ class UpstreamProtocolError(UpstreamError):
 class UpstreamStatusError(UpstreamError):
     """The upstream answered with an error status; 4xx are relayed as they are."""
 
+    @classmethod
+    def from_body(cls, body: Any, status: int) -> UpstreamStatusError:
+        """An upstream error object (OpenAI's, or vLLM's flat ``{"object": "error"}``) as ours;
+        only its message (bounded), ``param`` and ``code`` are kept."""
+        error = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(error, dict):
+            error = body if isinstance(body, dict) else {}
+        message = error.get("message")
+        if not isinstance(message, str) or not message:
+            message = f"upstream returned status {status}"
+        param, code = error.get("param"), error.get("code")
+        return cls(
+            status,
+            message[:2000],
+            param=param if isinstance(param, str) else None,
+            code=str(code) if code is not None else None,
+        )
+
     def __init__(self, status: int, message: str, *, param: str | None, code: str | None):
         super().__init__(message, param=param, code=code)
         self.upstream_status = status

@@ -50,8 +50,13 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from gateway.relay.formats import FormatError, ReasoningFormat, ReasoningSource, lookup
-from gateway.relay.rewrite import ReasoningField
+from gateway.relay.formats import (
+    FormatError,
+    ReasoningField,
+    ReasoningFormat,
+    ReasoningSource,
+    lookup,
+)
 from ratelimit.fairness import MAX_WEIGHT, Priority
 
 HttpTransport = Literal["aiohttp", "httpx"]

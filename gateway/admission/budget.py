@@ -54,7 +54,7 @@ from gateway.admission.circuit import REDIS_ERRORS, Circuit
 from gateway.errors import InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable
 from gateway.settings import Settings
 from gateway.telemetry.metrics import Metrics
-from gateway.upstream.pool import Upstream
+from gateway.upstream.engine import Upstream
 from ratelimit.aimd import AdmissionController, Tuning
 from ratelimit.autopipe import AutoPipeline
 from ratelimit.engine_metrics import EngineSnapshot, parse_engine_metrics

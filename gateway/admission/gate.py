@@ -26,7 +26,7 @@ from gateway.admission.budget import Grant, KVAdmission
 from gateway.admission.limiter import Admission, Limiter
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError
-from gateway.upstream.pool import Upstream
+from gateway.upstream.engine import Upstream
 from ratelimit.fairness import Priority
 
 

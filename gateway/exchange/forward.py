@@ -39,7 +39,8 @@ from gateway.errors import GatewayError, RemoteProtocolError, UpstreamError, Ups
 from gateway.exchange.lifecycle import Exchange
 from gateway.relay.rewrite import StreamRelay, rewrite_completion
 from gateway.relay.sse import DONE_EVENT, KEEPALIVE_COMMENT, SSEParser, encode_event
-from gateway.upstream.pool import Upstream, UpstreamPool, UpstreamStream
+from gateway.upstream.engine import Upstream
+from gateway.upstream.pool import UpstreamPool, UpstreamStream
 
 log = logging.getLogger("thinkgate")
 

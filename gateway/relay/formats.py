@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 ReasoningSource = Literal["text", "upstream"]
+ReasoningField = Literal["reasoning_content", "reasoning", "both"]  # REASONING_FIELD
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _DSML_TOOLS = ("<｜DSML｜tool_calls>", "<｜DSML｜toolcalls>", "<｜DSML｜tool>")  # vLLM's variants

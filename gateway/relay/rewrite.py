@@ -32,17 +32,16 @@ Unchanged chunks are re-framed from the upstream's bytes without re-encoding the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from gateway.errors import RemoteProtocolError, UpstreamStatusError
 from gateway.relay.choice import ChoiceState
-from gateway.relay.formats import BUILTIN, ReasoningFormat, ReasoningSource
+from gateway.relay.formats import BUILTIN, ReasoningField, ReasoningFormat, ReasoningSource
 from gateway.relay.sse import DONE_EVENT, Event, encode_data
 from gateway.relay.thinksplit import State
 
-ReasoningField = Literal["reasoning_content", "reasoning", "both"]  # REASONING_FIELD
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning")
 _UNCHANGED, _CHANGED, _DROPPED = object(), object(), object()
 _DELTA_KEYS = {
@@ -165,7 +164,7 @@ class StreamRelay(Rewriter):
         if not isinstance(chunk, dict):
             raise RemoteProtocolError("upstream sent an event that is not a JSON object")
         if event.event == "error" or "error" in chunk or chunk.get("object") == "error":
-            raise upstream_error(chunk, 502)
+            raise UpstreamStatusError.from_body(chunk, 502)
         fast = self._fast_path(chunk, event.data)
         if fast is not None:
             return fast
@@ -300,21 +299,3 @@ def rewrite_completion(rewriter: Rewriter, body: dict[str, Any]) -> dict[str, An
     if isinstance(usage, dict):
         rewriter.usage = body["usage"] = rewriter.fill_usage(usage)
     return body
-
-
-def upstream_error(body: Any, status: int) -> UpstreamStatusError:
-    """An upstream error object (OpenAI's, or vLLM's flat ``{"object": "error"}``) as ours."""
-    error = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(error, dict):
-        error = body if isinstance(body, dict) else {}
-    message = error.get("message")
-    if not isinstance(message, str) or not message:
-        message = f"upstream returned status {status}"
-    param = error.get("param")
-    code = error.get("code")
-    return UpstreamStatusError(
-        status,
-        message[:2000],
-        param=param if isinstance(param, str) else None,
-        code=str(code) if code is not None else None,
-    )

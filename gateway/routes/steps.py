@@ -9,6 +9,8 @@ routes the model and passes the ``Gate``. Every refusal on the way is counted
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 
 from gateway.admission.budget import priority_of
@@ -17,10 +19,12 @@ from gateway.auth.bearer import authenticate
 from gateway.auth.keys import KeyInfo, Role
 from gateway.edge.body import read_body
 from gateway.errors import GatewayError, LedgerUnavailable
-from gateway.routes.state import AppState
 from gateway.telemetry.logs import log_refusal
 from gateway.telemetry.traceparent import parse_traceparent
-from gateway.upstream.pool import Upstream
+from gateway.upstream.engine import Upstream
+
+if TYPE_CHECKING:  # the state is handed in; what it is made of is the lifespan's business
+    from gateway.routes.state import AppState
 
 
 async def receive(state: AppState, request: Request, role: Role) -> tuple[KeyInfo, bytes]:

@@ -44,38 +44,17 @@ from gateway.errors import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamProtocolError,
+    UpstreamStatusError,
     UpstreamTimeout,
 )
-from gateway.relay.rewrite import upstream_error
 from gateway.settings import Settings
-from gateway.upstream.health import EngineHealth
+from gateway.upstream.engine import Upstream
 
 T = TypeVar("T")
 Headers = Sequence[tuple[bytes, bytes]]
 log = logging.getLogger("thinkgate")
 
 PROBE_S = 1.0
-
-
-@dataclass(slots=True, eq=False)
-class Upstream:
-    base_url: str
-    in_flight: int = 0
-    health: EngineHealth = field(default_factory=EngineHealth)
-    health_url: httpx.URL = field(init=False)
-    _urls: dict[str, httpx.URL] = field(default_factory=dict, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        # vLLM and SGLang serve /health beside /v1, not under it
-        self.health_url = httpx.URL(f"{self.base_url.removesuffix('/v1')}/health")
-
-    def url(self, path: str) -> httpx.URL:
-        """The engine's URL for an OpenAI API path (``/chat/completions``, ``/models``), built
-        once per path: no URL parsing per request."""
-        found = self._urls.get(path)
-        if found is None:
-            found = self._urls[path] = httpx.URL(f"{self.base_url}{path}")
-        return found
 
 
 def translate(exc: BaseException, *, started: bool) -> UpstreamError:
@@ -296,7 +275,7 @@ class UpstreamPool:
             async with asyncio.timeout(self._settings.first_token_timeout_s):
                 response = await self._send("POST", url, body, headers)
                 if response.status_code >= 400:
-                    raise upstream_error(
+                    raise UpstreamStatusError.from_body(
                         _json_or_none(await response.aread()), response.status_code
                     )
                 kind = response.headers.get("content-type", "text/event-stream")
@@ -326,7 +305,7 @@ class UpstreamPool:
                 response = await self._send("POST", url, body, headers)
                 decoded = _json_or_none(await response.aread())
             if response.status_code >= 400:
-                raise upstream_error(decoded, response.status_code)
+                raise UpstreamStatusError.from_body(decoded, response.status_code)
             if not isinstance(decoded, dict):
                 raise UpstreamProtocolError("the model server sent a response that is not JSON")
             return upstream, decoded

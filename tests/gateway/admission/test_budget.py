@@ -17,7 +17,7 @@ from gateway.edge.servers import BackgroundServer
 from gateway.errors import InvalidRequest, PermissionDenied, RateLimited
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
-from gateway.upstream.pool import Upstream
+from gateway.upstream.engine import Upstream
 from ratelimit.aimd import Tuning
 from ratelimit.fairness import Priority
 from ratelimit.kvbudget import KVBudgetStore, MemoryKVBudgetStore, Rules

@@ -24,7 +24,7 @@ from gateway.admission.redisconn import open_redis
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError, RateLimited
 from gateway.settings import Settings
-from gateway.upstream.pool import Upstream
+from gateway.upstream.engine import Upstream
 from ratelimit.autopipe import AutoPipeline
 from ratelimit.kvbudget import KVBudgetStore, MemoryKVBudgetStore, RedisKVBudgetStore
 from ratelimit.limits import MemoryBackend, RateLimitBackend, RedisBackend

@@ -33,7 +33,7 @@ from gateway.exchange.lifecycle import Exchange
 from gateway.ledger.record import CompletionRecord, RecordSink
 from gateway.relay.rewrite import Policy, StreamRelay
 from gateway.settings import Settings
-from gateway.upstream.pool import Upstream
+from gateway.upstream.engine import Upstream
 from tests.e2e.conftest import RecordingSink
 from tests.gateway.relay.test_rewrite import usage_chunk
 
