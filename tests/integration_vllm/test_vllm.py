@@ -149,7 +149,7 @@ async def test_hidden_key_and_lowered_visibility_get_no_reasoning(
                 await client.post(
                     f"{gateway.url}/chat/completions",
                     json=body,
-                    headers={"authorization": f"Bearer {gateway.auth.keys[key]}"},
+                    headers={"authorization": f"Bearer {gateway.keys[key]}"},
                 )
             ).text
         assert "reasoning" not in raw
@@ -271,7 +271,7 @@ async def test_client_disconnect_aborts_the_vllm_request(
         "max_tokens": 490,
         "ignore_eos": True,
     }
-    headers = {"authorization": f"Bearer {gateway.auth.keys[key]}"}
+    headers = {"authorization": f"Bearer {gateway.keys[key]}"}
     async with (
         httpx.AsyncClient(timeout=60) as client,
         client.stream("POST", f"{gateway.url}/chat/completions", json=body, headers=headers) as r,
