@@ -4,7 +4,9 @@
 bytes checked *before* the response starts), then either relays the stream (SSE parse →
 rewrite → one client write per upstream read) or rewrites the whole response, and in every case
 finishes the exchange exactly once (``Exchange.finish``: settle and record). A route builds the
-``Exchange`` with its own rewriter and calls ``run``; nothing here knows which API it speaks.
+``Exchange`` with its own rewriter and calls ``run``; nothing here knows which API it speaks:
+a stream goes through the rewriter's ``feed`` (``StreamRelay`` or a variant of it), a whole
+response through its ``complete``.
 
 Rules:
 
@@ -37,7 +39,7 @@ from starlette.types import Receive
 from gateway.edge.streaming import DisconnectWatcher, RelayResponse
 from gateway.errors import GatewayError, RemoteProtocolError, UpstreamError, UpstreamProtocolError
 from gateway.exchange.lifecycle import Exchange
-from gateway.relay.rewrite import StreamRelay, rewrite_completion
+from gateway.relay.rewrite import StreamRelay
 from gateway.relay.sse import DONE_EVENT, KEEPALIVE_COMMENT, SSEParser, encode_event
 from gateway.upstream.engine import Upstream
 from gateway.upstream.pool import UpstreamPool, UpstreamStream
@@ -109,7 +111,7 @@ class Forwarder:
         ex.mark_first_token()
         arrived = time.perf_counter()
         try:
-            rewrite_completion(ex.rewriter, body)
+            body = ex.rewriter.complete(body)
         except RemoteProtocolError as exc:
             raise UpstreamProtocolError(str(exc)) from None
         if ex.rewriter.has_content:

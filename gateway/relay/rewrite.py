@@ -122,6 +122,12 @@ class Rewriter:
                 out["reasoning"] = reasoning
         return out
 
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A whole (non-streamed) response, rewritten in place: ``rewrite_completion``. A
+        variant for another API overrides this and ``StreamRelay.feed``; the forward loop
+        calls only these two."""
+        return rewrite_completion(self, body)
+
     def fill_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
         """``usage`` with ``completion_tokens_details.reasoning_tokens`` filled in."""
         details = dict(usage.get("completion_tokens_details") or {})
