@@ -34,14 +34,6 @@ GateFactory = Callable[..., Gate]
 CAPACITY = 1000  # per engine; admitted at 85 %: 850 tokens, in 16-token blocks
 
 
-@pytest.fixture(params=["memory", "redis"])
-def redis_at(request: pytest.FixtureRequest) -> tuple[str, str] | None:
-    """Redis's URL and this test's key prefix, or ``None`` for the in-process backends."""
-    if request.param == "memory":
-        return None
-    return request.getfixturevalue("redis_url"), request.getfixturevalue("key_prefix")
-
-
 @pytest.fixture
 async def make_gate(redis_at: tuple[str, str] | None) -> AsyncIterator[GateFactory]:
     """``make_gate(admission_wait_ms=0)``: a gate as the app builds one, on either backend."""

@@ -1,0 +1,182 @@
+"""``gateway/ledger/sink.py``: a ``CompletionRecord`` becomes the ledger's header facts and a
+body trimmed to ``AUDIT_CAPTURE``; when the ledger's writer refuses a record (neither the
+database nor the spool takes it), ``AUDIT_FAIL=closed`` fails the request with
+``LedgerUnavailable`` and ``open`` logs the loss; ``ensure_keys`` never invents keys unless
+told to. The ledgers are real, on SQLite files under ``tmp_path``."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from audit.ledger import Ledger
+from audit.record import Body, Usage
+from gateway.db import create_engine
+from gateway.errors import LedgerUnavailable
+from gateway.ledger.sink import (
+    LedgerKeysMissing,
+    LedgerSink,
+    ensure_keys,
+    open_ledger,
+    record_facts,
+)
+from gateway.settings import Settings
+from tests.records import completion_record
+
+SinkFactory = Callable[..., Awaitable[LedgerSink]]
+
+
+def settings_in(directory: Path, **changes: Any) -> Settings:
+    return Settings(
+        database_url=f"sqlite+aiosqlite:///{directory / 'thinkgate.db'}",
+        ledger_key_file=directory / "keys" / "ledger-keys.json",
+        signing_key_file=directory / "keys" / "signing-key.pem",
+        audit_spool_file=directory / "spool" / "ledger-spool.log",
+        **changes,
+    )
+
+
+@pytest.fixture
+async def make_sink(tmp_path: Path) -> AsyncIterator[SinkFactory]:
+    """``await make_sink(audit_capture=..., audit_fail=...)``: a sink over a fresh ledger."""
+    opened: list[tuple[Ledger, AsyncEngine]] = []
+
+    async def make(**changes: Any) -> LedgerSink:
+        settings = settings_in(tmp_path / str(len(opened)), **changes)
+        ensure_keys(settings, create=True)
+        engine = create_engine(settings.database_url)
+        ledger = await open_ledger(settings, engine)
+        opened.append((ledger, engine))
+        return LedgerSink(ledger, settings)
+
+    try:
+        yield make
+    finally:
+        for ledger, engine in opened:
+            await ledger.aclose()
+            await engine.dispose()
+
+
+async def break_ledger(settings: Settings) -> None:
+    """Leave the writer nowhere to put a record: the database's table is gone (a commit fails)
+    and the spool's directory is a file (the spool cannot take the batch either)."""
+    engine = create_engine(settings.database_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("DROP TABLE ledger_entries"))
+    finally:
+        await engine.dispose()
+    shutil.rmtree(settings.audit_spool_file.parent, ignore_errors=True)
+    settings.audit_spool_file.parent.write_bytes(b"")
+
+
+@pytest.mark.parametrize(("thinking", "expected"), [(True, None), (False, False)])
+def test_record_facts_carry_the_header_facts_as_given(
+    thinking: bool, expected: bool | None
+) -> None:
+    usage = Usage(prompt_tokens=3, completion_tokens=9, reasoning_tokens=9, total_tokens=12)
+    record = completion_record(usage=usage, thinking=thinking, reasoning_format="qwen3",
+                               endpoint="completions",
+                               traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01")  # fmt: skip
+    facts = record_facts(record, "reasoning")
+    assert (facts.kind, facts.endpoint, facts.reasoning_format) == (
+        "completion", "completions", "qwen3"
+    )  # fmt: skip
+    assert facts.thinking is expected  # only "off" is recorded: on is the default
+    assert facts.usage is usage
+    assert facts.capture == "reasoning"
+    assert facts.created_at == record.ended_at == 103.0
+    assert (facts.tenant, facts.key_id, facts.request_id) == ("acme", "k1", "req_1")
+    assert (facts.started_at, facts.first_token_at, facts.finish_reasons) == (
+        100.0, 100.5, ("stop",)
+    )  # fmt: skip
+    assert facts.traceparent == record.traceparent
+
+
+def test_record_facts_keep_a_missing_usage_and_an_error() -> None:
+    record = completion_record(usage=None, status="upstream_error", error_code="upstream_timeout",
+                               client_disconnected=True, upstream=None)  # fmt: skip
+    facts = record_facts(record, "full")
+    assert facts.usage is None
+    assert (facts.status, facts.error_code, facts.client_disconnected, facts.upstream) == (
+        "upstream_error", "upstream_timeout", True, None
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("capture", "expected"),
+    [
+        ("full", Body([{"role": "user", "content": "hi"}], {"temperature": 0}, ("r",), ("a",))),
+        ("reasoning", Body(None, None, ("r",), ("a",))),
+        ("metadata", Body()),
+    ],
+)
+async def test_the_stored_body_is_what_audit_capture_keeps(
+    make_sink: SinkFactory, capture: str, expected: Body
+) -> None:
+    sink = await make_sink(audit_capture=capture)
+    await sink.submit(completion_record(params={"temperature": 0}, thinking=False))
+    stored = await sink.ledger.read(0)
+    assert stored is not None
+    assert (stored.body or Body()) == expected
+    assert stored.header["capture"] == capture
+    assert stored.header["thinking"] is False
+    assert stored.header["endpoint"] == "chat.completions"
+
+
+async def test_closed_fails_the_request_when_the_writer_refuses(
+    make_sink: SinkFactory, tmp_path: Path
+) -> None:
+    sink = await make_sink(audit_fail="closed")
+    await sink.submit(completion_record(request_id="before"))
+    assert sink.accepting()
+    await break_ledger(settings_in(tmp_path / "0"))
+    with pytest.raises(LedgerUnavailable) as refused:
+        await sink.submit(completion_record(request_id="refused"))
+    assert (refused.value.status, refused.value.code) == (503, "ledger_unavailable")
+    assert refused.value.__cause__ is None  # the writer's paths stay out of the response
+    assert not sink.accepting()  # new requests are refused while it lasts
+
+
+async def test_open_logs_the_loss_and_goes_on(
+    make_sink: SinkFactory, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = await make_sink(audit_fail="open")
+    await break_ledger(settings_in(tmp_path / "0"))
+    with caplog.at_level(logging.ERROR, logger="thinkgate"):
+        await sink.submit(completion_record(request_id="req_lost"))
+    lost = [r for r in caplog.records if r.name == "thinkgate"]
+    assert [r.getMessage() for r in lost] == [
+        "audit record lost (request req_lost): ledger unavailable"
+    ]
+    assert not sink.ledger.accepting()
+    assert sink.accepting()  # open: requests go on without the ledger
+
+
+def test_ensure_keys_refuses_missing_files_unless_told_to_create(tmp_path: Path) -> None:
+    settings = settings_in(tmp_path)
+    with pytest.raises(LedgerKeysMissing, match="thinkgate ledger init"):
+        ensure_keys(settings, create=False)
+    assert not settings.ledger_key_file.exists()
+    assert not settings.signing_key_file.exists()
+    made = ensure_keys(settings, create=True)
+    assert made == [str(settings.ledger_key_file), str(settings.signing_key_file)]
+    assert ensure_keys(settings, create=False) == []
+
+
+def test_ensure_keys_creates_only_what_is_missing(tmp_path: Path) -> None:
+    settings = settings_in(tmp_path)
+    ensure_keys(settings, create=True)
+    kept = settings.ledger_key_file.read_bytes()
+    settings.signing_key_file.unlink()
+    with pytest.raises(LedgerKeysMissing, match=str(settings.signing_key_file)):
+        ensure_keys(settings, create=False)
+    assert ensure_keys(settings, create=True) == [str(settings.signing_key_file)]
+    assert settings.ledger_key_file.read_bytes() == kept  # an existing key is never replaced
