@@ -31,7 +31,7 @@ from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RouteError
 from gateway.ledger.record import RecordSink
 from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
-from gateway.routes import admin, auditor, chat, health, models
+from gateway.routes import admin, auditor, chat, health, models, responses
 from gateway.routes.health import metrics_app
 from gateway.routes.state import AppState
 from gateway.settings import ModelOverride, Settings
@@ -88,6 +88,7 @@ def create_app(
     app.add_exception_handler(Exception, _internal_error)
     chat.add_routes(app)
     models.add_routes(app)
+    responses.add_routes(app)
     health.add_routes(app)
     admin.add_routes(app)
     auditor.add_routes(app)

@@ -40,7 +40,7 @@ from gateway.edge.streaming import DisconnectWatcher, RelayResponse
 from gateway.errors import GatewayError, RemoteProtocolError, UpstreamError, UpstreamProtocolError
 from gateway.exchange.lifecycle import Exchange
 from gateway.relay.rewrite import StreamRelay
-from gateway.relay.sse import DONE_EVENT, KEEPALIVE_COMMENT, SSEParser, encode_event
+from gateway.relay.sse import KEEPALIVE_COMMENT, SSEParser
 from gateway.upstream.engine import Upstream
 from gateway.upstream.pool import UpstreamPool, UpstreamStream
 
@@ -156,25 +156,25 @@ async def relay_stream(
             raise UpstreamProtocolError("the model server ended the stream before [DONE]")
         ex.status = "ok"
         await ex.finish()
-        yield DONE_EVENT
+        yield relay.end()
     except (GatewayError, RemoteProtocolError) as exc:
         error = exc if isinstance(exc, GatewayError) else UpstreamProtocolError(str(exc))
-        yield _failed(ex, error)
+        yield _failed(ex, relay, error)
         await _finish_quietly(ex)
-        yield DONE_EVENT
+        yield relay.end()
     except Exception:  # a bug of ours: the client still gets its one terminal error event
         log.exception("relay failed (request %s)", ex.request_id)
-        yield _failed(ex, GatewayError("The gateway failed while streaming."))
+        yield _failed(ex, relay, GatewayError("The gateway failed while streaming."))
         await _finish_quietly(ex)
-        yield DONE_EVENT
+        yield relay.end()
 
 
-def _failed(ex: Exchange, error: GatewayError) -> bytes:
+def _failed(ex: Exchange, relay: StreamRelay, error: GatewayError) -> bytes:
     """The terminal error event; the outcome is recorded unless the record is already on its
     way (the ledger refused a completed stream's record: that record keeps its outcome)."""
     if not ex.finishing:
         ex.fail(error)
-    return encode_event("error", error.to_json())
+    return relay.error_event(error.to_json())
 
 
 async def _finish_quietly(ex: Exchange) -> None:

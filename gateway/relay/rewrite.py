@@ -39,7 +39,7 @@ import orjson
 from gateway.errors import RemoteProtocolError, UpstreamStatusError
 from gateway.relay.choice import ChoiceState
 from gateway.relay.formats import BUILTIN, ReasoningField, ReasoningFormat, ReasoningSource
-from gateway.relay.sse import DONE_EVENT, Event, encode_data
+from gateway.relay.sse import DONE_EVENT, Event, encode_data, encode_event
 from gateway.relay.thinksplit import State
 
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning")
@@ -158,6 +158,16 @@ class StreamRelay(Rewriter):
         super().__init__(policy)
         self.done = False
         self._rename_to = _RENAMES.get(policy.reasoning_field)
+
+    def error_event(self, error_json: bytes) -> bytes:
+        """The one event that tells the client the stream failed (``error_json``: the error
+        object); ``end`` follows once the record is written."""
+        return encode_event("error", error_json)
+
+    def end(self) -> bytes:
+        """The stream's last bytes, sent once its record is as durable as ``AUDIT_MODE`` says
+        (chat: ``[DONE]``, after a success as after a failure)."""
+        return DONE_EVENT
 
     def feed(self, event: Event) -> bytes:
         if event.is_done:
