@@ -84,6 +84,7 @@ def access_fields(
     usage = record.usage
     return {
         "request_id": record.request_id,
+        "endpoint": record.endpoint,
         "tenant": record.tenant,
         "key_id": record.key_id,
         "model": record.model,

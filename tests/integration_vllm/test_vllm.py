@@ -396,3 +396,30 @@ async def test_minimax_close_only_and_its_tool_call_marker_are_split_by_thinkgat
         gateway, "tiny-minimax", max_tokens=100, extra_body=gateway.pinned(MINIMAX_REGEX)
     )
     assert (reasoning, content) == (REASONING, "<minimax:tool_call><invoke>f</invoke>")
+
+
+# -- the Responses API through translation (gateway.routes.responses) ------------------------
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("key", ["visible", "hidden"])
+async def test_a_responses_call_through_translation_splits_as_chat_does(
+    gateway: Gateway, model: str, key: str
+) -> None:
+    # The Responses API has no way to pass vLLM's regex (its schema is strict), so the random
+    # weights write noise: what is checked is the event shape, the usage, the record, and that
+    # a hidden key gets no reasoning whatever the noise holds.
+    async with gateway.sdk(key) as client:
+        stream = await client.responses.create(
+            model=model, input="What is 6 times 7?", max_output_tokens=100, stream=True
+        )
+        events = [event async for event in stream]
+    final = events[-1].response
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    kinds = [item.type for item in final.output]
+    if key == "hidden":
+        assert "reasoning" not in kinds
+        assert all(e.type != "response.reasoning_text.delta" for e in events)
+    assert final.usage is not None and final.usage.output_tokens > 0
+    (record,) = [r for r in gateway.sink.records if r.endpoint == "responses" and r.model == model]
+    assert record.status == "ok"

@@ -30,7 +30,8 @@ MARKER = "zq-marker-7f3a9"
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 ACCESS_KEYS = {
-    "request_id", "tenant", "key_id", "model", "upstream", "stream", "status", "error_code",
+    "request_id", "endpoint", "tenant", "key_id", "model", "upstream", "stream", "status",
+    "error_code",
     "client_disconnected", "ttft_ms", "ttfc_ms", "duration_ms", "overhead_ms", "prompt_tokens",
     "completion_tokens", "reasoning_tokens", "finish_reasons", "trace_id",
 }  # fmt: skip
@@ -160,7 +161,8 @@ def test_the_access_fields_are_the_documented_figures() -> None:
     fields = access_fields(secret_record(), overhead_s=0.0012345, first_content_at=1001.5)
     assert set(fields) == ACCESS_KEYS
     assert fields == {
-        "request_id": "req_abc", "tenant": "acme", "key_id": "3f2a9c0b1d4e", "model": "m",
+        "request_id": "req_abc", "endpoint": "chat.completions",
+        "tenant": "acme", "key_id": "3f2a9c0b1d4e", "model": "m",
         "upstream": "http://engine/v1", "stream": True, "status": "ok", "error_code": None,
         "client_disconnected": False, "ttft_ms": 250.0, "ttfc_ms": 1500.0,
         "duration_ms": 2000.0, "overhead_ms": 1.234, "prompt_tokens": 9,
