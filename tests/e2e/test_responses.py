@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.sim.app import SimConfig
 from gateway.sim.script import Composition, compose, derive_seed
 from tests.e2e.conftest import RecordingSink, Stack
 from tests.openai_errors import assert_openai_error
@@ -147,3 +148,30 @@ async def test_without_a_key_nothing_is_read(responses: tuple[Stack, RecordingSi
     async with openai.AsyncOpenAI(base_url=stack.url, api_key="nope", max_retries=0) as client:
         with pytest.raises(openai.AuthenticationError):
             await client.responses.create(model="deepseek-r1", input="x")
+
+
+async def test_an_upstream_drop_mid_stream_is_one_error_event_then_response_failed(
+    stack_factory: Any,
+) -> None:
+    sink = RecordingSink()
+    stack = await stack_factory(sim=SimConfig(drop_rate=1.0), sink=sink)  # every stream cut
+    body = {"model": "deepseek-r1", "input": "Why?", "stream": True}
+    headers = {"authorization": f"Bearer {stack.keys['hidden']}"}
+    async with httpx.AsyncClient(timeout=30) as client:
+        reply = await client.post(f"{stack.url}/responses", json=body, headers=headers)
+    assert reply.status_code == 200  # the stream had started
+    names = [line[7:] for line in reply.text.splitlines() if line.startswith("event: ")]
+    assert names.count("error") == 1 and names[-2:] == ["error", "response.failed"]
+    assert names[:2] == ["response.created", "response.in_progress"]
+    (record,) = await sink.wait_for(1)
+    assert record.status == "upstream_error" and record.endpoint == "responses"
+
+
+async def test_the_sdk_raises_the_failed_stream(stack_factory: Any) -> None:
+    stack = await stack_factory(sim=SimConfig(drop_rate=1.0))
+    async with sdk(stack, "visible") as client:
+        stream = await client.responses.create(model="deepseek-r1", input="Why?", stream=True)
+        events = [event async for event in stream]
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error is not None
+    assert events[-1].response.error.code == "upstream_protocol_error"
