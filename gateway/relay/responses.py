@@ -14,8 +14,9 @@ Responses objects:
   matching ``.done`` events and ``response.output_item.done`` when the next item starts or the
   stream ends. The terminal event (``end``) goes out once the record is durable:
   ``response.completed``, ``response.incomplete`` (``incomplete_details.reason:
-  max_output_tokens`` when the engine stopped at the limit) or, after a failure's ``error``
-  event, ``response.failed``. Every event carries its ``sequence_number``, from 0.
+  max_output_tokens`` when the engine stopped at the limit) or, right after a failure's
+  ``error`` event, ``response.failed`` (the item cut short is in it, ``status:
+  incomplete``). Every event carries its ``sequence_number``, from 0.
 - ``usage``: ``input_tokens``, ``output_tokens``, ``total_tokens`` and
   ``output_tokens_details.reasoning_tokens`` (filled as on chat).
 - One choice only: the Responses API has no ``n``.
@@ -153,8 +154,13 @@ class ResponsesStream(StreamRelay):
 
     def end(self) -> bytes:
         out = [] if self._started else self._start()
-        out += self._close()
         state = self.choices.get(0)
+        if self._error is None:
+            out += self._close()
+        elif self._open is not None:  # cut short: kept as it was, no more events after error
+            kind, item_id, texts = self._open
+            self._items.append(_item(kind, item_id, "".join(texts), "incomplete"))
+            self._open = None
         if self._error is not None:
             error = {"code": self._error.get("code") or "server_error",
                      "message": self._error.get("message")}  # fmt: skip
