@@ -22,11 +22,9 @@ from starlette.responses import Response
 from gateway.api.chat import ChatRequest, parse_chat_request
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError
-from gateway.exchange.lifecycle import Exchange
 from gateway.relay.rewrite import Policy, Rewriter, StreamRelay
 from gateway.routes import steps
 from gateway.routes.state import AppState, app_state
-from gateway.telemetry.traceparent import parse_traceparent
 
 ENDPOINT, PATH = "chat.completions", "/chat/completions"
 
@@ -46,10 +44,8 @@ async def chat_completions(request: Request) -> Response:
     relay = rewriter(state, key, chat)
     if not relay.policy.thinking:  # forwarded as decided: the template cannot think either
         chat = chat.without_thinking(relay.policy.format.switches)
-    ex = Exchange(request.state.request_id, key, chat, ENDPOINT, PATH, relay,
-                  ticket, state.gate, state.sink, started_at=started_at, t0=t0,
-                  metrics=state.metrics if state.instrument else None,
-                  traceparent=parse_traceparent(request.headers.get("traceparent")))  # fmt: skip
+    ex = steps.exchange(state, request, key, chat, (ENDPOINT, PATH), relay, ticket,
+                        (started_at, t0))  # fmt: skip
     return await state.forwarder.run(ex, candidates, request.receive)
 
 
@@ -71,8 +67,7 @@ def rewriter(state: AppState, key: KeyInfo, chat: ChatRequest) -> Rewriter:
 
 def estimate_tokens(chat: ChatRequest, state: AppState) -> int:
     """OpenAI's reservation rule: prompt estimate (bytes / 4) + max_tokens, per choice."""
-    prompt = len(chat.upstream_body) // 4
-    return prompt + chat.n * (chat.max_tokens or state.settings.default_max_tokens)
+    return steps.reservation(state, chat.upstream_body, chat.n, chat.max_tokens)
 
 
 def add_routes(app: FastAPI) -> None:

@@ -19,12 +19,10 @@ from starlette.responses import Response
 from gateway.api.responses import ResponsesRequest, parse_responses_request
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError
-from gateway.exchange.lifecycle import Exchange
 from gateway.relay.responses import ResponseMeta, ResponsesStream, ResponsesWhole
 from gateway.relay.rewrite import Policy, Rewriter
 from gateway.routes import steps
 from gateway.routes.state import AppState, app_state
-from gateway.telemetry.traceparent import parse_traceparent
 
 ENDPOINT, PATH = "responses", "/chat/completions"
 
@@ -38,13 +36,10 @@ async def create_response(request: Request) -> Response:
     except GatewayError as exc:
         steps.refused(state, request, key, exc, "unknown", stream=False)
         raise
-    tokens = len(call.upstream_body) // 4 + (call.max_tokens or state.settings.default_max_tokens)
+    tokens = steps.reservation(state, call.upstream_body, 1, call.max_tokens)
     ticket, candidates = await steps.admit(state, request, key, call.model, call.stream, tokens)
-    relay = rewriter(state, key, call)
-    ex = Exchange(request.state.request_id, key, call, ENDPOINT, PATH, relay, ticket,
-                  state.gate, state.sink, started_at=started_at, t0=t0,
-                  metrics=state.metrics if state.instrument else None,
-                  traceparent=parse_traceparent(request.headers.get("traceparent")))  # fmt: skip
+    ex = steps.exchange(state, request, key, call, (ENDPOINT, PATH), rewriter(state, key, call),
+                        ticket, (started_at, t0))  # fmt: skip
     return await state.forwarder.run(ex, candidates, request.receive)
 
 

@@ -19,6 +19,8 @@ from gateway.auth.bearer import authenticate
 from gateway.auth.keys import KeyInfo, Role
 from gateway.edge.body import read_body
 from gateway.errors import GatewayError, LedgerUnavailable
+from gateway.exchange.lifecycle import Exchange, Forwarded
+from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_refusal
 from gateway.telemetry.traceparent import parse_traceparent
 from gateway.upstream.engine import Upstream
@@ -54,6 +56,24 @@ async def admit(
     except GatewayError as exc:
         refused(state, request, key, exc, model, stream, served=served)
         raise
+
+
+def reservation(state: AppState, upstream_body: bytes, n: int, max_tokens: int | None) -> int:
+    """OpenAI's reservation rule: prompt estimate (bytes / 4) + max_tokens, per choice."""
+    return len(upstream_body) // 4 + n * (max_tokens or state.settings.default_max_tokens)
+
+
+def exchange(
+    state: AppState, request: Request, key: KeyInfo, call: Forwarded, route: tuple[str, str],
+    rewriter: Rewriter, ticket: Ticket, started: tuple[float, float],
+) -> Exchange:  # fmt: skip
+    """The exchange of an admitted request: ``route`` is (endpoint, upstream path), ``started``
+    (wall clock, perf counter) when the request arrived."""
+    endpoint, path = route
+    return Exchange(request.state.request_id, key, call, endpoint, path, rewriter, ticket,
+                    state.gate, state.sink, started_at=started[0], t0=started[1],
+                    metrics=state.metrics if state.instrument else None,
+                    traceparent=parse_traceparent(request.headers.get("traceparent")))  # fmt: skip
 
 
 def refused(
