@@ -32,7 +32,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.errors import RemoteProtocolError, UpstreamStatusError
-from gateway.relay.rewrite import Policy, Rewriter, StreamRelay, rewrite_completion
+from gateway.relay.rewrite import Policy, Rewriter, StreamRelay, rewrite_completion, text_fields
 from gateway.relay.sse import Event, encode_event
 
 ItemKind = Literal["reasoning", "message"]
@@ -184,15 +184,7 @@ class ResponsesStream(StreamRelay):
         finish = choice.get("finish_reason")
         if finish is not None:
             state.finish_reason = finish
-        delta = choice.get("delta") or {}
-        if not isinstance(delta, dict):
-            raise RemoteProtocolError("upstream sent a delta that is not an object")
-        upstream_reasoning = delta.get("reasoning_content")
-        if upstream_reasoning is None:
-            upstream_reasoning = delta.get("reasoning")
-        text = delta.get("content")
-        if not isinstance(text, str | None) or not isinstance(upstream_reasoning, str | None):
-            raise RemoteProtocolError("upstream sent text fields that are not strings")
+        text, upstream_reasoning = text_fields(choice.get("delta") or {})
         reasoning, content = state.take(text, upstream_reasoning, finish is not None)
         out: list[bytes] = []
         if reasoning and self.policy.show_reasoning:

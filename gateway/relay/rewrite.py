@@ -100,14 +100,7 @@ class Rewriter:
     ) -> dict[str, Any]:
         """The delta/message with content split and reasoning placed per policy: ``holder``
         itself when nothing changes, else a new dict."""
-        if not isinstance(holder, dict):
-            raise RemoteProtocolError("upstream sent a delta or message that is not an object")
-        upstream_reasoning = holder.get("reasoning_content")
-        if upstream_reasoning is None:
-            upstream_reasoning = holder.get("reasoning")
-        text = holder.get("content")
-        if not isinstance(text, str | None) or not isinstance(upstream_reasoning, str | None):
-            raise RemoteProtocolError("upstream sent text fields that are not strings")
+        text, upstream_reasoning = text_fields(holder)
         reasoning, content = state.take(text, upstream_reasoning, final)
         shown = self.policy.show_reasoning and reasoning
         if upstream_reasoning is None and not shown and (content or None) == text:
@@ -296,6 +289,20 @@ class StreamRelay(Rewriter):
         else:
             del chunk["usage"]
         return True
+
+
+def text_fields(holder: Any) -> tuple[str | None, str | None]:
+    """``(content, reasoning)`` of an upstream delta or message; the reasoning field is
+    ``reasoning_content`` (DeepSeek, SGLang) or ``reasoning`` (vLLM)."""
+    if not isinstance(holder, dict):
+        raise RemoteProtocolError("upstream sent a delta or message that is not an object")
+    upstream_reasoning = holder.get("reasoning_content")
+    if upstream_reasoning is None:
+        upstream_reasoning = holder.get("reasoning")
+    text = holder.get("content")
+    if not isinstance(text, str | None) or not isinstance(upstream_reasoning, str | None):
+        raise RemoteProtocolError("upstream sent text fields that are not strings")
+    return text, upstream_reasoning
 
 
 def rewrite_completion(rewriter: Rewriter, body: dict[str, Any]) -> dict[str, Any]:
