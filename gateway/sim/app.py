@@ -74,6 +74,7 @@ class SimApp:
         except SimRequestError as error:
             await send_whole(send, error.status, error.body())
             return
+        self.sim.received.append(request.body)
         await serve_chat(self.config, self.sim, request, receive, send)
 
     async def _get(self, path: str, send: Send) -> None:

@@ -106,6 +106,7 @@ def _plan(request: SimRequest) -> list[Script]:
             markers=request.markers,
             thinking=request.thinking,
             empty_reasoning=request.sim.empty_reasoning,
+            tool=request.tool,
         )
         for index in range(request.n)
     ]
@@ -167,12 +168,19 @@ class _Run:
             for index, script in enumerate(scripts)
         ]
 
+        calling: set[int] = set()  # choices whose tool call has started
+
         async def emit(item: Emission) -> None:
             if item.step == 0 and item.opens_step:
                 for index in range(request.n):
                     await send_part(self.send, encoder.role(index))
-            if item.delta is not None and item.delta.text:
-                await send_part(self.send, encoder.delta(item.index, item.delta))
+            delta = item.delta
+            if delta is not None and delta.channel == "tool":
+                first = None if item.index in calling else scripts[item.index].tool
+                calling.add(item.index)
+                await send_part(self.send, encoder.tool_delta(item.index, delta, first))
+            elif delta is not None and delta.text:
+                await send_part(self.send, encoder.delta(item.index, delta))
             if item.finish_reason is not None:
                 await send_part(self.send, finals[item.index])
 

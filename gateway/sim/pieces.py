@@ -5,6 +5,8 @@ Rules:
 - One piece is one completion token, whatever its text. A piece with empty text is a token
   that sends no delta: vLLM skips empty deltas (the ``</think>`` token its reasoning parser
   consumed, or text a stop string cut away), yet counts the token.
+- A choice may end in one tool call (``Script.tool``): its arguments are the ``tool`` pieces,
+  streamed as ``tool_calls`` deltas; a call the budget did not cut ends with ``tool_calls``.
 - ``Script.tag_at`` is the piece where the first complete close marker (``Script.close``,
   ``</think>`` unless the model's format says otherwise) of the generated text starts (it may
   be spelled across several pieces); ``None`` if the text has no whole marker.
@@ -17,8 +19,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 SimMode = Literal["template", "tags", "separated", "none"]
-Channel = Literal["content", "reasoning"]
-FinishReason = Literal["stop", "length"]
+Channel = Literal["content", "reasoning", "tool"]  # tool: arguments of the choice's tool call
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 OPEN_TAG = "<think>"
 CLOSE_TAG = "</think>"
@@ -30,6 +32,14 @@ class Piece:
 
     channel: Channel
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedCall:
+    """The function a choice calls (vLLM's ids: ``chatcmpl-tool-<hex>``)."""
+
+    id: str
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +55,7 @@ class Script:
     stop_reason: str | None = None
     tag_at: int | None = None
     close: str = CLOSE_TAG  # the format's close marker
+    tool: ScriptedCall | None = None
 
     @property
     def completion_tokens(self) -> int:

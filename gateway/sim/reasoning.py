@@ -33,4 +33,10 @@ def separate(
     before, tag, after = pieces[:tag_at], pieces[tag_at], pieces[tag_at + 1 :]
     if tag.text == close:
         return (*before, Piece("reasoning", ""), *after)
-    return (*before, *(Piece("reasoning", piece.text) for piece in pieces[tag_at:]))
+    return (*before, *(_as_reasoning(piece) for piece in pieces[tag_at:]))
+
+
+def _as_reasoning(piece: Piece) -> Piece:
+    """Text after a spelled tag is reasoning to the parser; a tool call's arguments were taken
+    out by the tool parser already."""
+    return piece if piece.channel == "tool" else Piece("reasoning", piece.text)

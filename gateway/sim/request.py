@@ -23,6 +23,15 @@ Rules (vLLM 0.32 behaviour where it has one):
   ``format`` (a ``gateway.relay.formats`` name with text markers: the model writes its markers;
   default: the model's, see ``SimConfig.formats``), ``empty_reasoning`` (bool: the model
   thinks nothing, see ``gateway.sim.script``).
+- Tools (vLLM with ``--enable-auto-tool-choice --tool-call-parser``): ``tools`` is a list of
+  ``{"type": "function", "function": {"name", "parameters"?}}`` (else 400); ``tool_choice`` is
+  ``"none"``, ``"auto"`` (the default with tools), ``"required"`` or ``{"type": "function",
+  "function": {"name"}}`` naming one of them. The model calls a tool when told to
+  (``required``, a named one) and, on ``auto``, unless the last message is a ``tool`` result
+  (so an agent loop ends: call, result, answer). It calls the named function, else the first;
+  the arguments are ``sim.tool_arguments`` (an object) if given, else built from the schema's
+  required properties (string ``"sim"``, number/integer ``1``, boolean ``true``, else
+  ``null``). The call id is a fresh ``chatcmpl-tool-<hex>``.
 - Thinking is off, as a hybrid model's template does it, when ``chat_template_kwargs`` has
   ``thinking`` or ``enable_thinking`` false, or ``reasoning_effort`` is ``"none"``: the model
   writes only its answer (``gateway.sim.script``).
@@ -30,14 +39,23 @@ Rules (vLLM 0.32 behaviour where it has one):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import orjson
 
 from gateway.relay.formats import BUILTIN
 from gateway.sim.config import SimConfig
-from gateway.sim.script import Channel, Piece, SimMode, count_prompt_tokens, derive_seed
+from gateway.sim.script import (
+    Channel,
+    Piece,
+    ScriptedCall,
+    SimMode,
+    ToolPlan,
+    count_prompt_tokens,
+    derive_seed,
+)
 from gateway.sim.state import FailMode
 
 ReasoningOverride = int | None | Literal["auto"]
@@ -73,6 +91,7 @@ class SimOptions:
     merge: int = 1
     format: str | None = None
     empty_reasoning: bool = False
+    tool_arguments: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +110,8 @@ class SimRequest:
     sim: SimOptions
     markers: tuple[str | None, str] = ("<think>", "</think>")
     thinking: bool = True
+    tool: ToolPlan | None = None
+    body: dict[str, Any] = field(default_factory=dict)  # the request as received
 
 
 def error_body(message: str, error_type: str, param: str | None, code: int) -> bytes:
@@ -121,7 +142,70 @@ def parse_chat_request(body: bytes, config: SimConfig) -> SimRequest:
         sim=sim,
         markers=_markers(sim.format or config.formats.get(model, "deepseek_r1")),
         thinking=_thinking(data),
+        tool=_tool(data, sim),
+        body=data,
     )
+
+
+def _tool(data: dict[str, Any], sim: SimOptions) -> ToolPlan | None:
+    """The tool call the model makes, if any (rules in the module docstring)."""
+    tools = _tools(data.get("tools"))
+    choice = data.get("tool_choice", "auto" if tools else "none")
+    named = None
+    if isinstance(choice, dict):
+        function = choice.get("function")
+        named = function.get("name") if isinstance(function, dict) else None
+        if choice.get("type") != "function" or not isinstance(named, str) or named not in tools:
+            raise _bad("'tool_choice' must name a function in 'tools'", "tool_choice")
+    elif choice not in ("none", "auto", "required"):
+        raise _bad("'tool_choice' must be none, auto, required or a named function",
+                   "tool_choice")  # fmt: skip
+    if choice != "none" and not tools:
+        raise _bad("'tool_choice' needs 'tools'", "tool_choice")
+    messages = data.get("messages") or [{}]
+    last_is_result = isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
+    if choice == "none" or (choice == "auto" and last_is_result):
+        return None
+    name = named or next(iter(tools))
+    arguments = sim.tool_arguments
+    if arguments is None:
+        arguments = _arguments_for(tools[name])
+    call = ScriptedCall(f"chatcmpl-tool-{secrets.token_hex(16)}", name)
+    return ToolPlan(call, orjson.dumps(arguments).decode())
+
+
+def _tools(raw: object) -> dict[str, dict[str, Any]]:
+    """``name -> parameters schema`` of the request's function tools, in order."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, list):
+        raise _bad("'tools' must be a list", "tools")
+    tools: dict[str, dict[str, Any]] = {}
+    for tool in raw:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if tool.get("type") != "function" or not isinstance(name, str) or not name:
+            raise _bad("each tool must be {'type': 'function', 'function': {'name': ...}}",
+                       "tools")  # fmt: skip
+        parameters = function.get("parameters")  # type: ignore[union-attr]
+        tools[name] = parameters if isinstance(parameters, dict) else {}
+    return tools
+
+
+_SAMPLE: dict[str, Any] = {"string": "sim", "number": 1, "integer": 1, "boolean": True}
+
+
+def _arguments_for(schema: dict[str, Any]) -> dict[str, Any]:
+    properties = schema.get("properties")
+    properties = properties if isinstance(properties, dict) else {}
+    required = schema.get("required")
+    names = required if isinstance(required, list) else []
+    arguments: dict[str, Any] = {}
+    for name in names:
+        spec = properties.get(name)
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        arguments[str(name)] = _SAMPLE.get(kind) if isinstance(kind, str) else None
+    return arguments
 
 
 def _markers(name: str) -> tuple[str | None, str]:
@@ -243,6 +327,7 @@ def _parse_sim(raw: object) -> SimOptions:
         merge=_positive(raw, "merge", 1),
         format=_typed(raw, "format", str, None),
         empty_reasoning=bool(_typed(raw, "empty_reasoning", bool, False)),
+        tool_arguments=_typed(raw, "tool_arguments", dict, None),
     )
 
 

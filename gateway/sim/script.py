@@ -40,6 +40,11 @@ Rules:
   parser assigns channels. Generation applies stops to the raw text, tags included.
 - Scripted chunks (tests) replace the generated pieces verbatim, one chunk per token (and in
   ``separated`` mode go through the parser too).
+- A tool call (``tool``: the function and its JSON arguments, decided by
+  ``gateway.sim.request``): the model reasons as usual, then, instead of the answer, writes the
+  arguments as ``tool`` pieces (after the close marker in the modes with markers); the choice
+  ends with ``tool_calls`` unless ``max_tokens`` cut it. A reasoning parser never moves them
+  (vLLM's tool parser takes them out of the text first).
 - Prompt tokens are ``max(1, characters // 4)``; the default seed is a stable hash of the
   prompt text (``blake2b``, not ``hash()``, which is salted per process).
 """
@@ -60,6 +65,7 @@ from gateway.sim.pieces import (
     FinishReason,
     Piece,
     Script,
+    ScriptedCall,
     SimMode,
     find_tag,
 )
@@ -74,7 +80,9 @@ __all__ = [
     "FinishReason",
     "Piece",
     "Script",
+    "ScriptedCall",
     "SimMode",
+    "ToolPlan",
     "build_script",
     "compose",
     "count_prompt_tokens",
@@ -135,6 +143,14 @@ class Composition:
     answer: str
 
 
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    """The tool call a choice makes: which function, with which JSON arguments."""
+
+    call: ScriptedCall
+    arguments: str
+
+
 def count_prompt_tokens(text: str) -> int:
     """The simulator's tokenizer for prompts: four characters per token, at least one."""
     return max(1, len(text) // 4)
@@ -162,6 +178,7 @@ def build_script(
     markers: tuple[str | None, str] = (OPEN_TAG, CLOSE_TAG),
     thinking: bool = True,
     empty_reasoning: bool = False,
+    tool: ToolPlan | None = None,
 ) -> Script:
     """Plan one choice: scripted ``chunks`` verbatim, else text generated from ``seed``;
     then end it at a stop string or ``max_tokens`` and, in ``separated`` mode, parse it."""
@@ -171,27 +188,41 @@ def build_script(
     else:
         rng = random.Random(seed)
         text = _compose(rng)
+        if tool is not None:
+            text = Composition(text.reasoning, "")
         if not thinking:
-            return _unthinking(mode, text.answer, rng, prompt_tokens, max_tokens, stops, close)
+            return _unthinking(mode, text.answer, rng, prompt_tokens, max_tokens, stops, close,
+                               tool)  # fmt: skip
         if empty_reasoning:
             text = Composition("", text.answer)
         planned = _render(mode, text, rng, markers)
+        if tool is not None:
+            planned += _on("tool", list(_tokenize(tool.arguments, rng)))
     ending = end_generation(planned, stops, max_tokens)
     tag_at = find_tag(ending.pieces, close)
     pieces = separate(ending.pieces, tag_at, close) if mode == "separated" else ending.pieces
-    return Script(pieces, prompt_tokens, ending.finish_reason, ending.stop_reason, tag_at, close)
+    return Script(pieces, prompt_tokens, _finish(ending.finish_reason, tool), ending.stop_reason,
+                  tag_at, close, tool.call if tool else None)  # fmt: skip
+
+
+def _finish(reason: FinishReason, tool: ToolPlan | None) -> FinishReason:
+    """A tool call the budget did not cut ends the choice with ``tool_calls``."""
+    return "tool_calls" if tool is not None and reason == "stop" else reason
 
 
 def _unthinking(
     mode: SimMode, answer: str, rng: random.Random, prompt_tokens: int,
-    max_tokens: int | None, stops: Sequence[str], close: str,
+    max_tokens: int | None, stops: Sequence[str], close: str, tool: ToolPlan | None,
 ) -> Script:  # fmt: skip
-    """Thinking off: the answer alone, in ``reasoning`` behind a separating engine."""
+    """Thinking off: the answer (or the tool call) alone, the answer in ``reasoning`` behind a
+    separating engine."""
     channel: Channel = "reasoning" if mode == "separated" else "content"
-    ending = end_generation(_on(channel, list(_tokenize(answer, rng))), stops, max_tokens)
-    return Script(
-        ending.pieces, prompt_tokens, ending.finish_reason, ending.stop_reason, None, close
-    )
+    planned = _on(channel, list(_tokenize(answer, rng)))
+    if tool is not None:
+        planned = _on("tool", list(_tokenize(tool.arguments, rng)))
+    ending = end_generation(planned, stops, max_tokens)
+    return Script(ending.pieces, prompt_tokens, _finish(ending.finish_reason, tool),
+                  ending.stop_reason, None, close, tool.call if tool else None)  # fmt: skip
 
 
 def _compose(rng: random.Random) -> Composition:

@@ -14,6 +14,8 @@ Rules:
   requests) of a completed request. vLLM 0.32 does not count client aborts there, so
   ``"abort"`` stays 0: a cancelled request is counted in ``cancelled`` only, a failed one
   (an injected fault) in ``failed`` only.
+- ``received`` keeps the last 64 request bodies as parsed JSON (tests read what the engine was
+  sent: the messages, tools, reasoning fields).
 - Counters only grow, except the gauges ``running``, ``waiting`` and ``kv_tokens_in_use``,
   which are derived from the queue and the KV blocks, so they cannot drift.
 """
@@ -25,7 +27,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import Any, Literal
 
 from gateway.sim.config import SimConfig
 from gateway.sim.kv import KvBlocks
@@ -56,6 +58,7 @@ class SimState:
         self._queue: deque[int] = deque()
         self._next_id = 0
         self._changed = asyncio.Condition()
+        self.received: deque[dict[str, Any]] = deque(maxlen=64)
 
     @property
     def running(self) -> int:
@@ -121,8 +124,8 @@ class SimState:
             self.kv.release(request_id)
             if outcome == "completed":
                 self.completed += 1
-                for reason in finish_reasons:
-                    self.finished[reason] += 1
+                for reason in finish_reasons:  # a tool call's end is "stop" to vLLM's engine
+                    self.finished["stop" if reason == "tool_calls" else reason] += 1
             elif outcome == "failed":
                 self.failed += 1
             else:

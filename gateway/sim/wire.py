@@ -14,6 +14,11 @@ Wire rules (vLLM 0.32, OpenAI chat completions reference):
 - The finish reason travels in a separate final chunk per choice, after its last delta:
   ``{"index": i, "delta": {"content": ""}, "logprobs": null, "finish_reason": "stop"|"length",
   "stop_reason": <the stop string or null>, "token_ids": null}``, in every mode.
+- A tool call (vLLM with ``--tool-call-parser``): its first delta is ``{"tool_calls": [{"id",
+  "type": "function", "index": 0, "function": {"name", "arguments"}}]}``, the others
+  ``{"tool_calls": [{"index": 0, "function": {"arguments"}}]}``; the finish reason is
+  ``tool_calls``. A whole message has ``tool_calls`` (``[]`` without a call) and
+  ``content`` ``null`` when nothing else was written.
 - With ``stream_options.include_usage`` every chunk has ``"usage": null`` and a last chunk
   with ``"choices": []`` carries the usage and ``"system_fingerprint"`` (the only chunk
   where vLLM sends it).
@@ -40,15 +45,18 @@ from typing import Any
 import orjson
 
 from gateway.sim.deltas import Delta
-from gateway.sim.pieces import Channel, FinishReason, Script, SimMode
+from gateway.sim.pieces import Channel, FinishReason, Script, ScriptedCall, SimMode
 from gateway.sim.request import ReasoningOverride
 
 DONE = b"data: [DONE]\n\n"
 SYSTEM_FINGERPRINT = "vllm-0.32.0-sim"
-_FINISH: Mapping[FinishReason, bytes] = MappingProxyType({"stop": b'"stop"', "length": b'"length"'})
+_FINISH: Mapping[FinishReason, bytes] = MappingProxyType(
+    {"stop": b'"stop"', "length": b'"length"', "tool_calls": b'"tool_calls"'}
+)
 _DELTA: Mapping[Channel, bytes] = MappingProxyType(
     {"content": b'{"content":', "reasoning": b'{"reasoning":'}
 )
+_TOOL_NEXT = b'{"tool_calls":[{"index":0,"function":{"arguments":'  # then the text, "}}]}"
 _OPEN_CHOICE = b'{"index":%d,"delta":'
 _OPEN_CHOICE_END = b',"logprobs":null,"finish_reason":null,"token_ids":null}'
 _ROLE = b'{"role":"assistant","content":""}'
@@ -131,6 +139,16 @@ class ChunkEncoder:
             )
         )
 
+    def tool_delta(self, index: int, delta: Delta, call: ScriptedCall | None) -> bytes:
+        """A piece of choice ``index``'s tool call: with ``call``, the first (id and name)."""
+        if call is None:
+            body = _TOOL_NEXT + orjson.dumps(delta.text) + b"}}]}"
+        else:
+            first = {"id": call.id, "type": "function", "index": 0,
+                     "function": {"name": call.name, "arguments": delta.text}}  # fmt: skip
+            body = b'{"tool_calls":[' + orjson.dumps(first) + b"]}"
+        return b"".join((self._open, _OPEN_CHOICE % index, body, _OPEN_CHOICE_END, self._close))
+
     def finish(self, index: int, finish_reason: FinishReason, stop_reason: str | None) -> bytes:
         """The final chunk of choice ``index``: empty content and the finish reason."""
         return b"".join(
@@ -193,9 +211,9 @@ def _message(script: Script, mode: SimMode) -> dict[str, Any]:
     until the answer."""
     content = script.text("content")
     reasoning = script.text("reasoning")
-    if content is None and reasoning is None and mode != "separated":
+    if content is None and reasoning is None and mode != "separated" and script.tool is None:
         content = ""
-    return {
+    message: dict[str, Any] = {
         "role": "assistant",
         "content": content,
         "refusal": None,
@@ -204,6 +222,11 @@ def _message(script: Script, mode: SimMode) -> dict[str, Any]:
         "function_call": None,
         "reasoning": reasoning,
     }
+    if script.tool is not None:
+        arguments = script.text("tool") or ""
+        function = {"name": script.tool.name, "arguments": arguments}
+        message["tool_calls"] = [{"id": script.tool.id, "type": "function", "function": function}]
+    return message
 
 
 def models_body(models: Sequence[str], created: int, max_model_len: int) -> bytes:
