@@ -104,13 +104,16 @@ class DataKeys:
         self._active[tenant] = (self._clock(), dek_id, dek)
         return dek_id, dek
 
-    async def opening(self, dek_id: str) -> bytes | None:
-        """The DEK for reading a record, or ``None`` when it was shredded or never saved. The
-        database is asked every time (reads are rare): a shred elsewhere counts at once."""
+    async def opening(self, dek_id: str, *, tenant: str | None = None) -> bytes | None:
+        """The DEK for reading a record, or ``None`` when it was shredded or never saved (or,
+        with ``tenant``, is not that tenant's). The database is asked every time (reads are
+        rare): a shred elsewhere counts at once."""
         async with self._engine.connect() as conn:
             query = select(data_keys.c.kek_id, data_keys.c.wrapped).where(
                 data_keys.c.dek_id == dek_id
             )
+            if tenant is not None:
+                query = query.where(data_keys.c.tenant == tenant)
             row = (await conn.execute(query)).first()
         if row is None or row.wrapped is None:
             return None

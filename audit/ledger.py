@@ -158,6 +158,11 @@ class Ledger(LedgerReader):
         await self._writer.aclose()
 
     @property
+    def keys(self) -> DataKeys:
+        """The tenants' data keys (the gateway seals reasoning tokens with them too)."""
+        return self._keys
+
+    @property
     def stats(self) -> WriterStats:
         return self._writer.stats
 

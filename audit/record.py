@@ -85,6 +85,7 @@ class Body:
     params: dict[str, Any] | None = None
     reasoning: tuple[str, ...] | None = None
     content: tuple[str, ...] | None = None
+    tool_calls: tuple[tuple[dict[str, str], ...], ...] | None = None  # per choice, if any
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -99,6 +100,7 @@ class Body:
             params=raw.get("params"),
             reasoning=_tuple_or_none(raw.get("reasoning")),
             content=_tuple_or_none(raw.get("content")),
+            tool_calls=_calls_or_none(raw.get("tool_calls")),
         )
 
 
@@ -108,6 +110,7 @@ def _body_items(body: Body) -> list[tuple[str, Any]]:
         ("params", body.params),
         ("reasoning", body.reasoning),
         ("content", body.content),
+        ("tool_calls", body.tool_calls),
     ]
 
 
@@ -115,14 +118,19 @@ def _tuple_or_none(value: Any) -> tuple[str, ...] | None:
     return None if value is None else tuple(value)
 
 
+def _calls_or_none(value: Any) -> tuple[tuple[dict[str, str], ...], ...] | None:
+    return None if value is None else tuple(tuple(calls) for calls in value)
+
+
 def captured(body: Body, capture: Capture) -> Body:
     """What ``AUDIT_CAPTURE`` keeps: ``full`` everything; ``reasoning`` the trace and the answer
-    but not the prompt (messages and parameters, where personal data usually sits);
-    ``metadata`` nothing (the header alone is recorded, the ciphertext seals an empty body)."""
+    (its tool calls included) but not the prompt (messages and parameters, where personal data
+    usually sits); ``metadata`` nothing (the header alone is recorded, the ciphertext seals an
+    empty body)."""
     if capture == "full":
         return body
     if capture == "reasoning":
-        return Body(reasoning=body.reasoning, content=body.content)
+        return Body(reasoning=body.reasoning, content=body.content, tool_calls=body.tool_calls)
     return Body()
 
 

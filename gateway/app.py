@@ -15,16 +15,22 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from audit import migrate as audit_migrate
+from audit.crypto import FileKeyProvider
+from audit.datakeys import DataKeys
 from audit.ledger import Ledger
 from gateway.admission.budget import KVAdmission, open_admission
 from gateway.admission.limiter import Limiter
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
 from gateway.admission.redisconn import open_redis
 from gateway.auth.keystore import KeyStore
+from gateway.conversation.sealing import ReasoningSealer
+from gateway.conversation.store import ResponseStore
 from gateway.db import create_engine, upgrade_schema
 from gateway.edge.frontdoor import FrontDoor, error_response
 from gateway.edge.servers import BackgroundServer
@@ -136,11 +142,16 @@ async def _start(
         ledger = await open_ledger(settings, engine)
         stack.push_async_callback(ledger.aclose)
         sink = LedgerSink(ledger, settings)
+    keys = await _tenant_keys(settings, engine, ledger)
+    sealer = ReasoningSealer(keys, settings.reasoning_token_ttl_s) if keys else None
+    stored = ResponseStore(engine, keys, settings.responses_retention_s) if keys else None
     upstreams = UpstreamPool(transport, settings)
     kv = open_admission(settings, transport, redis)
     metrics = observe(settings, upstreams, kv, limiter, ledger)
-    background = (kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),
-                  upstreams.probe_forever())  # fmt: skip
+    background = [kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),
+                  upstreams.probe_forever()]  # fmt: skip
+    if stored is not None:
+        background.append(stored.purge_forever())
     for work in background:
         task = asyncio.create_task(work)
         stack.push_async_callback(_cancel, task)
@@ -156,7 +167,23 @@ async def _start(
         ledger=ledger,
         metrics=metrics,
         redis=redis,
+        sealer=sealer,
+        stored=stored,
     )
+
+
+async def _tenant_keys(
+    settings: Settings, engine: AsyncEngine, ledger: Ledger | None
+) -> DataKeys | None:
+    """Reasoning tokens and stored responses are sealed with the ledger's tenant keys: the
+    ledger's own, or, when another sink replaced it (tests, benchmarks), the key file's if
+    there is one (else neither is available)."""
+    if ledger is not None:
+        return ledger.keys
+    if not settings.ledger_key_file.exists():
+        return None
+    await audit_migrate.upgrade(engine)
+    return DataKeys(engine, FileKeyProvider.load(settings.ledger_key_file))
 
 
 def observe(

@@ -18,7 +18,7 @@ from audit.migrate import Schema
 
 metadata = MetaData()
 # "tggatem1": any constant shared by all replicas, apart from the ledger's
-GATEWAY = Schema("gateway:migrations", "gateway_alembic_version", "0001", 0x7467_6761_7465_6D31)
+GATEWAY = Schema("gateway:migrations", "gateway_alembic_version", "0002", 0x7467_6761_7465_6D31)
 
 
 def create_engine(url: str) -> AsyncEngine:

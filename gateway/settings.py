@@ -86,19 +86,26 @@ class FormatSpec(BaseModel):
         return dataclasses.replace(base, name=name, **given)
 
 
+ReasoningHistory = Literal["reasoning", "reasoning_content", "drop"]
+
+
 class ModelOverride(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     reasoning_parser: str | None = None
     reasoning_source: ReasoningSource | None = None
     reasoning_format: FormatSpec | None = None
+    reasoning_history: ReasoningHistory | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModelReasoning:
-    """How one model's reasoning reaches the gateway: its format and where to read it."""
+    """How one model's reasoning reaches the gateway (its format, where to read it) and how
+    earlier turns' reasoning is handed back to it (``history``: the assistant message field,
+    or ``drop``)."""
 
     format: ReasoningFormat
     source: ReasoningSource
+    history: ReasoningHistory = "reasoning"
 
 
 class TenantPolicy(BaseModel):
@@ -136,6 +143,14 @@ class Settings(BaseSettings):
     # upstream: the engine runs a reasoning parser, its fields are trusted from the first byte
     reasoning_source: ReasoningSource = "text"
     reasoning_field: ReasoningField = "reasoning_content"
+    # Where an earlier turn's reasoning goes in the assistant message sent upstream: vLLM 0.32
+    # reads ``reasoning`` (and renames ``reasoning_content`` to it); SGLang and DeepSeek's API
+    # read ``reasoning_content``; ``drop`` sends none.
+    reasoning_history: ReasoningHistory = "reasoning"
+    # How long an ``encrypted_content`` reasoning token stays openable (Responses API).
+    reasoning_token_ttl_s: float = Field(30 * 86400.0, gt=0)
+    # How long a stored response (Responses API, ``store: true``) is kept.
+    responses_retention_s: float = Field(30 * 86400.0, gt=0)
     models: Mapping[str, ModelOverride] = Field(default_factory=dict)
     audit_mode: Literal["strict", "async"] = "strict"
     audit_capture: Literal["full", "reasoning", "metadata"] = "full"
@@ -236,7 +251,7 @@ class Settings(BaseSettings):
                     "separates it): use reasoning_source 'upstream'"
                 )
             source = "upstream"
-        return ModelReasoning(fmt, source)
+        return ModelReasoning(fmt, source, override.reasoning_history or self.reasoning_history)
 
     @field_validator("upstreams", mode="before")
     @classmethod

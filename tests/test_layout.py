@@ -7,7 +7,7 @@ Layers, lowest first; a package imports only packages of lower layers (and its o
     relay (sans-I/O: SSE, formats, splitter, rewriters)  api (request parsers)  edge
     settings  sim (the simulator: a vLLM of its own, it shares only the formats)
     db  ledger
-    auth  telemetry
+    auth  telemetry  conversation (sealed reasoning, stored responses)
     upstream
     admission
     exchange
@@ -31,7 +31,7 @@ LAYERS: dict[str, int] = {
     "relay": 1, "api": 1, "edge": 1,
     "settings": 2, "sim": 2,
     "db": 3, "ledger": 3,
-    "auth": 4, "telemetry": 4,
+    "auth": 4, "telemetry": 4, "conversation": 4,
     "upstream": 5,
     "admission": 6,
     "exchange": 7,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,6 +24,7 @@ from gateway.admission.gate import Gate, Ticket
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError, UpstreamError
 from gateway.ledger.record import CompletionRecord, RecordSink, Status, parse_usage, status_of
+from gateway.relay.choice import ChoiceState
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_completion
 from gateway.telemetry.metrics import CompletedRequest, GapCounts, Metrics
@@ -69,6 +70,8 @@ class Exchange:
     overhead_s: float = 0.0  # inside the gateway, waiting for the upstream excluded
     first_content_at: float | None = None
     gaps: GapCounts = field(default_factory=GapCounts)
+    # run with the record once the completion ended ok (the Responses API stores it there)
+    after: Callable[[CompletionRecord], Awaitable[None]] | None = None
     _finishing: asyncio.Future[None] | None = None
 
     def mark_first_token(self) -> None:
@@ -130,13 +133,19 @@ class Exchange:
             self.metrics.observe_completion(done)
         log_completion(record, overhead_s=self.overhead_s, first_content_at=self.first_content_at)
         used = record.usage.total_tokens if record.usage is not None else 0
-        recorded, failures = await asyncio.gather(
+        work: list[Awaitable[Any]] = [
             self.sink.submit(record),
             self.gate.settle(self.ticket, used or self.ticket.reserved_tokens),
-            return_exceptions=True,
-        )
+        ]
+        if self.after is not None and record.status == "ok":
+            work.append(self.after(record))
+        recorded, failures, *kept = await asyncio.gather(*work, return_exceptions=True)
         for failure in failures if isinstance(failures, list) else [failures]:
             log.warning("settling request %s failed: %s", self.request_id, type(failure).__name__)
+        for failure in kept:  # the record has the exchange, so nothing is lost
+            if isinstance(failure, BaseException):
+                log.warning("keeping request %s failed: %s", self.request_id,
+                            type(failure).__name__)  # fmt: skip
         if isinstance(recorded, BaseException):
             raise recorded
 
@@ -165,4 +174,10 @@ class Exchange:
             traceparent=self.traceparent,
             reasoning_format=self.rewriter.policy.format.name,
             thinking=self.rewriter.policy.thinking,
+            tool_calls=_tool_calls(choices),
         )
+
+
+def _tool_calls(choices: list[ChoiceState]) -> tuple[tuple[dict[str, str], ...], ...] | None:
+    calls = tuple(tuple(call.as_dict() for call in c.tools.calls) for c in choices)
+    return calls if any(calls) else None

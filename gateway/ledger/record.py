@@ -43,6 +43,8 @@ class CompletionRecord:
     traceparent: str | None = None  # the caller's W3C trace context, as passed upstream
     reasoning_format: str | None = None  # the format the answer was split by
     thinking: bool = True  # False: the request switched thinking off, nothing was split
+    # per choice, the calls it made ({"id", "name", "arguments"}); None when no choice made one
+    tool_calls: tuple[tuple[dict[str, str], ...], ...] | None = None
 
 
 def parse_usage(raw: Mapping[str, Any] | None) -> Usage | None:

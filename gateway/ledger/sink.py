@@ -86,6 +86,7 @@ def record_body(record: CompletionRecord) -> Body:
         params=record.params,
         reasoning=record.reasoning,
         content=record.content,
+        tool_calls=record.tool_calls,
     )
 
 

@@ -35,6 +35,8 @@ Rules:
      a quote such as ``"> text"`` is left alone). Lost text stays lost. Each repair is
      counted in ``leaks_repaired``.
 
+- Tool calls (``tools``) are kept as they arrive (``gateway.relay.toolcalls``); they are the
+  answer's, never split.
 - Counting: a delta is a reasoning token when it carried reasoning or was consumed whole by a
   marker dropped inside reasoning (the marker is a reasoning token for the model too). A delta
   held back whole (a piece of a marker still to be decided) counts once the text is decided:
@@ -49,6 +51,7 @@ from functools import cache
 
 from gateway.relay.formats import NONE, THINK_CLOSE, ReasoningFormat, ReasoningSource
 from gateway.relay.thinksplit import REASONING_STATES, Reasoning, SplitEvent, ThinkSplitter
+from gateway.relay.toolcalls import ToolCalls
 
 
 @cache
@@ -73,6 +76,7 @@ class ChoiceState:
     leaks_repaired: int = 0
     reasoning: list[str] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
+    tools: ToolCalls = field(default_factory=ToolCalls)  # the calls the choice made
     _leak_held: str = ""
     _leak_armed: bool = False
     _pending: int = 0  # deltas held back whole, their channel still to be decided

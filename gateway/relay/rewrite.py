@@ -16,6 +16,7 @@ Rules, per choice (state is kept per ``index``, so ``n > 1`` works):
 - Reasoning goes to the client only when the policy shows it, in ``reasoning_content``,
   ``reasoning`` or both (``REASONING_FIELD``). A hidden policy removes every byte of it,
   including ``logprobs`` of chunks that carried reasoning (they would spell it out).
+- Tool calls pass through as the upstream sent them, and are kept for the record.
 - An absent channel is absent: no ``"content": ""``; a choice left with an empty delta and no
   ``finish_reason`` is dropped, and so is a chunk left with no choices.
 - The gateway always asks the upstream for usage; the usage chunk reaches the client only if
@@ -268,6 +269,8 @@ class StreamRelay(Rewriter):
         if finish is not None:
             state.finish_reason = finish
         delta = choice.get("delta") or {}
+        if "tool_calls" in delta:
+            state.tools.add(delta["tool_calls"])
         new_delta = self.rewrite_fields(delta, state, final=finish is not None)
         if new_delta is delta:
             return _UNCHANGED
@@ -313,7 +316,10 @@ def rewrite_completion(rewriter: Rewriter, body: dict[str, Any]) -> dict[str, An
     for choice in choices:
         state = rewriter.choice(int(choice.get("index") or 0))
         state.finish_reason = choice.get("finish_reason")
-        message = rewriter.rewrite_fields(choice.get("message") or {}, state, final=True)
+        raw = choice.get("message") or {}
+        if isinstance(raw, dict) and raw.get("tool_calls"):
+            state.tools.add(raw["tool_calls"])
+        message = rewriter.rewrite_fields(raw, state, final=True)
         message.setdefault("content", None)
         choice["message"] = message
         if not rewriter.policy.show_reasoning and state.reasoning:

@@ -138,7 +138,7 @@ def _opened_json(record: Opened) -> dict[str, Any]:
     else:
         b = record.body
         out["body"] = {"messages": b.messages, "params": b.params, "reasoning": b.reasoning,
-                       "content": b.content}  # fmt: skip
+                       "content": b.content, "tool_calls": b.tool_calls}  # fmt: skip
         out["body_status"] = "ok"
     return out
 

@@ -6,21 +6,36 @@ rewriter for this key (``gateway.relay.responses``) → forward to the engine's
 ``/chat/completions`` → finish (settle and record, endpoint ``responses``). Everything the
 chat route guarantees holds: reasoning formats and sources, visibility, limits, KV admission,
 one ledger record, metrics, one terminal event after a failure.
+
+Stored responses (``store``, true by default, needs the ledger's keys): once a response
+completed it is kept (``gateway.conversation.store``); ``GET /v1/responses/{id}``,
+``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items`` read it, scoped to the
+caller's tenant, a hidden key never getting reasoning text; ``previous_response_id`` replays
+its conversation (reasoning included, per the model's history rule) before the new input. A
+failure to store is logged and the response still completes (the ledger has the exchange);
+the id then reads as unknown.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.responses import ResponsesRequest, parse_responses_request
+from gateway.auth.bearer import authenticate
 from gateway.auth.keys import KeyInfo
-from gateway.errors import GatewayError
-from gateway.relay.responses import ResponseMeta, ResponsesStream, ResponsesWhole
-from gateway.relay.rewrite import Policy, Rewriter
+from gateway.conversation.sealing import ReasoningSealer
+from gateway.conversation.store import ResponseStore, Stored
+from gateway.errors import GatewayError, InvalidRequest, NotFound
+from gateway.ledger.record import CompletionRecord
+from gateway.relay.responses import ResponseMeta, ResponsesStream, ResponsesWhole, Sealer
+from gateway.relay.rewrite import Policy
 from gateway.routes import steps
 from gateway.routes.state import AppState, app_state
 
@@ -32,18 +47,89 @@ async def create_response(request: Request) -> Response:
     t0, started_at = time.perf_counter(), time.time()
     key, raw = await steps.receive(state, request, "client")
     try:
-        call = parse_responses_request(raw)
+        call = await prepared(state, key, parse_responses_request(raw))
+        seal = await _sealer(state, key, call)
     except GatewayError as exc:
         steps.refused(state, request, key, exc, "unknown", stream=False)
         raise
     tokens = steps.reservation(state, call.upstream_body, 1, call.max_tokens)
     ticket, candidates = await steps.admit(state, request, key, call.model, call.stream, tokens)
-    ex = steps.exchange(state, request, key, call, (ENDPOINT, PATH), rewriter(state, key, call),
-                        ticket, (started_at, t0))  # fmt: skip
+    relay = rewriter(state, key, call, seal)
+    after = _keeper(state, key, call, relay) if call.store and state.stored else None
+    ex = steps.exchange(state, request, key, call, (ENDPOINT, PATH), relay, ticket,
+                        (started_at, t0), after)  # fmt: skip
     return await state.forwarder.run(ex, candidates, request.receive)
 
 
-def rewriter(state: AppState, key: KeyInfo, call: ResponsesRequest) -> Rewriter:
+async def prepared(state: AppState, key: KeyInfo, call: ResponsesRequest) -> ResponsesRequest:
+    """The request with the stored conversation it continues, its sealed reasoning opened,
+    the reasoning placed per the model's history rule."""
+    sealed = call.history.sealed
+    if not call.history.reasoning and call.previous_response_id is None:
+        return call  # no reasoning to place: the parser's body is final
+    earlier = None
+    if call.previous_response_id is not None:
+        previous = await _store(state).load(key.tenant, call.previous_response_id)
+        if previous is None:
+            raise _not_found(call.previous_response_id, "previous_response_id")
+        earlier = previous.conversation
+    history = state.settings.reasoning_for(call.model).history
+    opened = await _sealing(state).open(key.tenant, call.model, sealed) if sealed else {}
+    return call.build(opened, history, earlier)
+
+
+def _keeper(
+    state: AppState, key: KeyInfo, call: ResponsesRequest, relay: ResponsesWhole | ResponsesStream
+) -> Callable[[CompletionRecord], Awaitable[None]]:
+    """Stores the response once it completed (``Exchange.after``)."""
+
+    async def keep(record: CompletionRecord) -> None:
+        final = relay.final_object()
+        if final is None or state.stored is None:
+            return
+        calls = record.tool_calls[0] if record.tool_calls else ()
+        content = record.content[0]  # as the client got it: no whitespace-only message
+        shown = content if content.strip() or not calls else None
+        answer: dict[str, Any] = {"role": "assistant", "content": shown}
+        if calls:
+            answer["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
+                "name": c["name"], "arguments": c["arguments"]}} for c in calls]  # fmt: skip
+        if record.reasoning[0]:
+            answer["reasoning"] = record.reasoning[0]
+        stored = Stored(final["id"], call.model, final, call.input_items,
+                        [*call.conversation, answer])  # fmt: skip
+        await state.stored.save(key.tenant, key.key_id, stored, call.previous_response_id)
+
+    return keep
+
+
+async def _sealer(state: AppState, key: KeyInfo, call: ResponsesRequest) -> Sealer | None:
+    if not call.include_encrypted:
+        return None
+    return await _sealing(state).sealer(key.tenant, call.model)
+
+
+def _sealing(state: AppState) -> ReasoningSealer:
+    if state.sealer is None:
+        raise InvalidRequest("Encrypted reasoning needs the ledger's keys, which this gateway "
+                             "does not have.", param="include")  # fmt: skip
+    return state.sealer
+
+
+def _store(state: AppState) -> ResponseStore:
+    if state.stored is None:
+        raise InvalidRequest("Stored responses need the ledger's keys, which this gateway "
+                             "does not have.", param="store")  # fmt: skip
+    return state.stored
+
+
+def _not_found(response_id: str, param: str | None = None) -> NotFound:
+    return NotFound(f"No response found with id '{response_id}'.", param=param)
+
+
+def rewriter(
+    state: AppState, key: KeyInfo, call: ResponsesRequest, seal: Sealer | None = None
+) -> ResponsesWhole | ResponsesStream:
     reasoning = state.settings.reasoning_for(call.model)
     policy = Policy(
         format=reasoning.format,
@@ -53,9 +139,88 @@ def rewriter(state: AppState, key: KeyInfo, call: ResponsesRequest) -> Rewriter:
         reasoning_field=state.settings.reasoning_field,
         include_usage=True,
     )
-    meta = ResponseMeta(call.model, call.echo)
+    meta = ResponseMeta(call.model, call.echo, seal=seal)
     return ResponsesStream(policy, meta) if call.stream else ResponsesWhole(policy, meta)
+
+
+async def _stored(request: Request) -> tuple[KeyInfo, Stored]:
+    state = app_state(request)
+    key = await authenticate(state.keys, request.headers.get("authorization"), "client")
+    response_id = request.path_params["response_id"]
+    stored = await _store(state).load(key.tenant, response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return key, stored
+
+
+async def retrieve_response(request: Request) -> Response:
+    """``GET /v1/responses/{id}``: as created, minus reasoning text for a hidden key."""
+    key, stored = await _stored(request)
+    return _json(for_key(stored.response, key.reasoning == "visible"))
+
+
+async def delete_response(request: Request) -> Response:
+    state = app_state(request)
+    key = await authenticate(state.keys, request.headers.get("authorization"), "client")
+    response_id = request.path_params["response_id"]
+    if not await _store(state).delete(key.tenant, response_id):
+        raise _not_found(response_id)
+    return _json({"id": response_id, "object": "response", "deleted": True})
+
+
+async def list_input_items(request: Request) -> Response:
+    """``GET /v1/responses/{id}/input_items``: ``order`` (``desc`` by default), ``limit``
+    (1-100, default 20), ``after`` / ``before`` an item id (cursors)."""
+    key, stored = await _stored(request)
+    q = request.query_params
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest("Invalid value for 'order': asc or desc.", param="order")
+    limit = q.get("limit", "20")
+    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+        raise InvalidRequest("Invalid value for 'limit': 1 to 100.", param="limit")
+    shown = key.reasoning == "visible"
+    items = [for_key_item(i, shown) for i in stored.input_items]
+    items = items if order == "asc" else items[::-1]
+    ids = [i["id"] for i in items]
+    for cursor in ("after", "before"):
+        if q.get(cursor) is not None and q[cursor] not in ids:
+            raise InvalidRequest(f"Invalid value for '{cursor}': no such item.", param=cursor)
+    start = ids.index(q["after"]) + 1 if q.get("after") else 0
+    stop = ids.index(q["before"]) if q.get("before") else len(items)
+    items = items[start:stop]
+    page = items[: int(limit)]
+    return _json({"object": "list", "data": page,
+                  "first_id": page[0]["id"] if page else None,
+                  "last_id": page[-1]["id"] if page else None,
+                  "has_more": len(items) > len(page)})  # fmt: skip
+
+
+def for_key(response: dict[str, Any], shown: bool) -> dict[str, Any]:
+    """The stored response as a key may read it: a hidden key gets no reasoning text (the
+    reasoning item only if it carries ``encrypted_content``)."""
+    if shown:
+        return response
+    output = [for_key_item(item, False) for item in response.get("output") or []]
+    output = [i for i in output if i.get("type") != "reasoning" or i.get("encrypted_content")]
+    return {**response, "output": output}
+
+
+def for_key_item(item: dict[str, Any], shown: bool) -> dict[str, Any]:
+    if shown or item.get("type") != "reasoning":
+        return item
+    return {k: v for k, v in item.items() if k not in ("content", "summary")} | {"summary": []}
+
+
+def _json(body: dict[str, Any]) -> Response:
+    return Response(orjson.dumps(body), media_type="application/json")
 
 
 def add_routes(app: FastAPI) -> None:
     app.add_api_route("/v1/responses", create_response, methods=["POST"], response_model=None)
+    app.add_api_route("/v1/responses/{response_id}", retrieve_response, methods=["GET"],
+                      response_model=None)  # fmt: skip
+    app.add_api_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"],
+                      response_model=None)  # fmt: skip
+    app.add_api_route("/v1/responses/{response_id}/input_items", list_input_items,
+                      methods=["GET"], response_model=None)  # fmt: skip

@@ -13,6 +13,8 @@ from gateway.admission.budget import KVAdmission
 from gateway.admission.gate import Gate
 from gateway.admission.limiter import Limiter
 from gateway.auth.keystore import KeyStore
+from gateway.conversation.sealing import ReasoningSealer
+from gateway.conversation.store import ResponseStore
 from gateway.exchange.forward import Forwarder
 from gateway.ledger.record import RecordSink
 from gateway.settings import Settings
@@ -35,6 +37,8 @@ class AppState:
     metrics: Metrics
     redis: AutoPipeline | None = None  # the process's one Redis client, when configured
     instrument: bool = True  # measure each request (off only in benchmarks of the metrics)
+    sealer: ReasoningSealer | None = None  # reasoning tokens; None without ledger keys
+    stored: ResponseStore | None = None  # stored responses; None without ledger keys
 
     gate: Gate = field(init=False)  # the limiter and the KV budget, asked at once
     forwarder: Forwarder = field(init=False)  # the forward loop over the upstream pool

@@ -9,6 +9,7 @@ routes the model and passes the ``Gate``. Every refusal on the way is counted
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -20,6 +21,7 @@ from gateway.auth.keys import KeyInfo, Role
 from gateway.edge.body import read_body
 from gateway.errors import GatewayError, LedgerUnavailable
 from gateway.exchange.lifecycle import Exchange, Forwarded
+from gateway.ledger.record import CompletionRecord
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_refusal
 from gateway.telemetry.traceparent import parse_traceparent
@@ -66,6 +68,7 @@ def reservation(state: AppState, upstream_body: bytes, n: int, max_tokens: int |
 def exchange(
     state: AppState, request: Request, key: KeyInfo, call: Forwarded, route: tuple[str, str],
     rewriter: Rewriter, ticket: Ticket, started: tuple[float, float],
+    after: Callable[[CompletionRecord], Awaitable[None]] | None = None,
 ) -> Exchange:  # fmt: skip
     """The exchange of an admitted request: ``route`` is (endpoint, upstream path), ``started``
     (wall clock, perf counter) when the request arrived."""
@@ -73,7 +76,8 @@ def exchange(
     return Exchange(request.state.request_id, key, call, endpoint, path, rewriter, ticket,
                     state.gate, state.sink, started_at=started[0], t0=started[1],
                     metrics=state.metrics if state.instrument else None,
-                    traceparent=parse_traceparent(request.headers.get("traceparent")))  # fmt: skip
+                    traceparent=parse_traceparent(request.headers.get("traceparent")),
+                    after=after)  # fmt: skip
 
 
 def refused(

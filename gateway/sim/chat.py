@@ -95,6 +95,7 @@ async def serve_chat(
 
 
 def _plan(request: SimRequest) -> list[Script]:
+    tool = request.tool
     return [
         build_script(
             request.mode,
@@ -106,7 +107,7 @@ def _plan(request: SimRequest) -> list[Script]:
             markers=request.markers,
             thinking=request.thinking,
             empty_reasoning=request.sim.empty_reasoning,
-            tool=request.tool,
+            tool=tool if tool is None or index == 0 else tool.again(),
         )
         for index in range(request.n)
     ]

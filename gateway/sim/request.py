@@ -39,7 +39,6 @@ Rules (vLLM 0.32 behaviour where it has one):
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
@@ -55,6 +54,7 @@ from gateway.sim.script import (
     ToolPlan,
     count_prompt_tokens,
     derive_seed,
+    new_call_id,
 )
 from gateway.sim.state import FailMode
 
@@ -170,7 +170,7 @@ def _tool(data: dict[str, Any], sim: SimOptions) -> ToolPlan | None:
     arguments = sim.tool_arguments
     if arguments is None:
         arguments = _arguments_for(tools[name])
-    call = ScriptedCall(f"chatcmpl-tool-{secrets.token_hex(16)}", name)
+    call = ScriptedCall(new_call_id(), name)
     return ToolPlan(call, orjson.dumps(arguments).decode())
 
 
@@ -184,9 +184,11 @@ def _tools(raw: object) -> dict[str, dict[str, Any]]:
     for tool in raw:
         function = tool.get("function") if isinstance(tool, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
-        if tool.get("type") != "function" or not isinstance(name, str) or not name:
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not name:
             raise _bad("each tool must be {'type': 'function', 'function': {'name': ...}}",
                        "tools")  # fmt: skip
+        if not isinstance(name, str):
+            raise _bad("a tool's name must be a string", "tools")
         parameters = function.get("parameters")  # type: ignore[union-attr]
         tools[name] = parameters if isinstance(parameters, dict) else {}
     return tools

@@ -43,7 +43,8 @@ Rules:
 - A tool call (``tool``: the function and its JSON arguments, decided by
   ``gateway.sim.request``): the model reasons as usual, then, instead of the answer, writes the
   arguments as ``tool`` pieces (after the close marker in the modes with markers); the choice
-  ends with ``tool_calls`` unless ``max_tokens`` cut it. A reasoning parser never moves them
+  ends with ``tool_calls`` unless ``max_tokens`` or a stop string cut it. Scripted chunks
+  make no call. A reasoning parser never moves them
   (vLLM's tool parser takes them out of the text first).
 - Prompt tokens are ``max(1, characters // 4)``; the default seed is a stable hash of the
   prompt text (``blake2b``, not ``hash()``, which is salted per process).
@@ -54,6 +55,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+import secrets
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -150,6 +152,14 @@ class ToolPlan:
     call: ScriptedCall
     arguments: str
 
+    def again(self) -> ToolPlan:
+        """The same call for another choice, under its own id (vLLM gives each its own)."""
+        return ToolPlan(ScriptedCall(new_call_id(), self.call.name), self.arguments)
+
+
+def new_call_id() -> str:
+    return f"chatcmpl-tool-{secrets.token_hex(16)}"
+
 
 def count_prompt_tokens(text: str) -> int:
     """The simulator's tokenizer for prompts: four characters per token, at least one."""
@@ -184,7 +194,7 @@ def build_script(
     then end it at a stop string or ``max_tokens`` and, in ``separated`` mode, parse it."""
     close = markers[1]
     if chunks is not None:
-        planned = list(chunks)
+        planned, tool = list(chunks), None  # scripted: the chunks are all there is
     else:
         rng = random.Random(seed)
         text = _compose(rng)
@@ -201,13 +211,15 @@ def build_script(
     ending = end_generation(planned, stops, max_tokens)
     tag_at = find_tag(ending.pieces, close)
     pieces = separate(ending.pieces, tag_at, close) if mode == "separated" else ending.pieces
-    return Script(pieces, prompt_tokens, _finish(ending.finish_reason, tool), ending.stop_reason,
-                  tag_at, close, tool.call if tool else None)  # fmt: skip
+    finish = _finish(ending.finish_reason, ending.stop_reason, tool)
+    return Script(pieces, prompt_tokens, finish, ending.stop_reason, tag_at, close,
+                  tool.call if tool else None)  # fmt: skip
 
 
-def _finish(reason: FinishReason, tool: ToolPlan | None) -> FinishReason:
-    """A tool call the budget did not cut ends the choice with ``tool_calls``."""
-    return "tool_calls" if tool is not None and reason == "stop" else reason
+def _finish(reason: FinishReason, stop_reason: str | None, tool: ToolPlan | None) -> FinishReason:
+    """A tool call neither the budget nor a stop string cut ends the choice with
+    ``tool_calls``."""
+    return "tool_calls" if tool is not None and reason == "stop" and stop_reason is None else reason
 
 
 def _unthinking(
@@ -221,8 +233,9 @@ def _unthinking(
     if tool is not None:
         planned = _on("tool", list(_tokenize(tool.arguments, rng)))
     ending = end_generation(planned, stops, max_tokens)
-    return Script(ending.pieces, prompt_tokens, _finish(ending.finish_reason, tool),
-                  ending.stop_reason, None, close, tool.call if tool else None)  # fmt: skip
+    finish = _finish(ending.finish_reason, ending.stop_reason, tool)
+    return Script(ending.pieces, prompt_tokens, finish, ending.stop_reason, None, close,
+                  tool.call if tool else None)  # fmt: skip
 
 
 def _compose(rng: random.Random) -> Composition:

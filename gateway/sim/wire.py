@@ -17,8 +17,8 @@ Wire rules (vLLM 0.32, OpenAI chat completions reference):
 - A tool call (vLLM with ``--tool-call-parser``): its first delta is ``{"tool_calls": [{"id",
   "type": "function", "index": 0, "function": {"name", "arguments"}}]}``, the others
   ``{"tool_calls": [{"index": 0, "function": {"arguments"}}]}``; the finish reason is
-  ``tool_calls``. A whole message has ``tool_calls`` (``[]`` without a call) and
-  ``content`` ``null`` when nothing else was written.
+  ``tool_calls``. A whole message has ``tool_calls`` when the choice made a call (the key is
+  left out otherwise), and ``content`` ``null`` when nothing else was written.
 - With ``stream_options.include_usage`` every chunk has ``"usage": null`` and a last chunk
   with ``"choices": []`` carries the usage and ``"system_fingerprint"`` (the only chunk
   where vLLM sends it).

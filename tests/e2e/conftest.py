@@ -26,7 +26,7 @@ class Stack:
     url: str  # the gateway's OpenAI base URL, ending in /v1
     root: str  # the gateway's root URL
     sim: SimApp | None
-    keys: dict[str, str]  # visible, hidden, auditor, admin, revoked
+    keys: dict[str, str]  # visible, hidden, auditor, admin, revoked; other: another tenant's
 
 
 StackFactory = Callable[..., Any]
@@ -40,6 +40,7 @@ async def make_keys(settings: Settings) -> dict[str, str]:
             "auditor": await store.create(tenant="acme", role="auditor"),
             "admin": await store.create(tenant="ops", role="admin"),
             "revoked": await store.create(tenant="acme", role="client", reasoning="visible"),
+            "other": await store.create(tenant="globex", role="client", reasoning="visible"),
         }
         await store.revoke(made["revoked"][1].key_id)
     return {name: new.secret for name, (new, _info) in made.items()}

@@ -1,0 +1,265 @@
+"""Responses API input items, as the chat messages an engine understands (sans-I/O).
+
+``chat_messages(items) -> History``: the list ``input`` of a Responses request (or the stored
+items a ``previous_response_id`` brings back) as chat messages, and where the reasoning it
+carried goes. The OpenAI API reference's item types, and what each becomes:
+
+- ``message`` (``type`` may be left out) with role ``user``/``system``/``developer``/
+  ``assistant`` and content a string or text parts (``input_text``, ``output_text``,
+  ``refusal``): a chat message; ``developer`` is sent as ``system`` (chat templates know no
+  other). Image, file and audio parts are refused: no engine behind thinkgate serves them yet.
+- ``function_call`` (``call_id``, ``name``, ``arguments``): a ``tool_calls`` entry of an
+  assistant message, ``{"id": call_id, "type": "function", "function": {name, arguments}}``.
+- ``function_call_output`` (``call_id``, ``output``: a string or text parts): a ``tool``
+  message with that ``tool_call_id``.
+- ``reasoning`` (``content: [{"type": "reasoning_text", "text"}]`` and/or
+  ``encrypted_content``): the reasoning of the assistant turn it belongs to. Plain text is
+  used as given; a sealed token is kept as ``SealedReasoning`` for the caller to open (it needs the
+  tenant's key: ``gateway.conversation.sealing``). ``summary`` is accepted and not sent.
+- Anything else (``item_reference``, built-in tool calls and their outputs) is refused with a
+  400 naming the item.
+
+One assistant turn is a run of ``reasoning``, assistant ``message`` and ``function_call``
+items, in the order the Responses API itself produces them (reasoning, then text or calls).
+A new turn starts at a ``reasoning`` item that follows text or a call, and at an assistant
+message that follows a call; any other item ends the turn.
+
+The reasoning of a turn is put in the message's ``reasoning`` field, thinkgate's canonical
+place; ``gateway.conversation`` renames or drops it per the model's history rule before the
+body goes upstream.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import InvalidRequest
+
+_ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+_TEXT_PARTS = {"input_text", "output_text", "refusal"}
+_REASONING_TEXT = {"reasoning_text", "summary_text"}
+MAX_TOKEN_CHARS = 1_000_000  # an encrypted_content longer than this is not one of ours
+
+
+@dataclass(frozen=True, slots=True)
+class SealedReasoning:
+    """An ``encrypted_content`` token still to open, and the field it came in."""
+
+    token: str
+    param: str
+
+
+ReasoningPart = str | SealedReasoning
+
+
+@dataclass(slots=True)
+class Turn:
+    """One assistant message being built, and the reasoning parts it carries."""
+
+    message: dict[str, Any]
+    reasoning: list[ReasoningPart] = field(default_factory=list)
+
+    @property
+    def answered(self) -> bool:
+        return self.message.get("content") is not None or bool(self.message.get("tool_calls"))
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """The chat messages, and for each assistant message with reasoning its parts."""
+
+    messages: list[dict[str, Any]]
+    reasoning: dict[int, list[ReasoningPart]]  # message index -> its reasoning parts
+
+    @property
+    def sealed(self) -> list[SealedReasoning]:
+        return [
+            p for parts in self.reasoning.values() for p in parts if isinstance(p, SealedReasoning)
+        ]
+
+    def with_reasoning(self, opened: dict[str, str]) -> list[dict[str, Any]]:
+        """The messages with each turn's reasoning in its ``reasoning`` field; ``opened``
+        maps every sealed token to its text."""
+        messages = [dict(m) for m in self.messages]
+        for index, parts in self.reasoning.items():
+            text = "".join(opened[p.token] if isinstance(p, SealedReasoning) else p for p in parts)
+            if text:
+                messages[index]["reasoning"] = text
+        return messages
+
+
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+              "reasoning": "rs"}  # fmt: skip
+
+
+def input_items(items: Any) -> list[dict[str, Any]]:
+    """The request's ``input`` (already validated by ``chat_messages``) as the items
+    ``GET /v1/responses/{id}/input_items`` lists: each with an ``id`` (its own, else a new
+    one) and ``type``; a string is one user message; message content as parts."""
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    listed = []
+    for item in items:
+        kind = item.get("type", "message")
+        out = {**item, "type": kind}
+        out.setdefault("id", f"{_ID_PREFIX[kind]}_{secrets.token_hex(16)}")
+        if kind == "message":
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            if isinstance(item.get("content"), str):
+                out["content"] = [{"type": part, "text": item["content"]}]
+            out.setdefault("status", "completed")
+        listed.append(out)
+    return listed
+
+
+def chat_messages(items: Any, where: str = "input") -> History:
+    """``items`` (the request's ``input``) as chat messages; ``InvalidRequest`` names the item."""
+    if isinstance(items, str):
+        return History([{"role": "user", "content": items}], {})
+    if not isinstance(items, list) or not items:
+        raise InvalidRequest(f"Missing required parameter: '{where}'.", param=where)
+    builder = _Builder()
+    for index, item in enumerate(items):
+        builder.add(item, f"{where}[{index}]")
+    return builder.done()
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.reasoning: dict[int, list[ReasoningPart]] = {}
+        self.turn: Turn | None = None
+
+    def done(self) -> History:
+        self._flush()
+        return History(self.messages, self.reasoning)
+
+    def add(self, item: Any, where: str) -> None:
+        if not isinstance(item, dict):
+            raise _invalid(where, "an item must be an object")
+        kind = item.get("type", "message")
+        if not isinstance(kind, str):
+            raise _invalid(f"{where}.type", "must be a string")
+        if kind == "message":
+            self._message(item, where)
+        elif kind == "function_call":
+            self._function_call(item, where)
+        elif kind == "function_call_output":
+            self._flush()
+            call_id = _string(item, "call_id", where)
+            output = _text(item.get("output"), f"{where}.output")
+            self.messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
+        elif kind == "reasoning":
+            self._reasoning(item, where)
+        else:
+            raise InvalidRequest(
+                f"Input items of type '{kind}' are not supported by this gateway.",
+                param=f"{where}.type",
+            )
+
+    def _message(self, item: dict[str, Any], where: str) -> None:
+        raw_role = item.get("role")
+        role = _ROLES.get(raw_role) if isinstance(raw_role, str) else None
+        if role is None:
+            raise _invalid(f"{where}.role", "must be user, system, developer or assistant")
+        content = _text(item.get("content"), f"{where}.content")
+        if role != "assistant":
+            self._flush()
+            self.messages.append({"role": role, "content": content})
+            return
+        if self.turn is not None and self.turn.message.get("tool_calls"):
+            self._flush()
+        turn = self._turn()
+        previous = turn.message.get("content")
+        turn.message["content"] = content if previous is None else previous + content
+
+    def _function_call(self, item: dict[str, Any], where: str) -> None:
+        call_id, name = _string(item, "call_id", where), _string(item, "name", where)
+        arguments = item.get("arguments")
+        if not isinstance(arguments, str):
+            raise _invalid(f"{where}.arguments", "must be a string of JSON")
+        call = {"id": call_id, "type": "function",
+                "function": {"name": name, "arguments": arguments}}  # fmt: skip
+        self._turn().message.setdefault("tool_calls", []).append(call)
+
+    def _reasoning(self, item: dict[str, Any], where: str) -> None:
+        if self.turn is not None and self.turn.answered:
+            self._flush()
+        turn = self._turn()
+        token = item.get("encrypted_content")
+        content = item.get("content")
+        if token is not None:
+            if not isinstance(token, str) or not token or len(token) > MAX_TOKEN_CHARS:
+                raise InvalidRequest("Invalid 'encrypted_content': not a token this gateway made.",
+                                     param=f"{where}.encrypted_content",
+                                     code="invalid_encrypted_content")  # fmt: skip
+            turn.reasoning.append(SealedReasoning(token, f"{where}.encrypted_content"))
+        elif content is not None:
+            if not isinstance(content, list):
+                raise _invalid(f"{where}.content", "must be a list of reasoning_text parts")
+            for i, part in enumerate(content):
+                if not isinstance(part, dict) or _name(part.get("type")) not in _REASONING_TEXT:
+                    raise _invalid(f"{where}.content[{i}]", "must be a reasoning_text part")
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise _invalid(f"{where}.content[{i}].text", "must be a string")
+                turn.reasoning.append(text)
+        summary = item.get("summary", [])
+        if not isinstance(summary, list):
+            raise _invalid(f"{where}.summary", "must be a list")
+
+    def _turn(self) -> Turn:
+        if self.turn is None:
+            self.turn = Turn({"role": "assistant", "content": None})
+        return self.turn
+
+    def _flush(self) -> None:
+        turn, self.turn = self.turn, None
+        if turn is None:
+            return
+        if not turn.answered:
+            turn.message["content"] = ""  # reasoning alone: the turn said nothing yet
+        if turn.reasoning:
+            self.reasoning[len(self.messages)] = turn.reasoning
+        self.messages.append(turn.message)
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _invalid(where, "must be a string or a list of text parts")
+    texts = []
+    for i, part in enumerate(content):
+        kind = _name(part.get("type")) if isinstance(part, dict) else None
+        if kind not in _TEXT_PARTS:
+            raise InvalidRequest(
+                f"Content parts of type '{kind}' are not supported by this gateway "
+                f"('{where}[{i}]'): only text.",
+                param=f"{where}[{i}]",
+            )
+        text = part.get("text", part.get("refusal"))
+        if not isinstance(text, str):
+            raise _invalid(f"{where}[{i}].text", "must be a string")
+        texts.append(text)
+    return "".join(texts)
+
+
+def _name(value: Any) -> str | None:
+    """A client's value where a name is expected: a string, else nothing (a list or object
+    cannot even be looked up)."""
+    return value if isinstance(value, str) else None
+
+
+def _string(item: dict[str, Any], name: str, where: str) -> str:
+    value = item.get(name)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"Missing required parameter: '{where}.{name}'.",
+                             param=f"{where}.{name}")  # fmt: skip
+    return value
+
+
+def _invalid(param: str, why: str) -> InvalidRequest:
+    return InvalidRequest(f"Invalid value for '{param}': {why}.", param=param)

@@ -1,0 +1,1 @@
+"""What the gateway keeps of a conversation for its client: sealed reasoning, stored responses."""

@@ -1,0 +1,159 @@
+"""Stored responses (``store: true``): tenant-scoped, encrypted at rest, kept for a while.
+
+``ResponseStore`` keeps what ``GET /v1/responses/{id}``, ``/input_items`` and a later
+``previous_response_id`` need, one row per response in ``gateway_responses``:
+
+- Clear columns: the id, tenant, key id, model, creation and expiry times, the previous
+  response's id, and the data key id. Nothing a prompt or an answer says.
+- Sealed: ``{"response", "input_items", "conversation"}`` as JSON, with AES-256-GCM under
+  ``HKDF-SHA256(the tenant's ledger data key, salt, "thinkgate/responses/v1")``, the id and the
+  tenant as associated data. ``conversation`` is the chat messages a follow-up replays (this
+  request's turns after the instructions, which the reference does not carry over, and the
+  answer, its reasoning in ``reasoning``). Shredding the tenant makes every row unreadable: it
+  then reads as gone (404).
+- Tenant-scoped: every lookup is by id *and* tenant, so another tenant's id is a 404 exactly
+  like an unknown one.
+- Retention: ``RESPONSES_RETENTION_S`` (default 30 days) from creation; an expired row is never
+  returned and ``purge`` deletes them (the app runs it every ten minutes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from sqlalchemy import Column, Float, Index, LargeBinary, String, Table, delete, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from audit.datakeys import DataKeys
+from gateway.db import metadata
+
+log = logging.getLogger("thinkgate")
+_INFO = b"thinkgate/responses/v1"
+_SALT, _NONCE = 16, 12
+
+responses = Table(
+    "gateway_responses",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("key_id", String(32), nullable=False),
+    Column("model", String(256), nullable=False),
+    Column("previous_response_id", String(64), nullable=True),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("dek_id", String(64), nullable=False),
+    Column("salt", LargeBinary, nullable=False),
+    Column("sealed", LargeBinary, nullable=False),
+    Index("ix_gateway_responses_expires_at", "expires_at"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A stored response, opened."""
+
+    id: str
+    model: str
+    response: dict[str, Any]
+    input_items: list[dict[str, Any]]
+    conversation: list[dict[str, Any]]
+
+
+def _box(dek: bytes, salt: bytes) -> AESGCM:
+    return AESGCM(HKDF(hashes.SHA256(), 32, salt, _INFO).derive(dek))
+
+
+def _aad(response_id: str, tenant: str) -> bytes:
+    return response_id.encode() + b"\0" + tenant.encode()
+
+
+class ResponseStore:
+    def __init__(
+        self, engine: AsyncEngine, keys: DataKeys, retention_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:  # fmt: skip
+        self._engine = engine
+        self._keys = keys
+        self._retention_s = retention_s
+        self._clock = clock
+
+    async def save(self, tenant: str, key_id: str, stored: Stored, previous: str | None) -> None:
+        dek_id, dek = await self._keys.for_sealing(tenant)
+        salt, nonce = os.urandom(_SALT), os.urandom(_NONCE)
+        plain = orjson.dumps({"response": stored.response, "input_items": stored.input_items,
+                              "conversation": stored.conversation})  # fmt: skip
+        sealed = nonce + _box(dek, salt).encrypt(nonce, plain, _aad(stored.id, tenant))
+        now = self._clock()
+        async with self._engine.begin() as conn:
+            await conn.execute(responses.insert().values(
+                id=stored.id, tenant=tenant, key_id=key_id, model=stored.model,
+                previous_response_id=previous, created_at=now,
+                expires_at=now + self._retention_s, dek_id=dek_id, salt=salt, sealed=sealed,
+            ))  # fmt: skip
+
+    async def load(self, tenant: str, response_id: str) -> Stored | None:
+        """The tenant's unexpired response ``response_id``, or ``None`` (unknown, another
+        tenant's, expired, or unreadable because its keys were destroyed)."""
+        query = select(responses.c.model, responses.c.dek_id, responses.c.salt,
+                       responses.c.sealed).where(
+            responses.c.id == response_id, responses.c.tenant == tenant,
+            responses.c.expires_at > self._clock(),
+        )  # fmt: skip
+        async with self._engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        if row is None:
+            return None
+        dek = await self._keys.opening(row.dek_id, tenant=tenant)
+        if dek is None:
+            return None
+        sealed = bytes(row.sealed)
+        try:
+            plain = _box(dek, bytes(row.salt)).decrypt(
+                sealed[:_NONCE], sealed[_NONCE:], _aad(response_id, tenant)
+            )
+        except InvalidTag:
+            return None
+        data = orjson.loads(plain)
+        return Stored(response_id, row.model, data["response"], data["input_items"],
+                      data["conversation"])  # fmt: skip
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                delete(responses).where(
+                    responses.c.id == response_id, responses.c.tenant == tenant,
+                    responses.c.expires_at > self._clock(),
+                )
+            )  # fmt: skip
+        return bool(result.rowcount)
+
+    async def purge_forever(self, every_s: float = 600.0) -> None:
+        while True:
+            try:
+                purged = await self.purge()
+            except (SQLAlchemyError, OSError) as exc:  # the database is away: next round
+                log.warning("purging stored responses failed: %s", type(exc).__name__)
+            else:
+                if purged:
+                    log.info("purged %d expired stored responses", purged)
+            await asyncio.sleep(every_s)
+
+    async def purge(self) -> int:
+        """Delete every expired response; how many went."""
+        async with self._engine.begin() as conn:
+            result = await conn.execute(
+                delete(responses).where(responses.c.expires_at <= self._clock())
+            )
+        return int(result.rowcount or 0)
