@@ -27,6 +27,9 @@ from gateway.telemetry.logs import log_refusal
 from gateway.telemetry.traceparent import parse_traceparent
 from gateway.upstream.engine import Upstream
 
+# The API a path belongs to, as records and metrics name it (a fixed set: labels stay bounded).
+ENDPOINTS = {"/v1/chat/completions": "chat.completions", "/v1/responses": "responses"}
+
 if TYPE_CHECKING:  # the state is handed in; what it is made of is the lifespan's business
     from gateway.routes.state import AppState
 
@@ -87,7 +90,8 @@ def refused(
     """Count and log a refusal. The log line names the model asked for; the metrics label
     only one an upstream serves (``unknown`` otherwise)."""
     tenant, key_id = (key.tenant, key.key_id) if key is not None else ("unknown", "")
-    state.metrics.refused(error, model if served else "unknown", tenant, stream)
+    endpoint = ENDPOINTS.get(request.url.path, "other")
+    state.metrics.refused(error, model if served else "unknown", tenant, stream, endpoint)
     traceparent = parse_traceparent(request.headers.get("traceparent"))
     log_refusal(request.state.request_id, tenant, key_id, model, error.outcome, error.code,
                 traceparent)  # fmt: skip

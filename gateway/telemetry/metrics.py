@@ -96,10 +96,11 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.multiprocess = multiprocess
         self.tenant = TenantLabels(frozenset(tenants), tenant_limit)
-        self._cache: dict[tuple[str, str, bool, str], _Children] = {}
+        self._cache: dict[tuple[str, str, bool, str, str], _Children] = {}
         r = self.registry
-        self.requests = Counter("thinkgate_requests", "Chat completions by outcome.",
-                                ["model", "tenant", "status", "stream"], registry=r)  # fmt: skip
+        self.requests = Counter("thinkgate_requests", "Completions by API and outcome.",
+                                ["model", "tenant", "status", "stream", "endpoint"],
+                                registry=r)  # fmt: skip
         self.duration = Histogram(
             "thinkgate_request_duration_seconds", "From request to the last byte.",
             ["model", "tenant", "stream"], buckets=LATENCY_BUCKETS, registry=r,
@@ -210,7 +211,8 @@ class Metrics:
 
     def observe_completion(self, done: CompletedRequest) -> None:
         record = done.record
-        c = self._children(record.model, self.tenant(record.tenant), record.stream, done.status)
+        c = self._children(record.model, self.tenant(record.tenant), record.stream, done.status,
+                           record.endpoint)  # fmt: skip
         c.requests.inc()
         c.duration.observe(record.ended_at - record.started_at)
         c.overhead.observe(done.overhead_s)
@@ -224,15 +226,17 @@ class Metrics:
             c.disconnects.inc()
         self._tokens(record, c)
 
-    def _children(self, model: str, tenant: str, stream: bool, status: str) -> _Children:
-        """The labelled children of one (model, tenant, stream, status), made once: label
-        lookups cost more than the observations themselves."""
-        key = (model, tenant, stream, status)
+    def _children(
+        self, model: str, tenant: str, stream: bool, status: str, endpoint: str
+    ) -> _Children:
+        """The labelled children of one (model, tenant, stream, status, endpoint), made once:
+        label lookups cost more than the observations themselves."""
+        key = (model, tenant, stream, status, endpoint)
         found = self._cache.get(key)
         if found is None:
             flag = "true" if stream else "false"
             found = self._cache[key] = _Children(
-                requests=self.requests.labels(model, tenant, status, flag),
+                requests=self.requests.labels(model, tenant, status, flag, endpoint),
                 duration=self.duration.labels(model, tenant, flag),
                 overhead=self.overhead.labels(flag),
                 ttft=self.ttft.labels(model, tenant),
@@ -261,13 +265,17 @@ class Metrics:
         if completion:
             c.ratio.observe(reasoning / completion)
 
-    def refused(self, error: GatewayError, model: str, tenant: str, stream: bool) -> None:
+    def refused(
+        self, error: GatewayError, model: str, tenant: str, stream: bool,
+        endpoint: str = "chat.completions",
+    ) -> None:  # fmt: skip
         """A request that ended before it reached an upstream: invalid, rate-limited, ..."""
         if isinstance(error, RateLimited):
             kind = "kv_budget" if error.code == "kv_budget_exhausted" else error.type
             self.rejections.labels(kind).inc()
         flag = "true" if stream else "false"
-        self.requests.labels(model, self.tenant(tenant), refusal_status(error), flag).inc()
+        status = refusal_status(error)
+        self.requests.labels(model, self.tenant(tenant), status, flag, endpoint).inc()
 
     def upstream_failed(self, upstream: str, error: UpstreamError) -> None:
         self.upstream_errors.labels(upstream, _KINDS.get(type(error), "status")).inc()

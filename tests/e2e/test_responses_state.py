@@ -8,12 +8,14 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
 
 from gateway.sim.app import SimApp
 from tests.e2e.conftest import RecordingSink, Stack
+from tests.scrape import sample
 
 WEATHER = {
     "type": "function",
@@ -230,3 +232,22 @@ async def test_store_false_keeps_nothing_but_the_ledger_record(
         with pytest.raises(openai.NotFoundError):
             await client.responses.retrieve(made.id)
     assert len(await sink.wait_for(1)) == 1
+
+
+async def test_requests_are_counted_by_endpoint(state: tuple[Stack, RecordingSink]) -> None:
+    stack, sink = state
+    async with sdk(stack, "visible") as client:
+        await client.responses.create(model="deepseek-r1", input="Why?", store=False)
+        await client.chat.completions.create(
+            model="deepseek-r1", messages=[{"role": "user", "content": "Why?"}]
+        )
+        with pytest.raises(openai.BadRequestError):
+            await client.responses.create(model="deepseek-r1", input=[])
+    await sink.wait_for(2)
+    async with httpx.AsyncClient() as http:
+        for endpoint, status, model in (("responses", "ok", "deepseek-r1"),
+                                        ("chat.completions", "ok", "deepseek-r1"),
+                                        ("responses", "invalid", "unknown")):  # fmt: skip
+            assert await sample(http, f"{stack.root}/metrics", "thinkgate_requests_total",
+                                endpoint=endpoint, status=status, model=model, tenant="acme",
+                                stream="false") == 1  # fmt: skip

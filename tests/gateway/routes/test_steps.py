@@ -74,7 +74,13 @@ def request(authorization: str | None = f"Bearer {PRESENTED}") -> tuple[Request,
 
 
 def requests_total(state: AppState, model: str, tenant: str, status: str, stream: str) -> float:
-    labels = {"model": model, "tenant": tenant, "status": status, "stream": stream}
+    labels = {
+        "model": model,
+        "tenant": tenant,
+        "status": status,
+        "stream": stream,
+        "endpoint": "chat.completions",
+    }
     return state.metrics.registry.get_sample_value("thinkgate_requests_total", labels) or 0.0
 
 

@@ -181,7 +181,7 @@ def test_the_metrics_use_the_settings_tenants_and_limit() -> None:
     metrics = Metrics(tenants=("acme",), tenant_limit=1)
     for tenant in ("beta", "gamma", "acme"):
         metrics.refused(InvalidRequest("no"), "m", tenant, stream=False)
-    labels = {"model": "m", "status": "invalid", "stream": "false"}
+    labels = {"model": "m", "status": "invalid", "stream": "false", "endpoint": CHAT}
     sample = metrics.registry.get_sample_value
     assert sample("thinkgate_requests_total", {**labels, "tenant": "beta"}) == 1
     assert sample("thinkgate_requests_total", {**labels, "tenant": OTHER}) == 1
@@ -228,7 +228,7 @@ def test_refusals_count_requests_and_each_limit_by_kind() -> None:
     assert sample("thinkgate_ratelimit_rejections_total", {"kind": "requests"}) == 2
     assert sample("thinkgate_ratelimit_rejections_total", {"kind": "tokens"}) == 1
     assert sample("thinkgate_ratelimit_rejections_total", {"kind": "kv_budget"}) == 1
-    labels = {"model": "m", "tenant": "acme", "stream": "true"}
+    labels = {"model": "m", "tenant": "acme", "stream": "true", "endpoint": CHAT}
     assert sample("thinkgate_requests_total", {**labels, "status": "rate_limited"}) == 4
     assert sample("thinkgate_requests_total", {**labels, "status": "invalid"}) == 1
 
@@ -266,6 +266,7 @@ def reader(metrics: Metrics) -> Any:
 
 
 MT = {"model": "m", "tenant": "acme"}
+CHAT = "chat.completions"
 
 
 def test_a_completion_splits_its_tokens_and_times() -> None:
@@ -273,7 +274,12 @@ def test_a_completion_splits_its_tokens_and_times() -> None:
     gaps = counted([100.5, 100.52, 100.6])
     metrics.observe_completion(CompletedRequest(completion(), "ok", 0.002, 101.25, gaps))
     value = reader(metrics)
-    assert value("thinkgate_requests_total", {**MT, "status": "ok", "stream": "true"}) == 1
+    assert (
+        value(
+            "thinkgate_requests_total", {**MT, "status": "ok", "stream": "true", "endpoint": CHAT}
+        )
+        == 1
+    )
     assert value("thinkgate_prompt_tokens_total", MT) == 7
     assert value("thinkgate_reasoning_tokens_total", MT) == 4
     assert value("thinkgate_content_tokens_total", MT) == 6
@@ -301,7 +307,7 @@ def test_no_first_content_no_usage_and_a_disconnect() -> None:
     metrics.observe_completion(CompletedRequest(record, "client_disconnected", 0.001))
     value = reader(metrics)
     assert value("thinkgate_client_disconnects_total", MT) == 1
-    labels = {**MT, "status": "client_disconnected", "stream": "false"}
+    labels = {**MT, "status": "client_disconnected", "stream": "false", "endpoint": CHAT}
     assert value("thinkgate_requests_total", labels) == 1
     assert value("thinkgate_request_duration_seconds_count", {**MT, "stream": "false"}) == 1
     assert value("thinkgate_time_to_first_token_seconds_count", MT) == 0
@@ -352,7 +358,12 @@ def test_completions_of_one_kind_add_up() -> None:
     for _ in range(3):
         metrics.observe_completion(CompletedRequest(completion(), "ok", 0.001, 101.0))
     value = reader(metrics)
-    assert value("thinkgate_requests_total", {**MT, "status": "ok", "stream": "true"}) == 3
+    assert (
+        value(
+            "thinkgate_requests_total", {**MT, "status": "ok", "stream": "true", "endpoint": CHAT}
+        )
+        == 3
+    )
     assert value("thinkgate_prompt_tokens_total", MT) == 21
     assert value("thinkgate_reasoning_ratio_count", {"model": "m"}) == 3
 
@@ -387,7 +398,13 @@ def test_ledger_events_update_the_ledger_metrics() -> None:
 def test_two_apps_share_no_metrics() -> None:
     first, second = Metrics(), Metrics()
     first.refused(InvalidRequest("no"), "m", "acme", stream=False)
-    labels = {"model": "m", "tenant": "acme", "status": "invalid", "stream": "false"}
+    labels = {
+        "model": "m",
+        "tenant": "acme",
+        "status": "invalid",
+        "stream": "false",
+        "endpoint": CHAT,
+    }
     assert reader(first)("thinkgate_requests_total", labels) == 1
     assert reader(second)("thinkgate_requests_total", labels) == 0
     assert first.exposition_registry() is first.registry
