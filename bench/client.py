@@ -14,6 +14,10 @@ Rules:
 - Times are taken once per socket read: every event of one read arrived at the same moment.
 - A response is an error when its status is not 200, when it carries an ``error`` event or
   object, when it ends without ``[DONE]``, or when the connection drops in its middle.
+- The Responses API (``responses=True``): a chunk is a ``response.output_text.delta`` or
+  ``response.reasoning_text.delta`` event (non-empty ``delta``), the end is
+  ``response.completed``/``response.incomplete``, an error is an ``error`` or
+  ``response.failed`` event (its objects carry ``"error": null`` on success).
 """
 
 from __future__ import annotations
@@ -67,8 +71,9 @@ _HEAD, _CHUNKED, _LENGTH, _TO_EOF = range(4)
 class Connection(asyncio.Protocol):
     """One keep-alive connection carrying one request at a time."""
 
-    def __init__(self, rec: Recorder) -> None:
+    def __init__(self, rec: Recorder, *, responses: bool = False) -> None:
         self._rec = rec
+        self._responses = responses
         self._transport: asyncio.Transport | None = None
         self.closed = False
         self._done: asyncio.Future[None] | None = None
@@ -197,12 +202,24 @@ class Connection(asyncio.Protocol):
             self._event(event, now)
 
     def _event(self, event: bytes, now: float) -> None:
-        if event.startswith(b"data: [DONE]"):
+        if self._responses:
+            self._responses_event(event, now)
+        elif event.startswith(b"data: [DONE]"):
             self._saw_done = True
         elif event.startswith(b"event: error") or b'"error":' in event:
             self._fail(f"error event: {event[:300]!r}")
         elif _carries_text(event):
             self._chunk(now)
+
+    def _responses_event(self, event: bytes, now: float) -> None:
+        if event.startswith((b"event: response.output_text.delta",
+                             b"event: response.reasoning_text.delta")):  # fmt: skip
+            if b'"delta":""' not in event:
+                self._chunk(now)
+        elif event.startswith((b"event: response.completed", b"event: response.incomplete")):
+            self._saw_done = True
+        elif event.startswith((b"event: error", b"event: response.failed")):
+            self._fail(f"error event: {event[:300]!r}")
 
     def _chunk(self, now: float) -> None:
         rec = self._rec

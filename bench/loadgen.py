@@ -45,6 +45,7 @@ class LoadSpec:
     duration_s: float = 10.0  # the measured window
     max_tokens: int = 256
     warmup_s: float = 0.0  # load before the window, not counted
+    responses: bool = False  # POST /responses (the Responses API) instead of chat completions
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +169,7 @@ class _Target:
     port: int
     tls: bool
     requests: tuple[bytes, ...]  # ready-to-send requests, cycled through
+    responses: bool = False
 
     @classmethod
     def parse(cls, spec: LoadSpec) -> _Target:
@@ -176,22 +178,22 @@ class _Target:
             raise ValueError(f"not an http(s) URL: {spec.url!r}")
         tls = parts.scheme == "https"
         port = parts.port or (443 if tls else 80)
-        path = parts.path.rstrip("/") + "/chat/completions"
+        path = parts.path.rstrip("/") + ("/responses" if spec.responses else "/chat/completions")
         host = parts.netloc.rpartition("@")[2]
         requests = tuple(_request(spec, host, path, n) for n in range(_PROMPTS))
-        return cls(parts.hostname, port, tls, requests)
+        return cls(parts.hostname, port, tls, requests, spec.responses)
 
 
 def _request(spec: LoadSpec, host: str, path: str, n: int) -> bytes:
+    question = f"Question {n}: explain it step by step."
+    fields = (
+        {"input": question, "max_output_tokens": spec.max_tokens, "store": False}
+        if spec.responses
+        else {"messages": [{"role": "user", "content": question}], "max_tokens": spec.max_tokens,
+              "stream_options": {"include_usage": True}}
+    )  # fmt: skip
     body = json.dumps(
-        {
-            "model": spec.model,
-            "messages": [{"role": "user", "content": f"Question {n}: explain it step by step."}],
-            "stream": True,
-            "max_tokens": spec.max_tokens,
-            "stream_options": {"include_usage": True},
-        },
-        separators=(",", ":"),
+        {"model": spec.model, "stream": True, **fields}, separators=(",", ":")
     ).encode()
     auth = f"Authorization: Bearer {spec.api_key}\r\n" if spec.api_key else ""
     head = (
@@ -209,7 +211,10 @@ async def _worker(target: _Target, rec: Recorder, e2e: list[float], index: int) 
         if conn is None or conn.closed:
             try:
                 _, conn = await loop.create_connection(
-                    lambda: Connection(rec), target.host, target.port, ssl=_ssl(target)
+                    lambda: Connection(rec, responses=target.responses),
+                    target.host,
+                    target.port,
+                    ssl=_ssl(target),
                 )
             except OSError as exc:
                 rec.error(f"connect: {exc}")

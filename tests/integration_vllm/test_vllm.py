@@ -16,9 +16,10 @@ import pytest
 
 from gateway.app import create_app
 from gateway.edge.servers import BackgroundServer
+from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
 from ratelimit.engine_metrics import parse_engine_metrics
-from tests.e2e.conftest import RecordingSink, make_keys
+from tests.e2e.conftest import RecordingSink, ledger_files, make_keys
 from tests.integration_vllm.conftest import TinyModel, VllmServer
 
 QUESTION = [{"role": "user", "content": "What is 6 times 7?"}]
@@ -65,7 +66,9 @@ async def gateway(
         # a non-streamed request waits for its whole answer within this bound: a burst of
         # twelve on a CPU engine that runs two at a time takes a minute on a busy machine
         first_token_timeout_s=180,
+        **ledger_files(tmp_path),  # the tenant keys seal reasoning tokens and stored responses
     )
+    ensure_keys(settings, create=True)
     keys = await make_keys(settings)
     sink = RecordingSink()
     async with BackgroundServer(create_app(settings, sink=sink)) as server:
@@ -423,3 +426,33 @@ async def test_a_responses_call_through_translation_splits_as_chat_does(
     assert final.usage is not None and final.usage.output_tokens > 0
     (record,) = [r for r in gateway.sink.records if r.endpoint == "responses" and r.model == model]
     assert record.status == "ok"
+
+
+@pytest.mark.parametrize("carry", ["encrypted", "stored"])
+async def test_reasoning_carried_across_turns_reaches_real_vllm(
+    gateway: Gateway, carry: str
+) -> None:
+    # A hidden key's reasoning goes back to the engine on the next turn, sealed in the item
+    # (store: false) or kept by the gateway (previous_response_id); vLLM must accept the
+    # assistant turn with its ``reasoning`` field (its chat template renders it).
+    asked: dict[str, Any] = {"model": "tiny-r1", "max_output_tokens": 24}
+    if carry == "encrypted":
+        asked.update(store=False, include=["reasoning.encrypted_content"])
+    question = {"role": "user", "content": "What is 6 times 7?"}
+    async with gateway.sdk("hidden") as client:
+        first = await client.responses.create(input=[question], **asked)
+        trace = [r for r in gateway.sink.records if r.endpoint == "responses"][-1].reasoning[0]
+        assert trace and trace[:20] not in first.model_dump_json()
+        follow: Any = [question]
+        if carry == "encrypted":
+            assert first.output[0].type == "reasoning" and first.output[0].encrypted_content
+            follow += [i.model_dump(exclude_none=True) for i in first.output]
+        else:
+            asked["previous_response_id"] = first.id
+        second = await client.responses.create(
+            input=[*follow, {"role": "user", "content": "And 7 times 6?"}], **asked
+        )
+    assert second.status in ("completed", "incomplete")
+    sent = [r for r in gateway.sink.records if r.endpoint == "responses"][-1].messages
+    assistant = next(m for m in sent if m["role"] == "assistant")
+    assert assistant["reasoning"] == trace
