@@ -57,10 +57,13 @@ def start_gateway(work: Workdir, upstream: str, mode: str, launch: str = LAUNCH)
 
 
 def measure(work: Workdir, key: str, gateway: ServerProcess, cell: tuple[int, int],
-            duration_s: float) -> tuple[int, int, float]:  # fmt: skip
+            duration_s: float, *, responses: bool = False) -> tuple[int, int, float]:  # fmt: skip
+    """Requests, chunks and gateway CPU seconds of one cell (``responses``: the Responses
+    API instead of chat completions)."""
     concurrency, max_tokens = cell
     spec = LoadSpec(url=gateway.base_url, api_key=key, model="deepseek-r1",
-                    concurrency=concurrency, duration_s=1.0, max_tokens=max_tokens)  # fmt: skip
+                    concurrency=concurrency, duration_s=1.0, max_tokens=max_tokens,
+                    responses=responses)  # fmt: skip
     asyncio.run(run_load(spec))  # warm-up: connections, keys, the tenant's data key
     meter = CpuMeter({"gateway": psutil.Process(gateway.popen.pid)})
     result = asyncio.run(run_load(replace(spec, duration_s=duration_s), meter))

@@ -16,36 +16,16 @@ chunk is one streamed text delta (chat: a chunk with text; Responses: a
 from __future__ import annotations
 
 import argparse
-import asyncio
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
-import psutil
-
-from bench.ledger_cost import Cost, start_gateway
-from bench.loadgen import LoadSpec, run_load
-from bench.procs import CpuMeter, ServerProcess, Workdir, create_client_key, start_sim
+from bench.ledger_cost import Cost, measure, start_gateway
+from bench.procs import Workdir, create_client_key, start_sim
 from bench.sections import revision, write_section
 
 APIS = ("chat", "responses")
 WATCHED = ("gateway", "bench/responses_cost.py", "bench/client.py", "bench/loadgen.py")
 CELLS = ((32, 256), (4, 1))
-
-
-def measure(
-    key: str, gateway: ServerProcess, cell: tuple[int, int], duration_s: float, api: str
-) -> tuple[int, int, float]:
-    concurrency, max_tokens = cell
-    spec = LoadSpec(url=gateway.base_url, api_key=key, model="deepseek-r1",
-                    concurrency=concurrency, duration_s=1.0, max_tokens=max_tokens,
-                    responses=api == "responses")  # fmt: skip
-    asyncio.run(run_load(spec))  # warm-up: connections, keys, the tenant's data key
-    meter = CpuMeter({"gateway": psutil.Process(gateway.popen.pid)})
-    result = asyncio.run(run_load(replace(spec, duration_s=duration_s), meter))
-    if result.errors:
-        raise RuntimeError(f"{api}: {result.errors} errors, first: {result.first_error}")
-    return result.requests, result.chunks, meter.cpu_s["gateway"]
 
 
 def run(work: Workdir, duration_s: float, rounds: int) -> list[Cost]:
@@ -55,7 +35,8 @@ def run(work: Workdir, duration_s: float, rounds: int) -> list[Cost]:
         for _ in range(rounds):
             for cell in CELLS:
                 for api in APIS:
-                    requests, chunks, cpu = measure(key, gateway, cell, duration_s, api)
+                    requests, chunks, cpu = measure(work, key, gateway, cell, duration_s,
+                                                    responses=api == "responses")  # fmt: skip
                     costs.append(Cost(api, *cell, requests, cpu / requests * 1e6,
                                       cpu / max(chunks, 1) * 1e6))  # fmt: skip
     return costs

@@ -15,6 +15,7 @@ import pytest
 
 from gateway.sim.app import SimApp
 from tests.e2e.conftest import RecordingSink, Stack
+from tests.e2e.test_responses import sdk
 from tests.scrape import sample
 
 WEATHER = {
@@ -35,10 +36,6 @@ async def state(stack_factory: Any) -> tuple[Stack, RecordingSink]:
     sink = RecordingSink()
     stack = await stack_factory(sink=sink)
     return stack, sink
-
-
-def sdk(stack: Stack, key: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=stack.url, api_key=stack.keys[key], max_retries=0)
 
 
 def sent(stack: Stack) -> dict[str, Any]:
