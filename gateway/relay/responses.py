@@ -39,9 +39,15 @@ from typing import Any, Literal
 
 import orjson
 
-from gateway.errors import RemoteProtocolError, UpstreamStatusError
 from gateway.relay.choice import ChoiceState
-from gateway.relay.rewrite import Policy, Rewriter, StreamRelay, rewrite_completion, text_fields
+from gateway.relay.rewrite import (
+    Policy,
+    Rewriter,
+    StreamRelay,
+    parse_chunk,
+    rewrite_completion,
+    text_fields,
+)
 from gateway.relay.sse import Event, encode_event
 from gateway.relay.toolcalls import ToolCall, ToolCallPiece
 
@@ -209,7 +215,7 @@ class ResponsesStream(StreamRelay):
         if event.is_done:
             self.done = True
             return b"".join(out)
-        chunk = _chunk(event)
+        chunk = parse_chunk(event)
         if chunk.get("usage"):
             self.usage = self.fill_usage(chunk["usage"])
         for choice in chunk.get("choices") or ():
@@ -382,15 +388,3 @@ class ResponsesStream(StreamRelay):
         data = orjson.dumps({"type": name, "sequence_number": self._sequence, **body})
         self._sequence += 1
         return encode_event(name, data)
-
-
-def _chunk(event: Event) -> dict[str, Any]:
-    try:
-        chunk = orjson.loads(event.data)
-    except orjson.JSONDecodeError:
-        raise RemoteProtocolError("upstream sent an event that is not JSON") from None
-    if not isinstance(chunk, dict):
-        raise RemoteProtocolError("upstream sent an event that is not a JSON object")
-    if event.event == "error" or "error" in chunk or chunk.get("object") == "error":
-        raise UpstreamStatusError.from_body(chunk, 502)
-    return chunk

@@ -167,14 +167,7 @@ class StreamRelay(Rewriter):
         if event.is_done:
             self.done = True
             return DONE_EVENT
-        try:
-            chunk = orjson.loads(event.data)
-        except orjson.JSONDecodeError:
-            raise RemoteProtocolError("upstream sent an event that is not JSON") from None
-        if not isinstance(chunk, dict):
-            raise RemoteProtocolError("upstream sent an event that is not a JSON object")
-        if event.event == "error" or "error" in chunk or chunk.get("object") == "error":
-            raise UpstreamStatusError.from_body(chunk, 502)
+        chunk = parse_chunk(event)
         fast = self._fast_path(chunk, event.data)
         if fast is not None:
             return fast
@@ -292,6 +285,20 @@ class StreamRelay(Rewriter):
         else:
             del chunk["usage"]
         return True
+
+
+def parse_chunk(event: Event) -> dict[str, Any]:
+    """An upstream SSE event's JSON object; an error event or object is the upstream's
+    failure (``UpstreamStatusError``), anything else malformed a ``RemoteProtocolError``."""
+    try:
+        chunk = orjson.loads(event.data)
+    except orjson.JSONDecodeError:
+        raise RemoteProtocolError("upstream sent an event that is not JSON") from None
+    if not isinstance(chunk, dict):
+        raise RemoteProtocolError("upstream sent an event that is not a JSON object")
+    if event.event == "error" or "error" in chunk or chunk.get("object") == "error":
+        raise UpstreamStatusError.from_body(chunk, 502)
+    return chunk
 
 
 def text_fields(holder: Any) -> tuple[str | None, str | None]:
