@@ -56,8 +56,13 @@ class InvalidEncryptedContent(InvalidRequest):
         super().__init__(_MESSAGE, param=param)
 
 
+def aead(dek: bytes, salt: bytes, info: bytes) -> AESGCM:
+    """The one-use AES-256-GCM key ``HKDF-SHA256(dek, salt, info)`` (tokens, stored responses)."""
+    return AESGCM(HKDF(hashes.SHA256(), 32, salt, info).derive(dek))
+
+
 def _key(dek: bytes, salt: bytes) -> AESGCM:
-    return AESGCM(HKDF(hashes.SHA256(), 32, salt, _INFO).derive(dek))
+    return aead(dek, salt, _INFO)
 
 
 def _aad(dek_id: bytes, expiry: int, tenant: str, model: str) -> bytes:

@@ -29,14 +29,13 @@ from typing import Any
 
 import orjson
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from sqlalchemy import Column, Float, Index, LargeBinary, String, Table, delete, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit.datakeys import DataKeys
+from gateway.conversation.sealing import aead
 from gateway.db import metadata
 
 log = logging.getLogger("thinkgate")
@@ -72,7 +71,7 @@ class Stored:
 
 
 def _box(dek: bytes, salt: bytes) -> AESGCM:
-    return AESGCM(HKDF(hashes.SHA256(), 32, salt, _INFO).derive(dek))
+    return aead(dek, salt, _INFO)
 
 
 def _aad(response_id: str, tenant: str) -> bytes:
