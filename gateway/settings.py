@@ -8,10 +8,13 @@ file uses the same names in lower case, and may also carry per-model overrides::
       qwq-32b: {reasoning_parser: think_tags}
       qwen3-coder: {reasoning_parser: qwen3, reasoning_source: upstream}
       my-model: {reasoning_format: {open: "<reason>", close: "</reason>", opened: false}}
+      deepseek-r1: {effort_budgets: {low: 2048, high: 32768}, effort_enforcement: gateway}
 
 (``reasoning_format`` overrides fields of the model's named format, ``REASONING_PARSER`` when it
 names none; see ``gateway.relay.formats``; an unknown name or an impossible format stops the start
-with one line naming the model and the known formats)
+with one line naming the model and the known formats; ``effort_budgets`` replace entries of
+``EFFORT_BUDGETS`` for that model, ``effort_enforcement`` says who keeps them: see
+``gateway.relay.effort``)
 
 and the policies of tenants and keys (limits, fair-share weight, priority; README "Rate limits
 and KV admission")::
@@ -19,7 +22,7 @@ and KV admission")::
     tenants:
       acme: {rpm: 600, tpm: 2000000, weight: 3, priority: standard}
     keys:
-      3f2a9c0b1d4e: {priority: critical}
+      3f2a9c0b1d4e: {priority: critical, max_reasoning_tokens: 8192}
 
 Policies live here rather than in the key table: they are operator configuration, reviewed and
 deployed like the rest, while the table holds what ``keys create`` mints.
@@ -50,6 +53,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from gateway.relay.effort import DEFAULT_BUDGETS, DEFAULT_RULE, EFFORTS, EffortRule, Enforcement
 from gateway.relay.formats import (
     FormatError,
     ReasoningField,
@@ -95,6 +99,20 @@ class ModelOverride(BaseModel):
     reasoning_source: ReasoningSource | None = None
     reasoning_format: FormatSpec | None = None
     reasoning_history: ReasoningHistory | None = None
+    effort_budgets: dict[str, Annotated[int, Field(ge=0)]] | None = None
+    effort_enforcement: Enforcement | None = None
+
+    @field_validator("effort_budgets")
+    @classmethod
+    def _known_efforts(cls, value: dict[str, int] | None) -> dict[str, int] | None:
+        return _known_efforts(value)
+
+
+def _known_efforts(value: dict[str, int] | None) -> dict[str, int] | None:
+    unknown = sorted(set(value or {}) - set(EFFORTS))
+    if unknown:
+        raise ValueError(f"unknown effort {unknown[0]!r}: expected one of {', '.join(EFFORTS)}")
+    return value
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,6 +124,7 @@ class ModelReasoning:
     format: ReasoningFormat
     source: ReasoningSource
     history: ReasoningHistory = "reasoning"
+    effort: EffortRule = DEFAULT_RULE
 
 
 class TenantPolicy(BaseModel):
@@ -120,10 +139,12 @@ class TenantPolicy(BaseModel):
 
 
 class KeyPolicy(BaseModel):
-    """Per key (by key id): the highest priority its requests may ask for."""
+    """Per key (by key id): the highest priority its requests may ask for, and the most
+    reasoning tokens one of its requests may spend (``gateway.relay.effort``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     priority: Priority | None = None
+    max_reasoning_tokens: int | None = Field(None, ge=0)
 
 
 class Settings(BaseSettings):
@@ -147,6 +168,13 @@ class Settings(BaseSettings):
     # reads ``reasoning`` (and renames ``reasoning_content`` to it); SGLang and DeepSeek's API
     # read ``reasoning_content``; ``drop`` sends none.
     reasoning_history: ReasoningHistory = "reasoning"
+    # Reasoning tokens per ``reasoning_effort``, each entry replacing the default's (per model:
+    # ``effort_budgets`` replace these in turn), and the share
+    # of the output limit always kept for the answer (``gateway.relay.effort``).
+    effort_budgets: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=lambda: dict(DEFAULT_BUDGETS)
+    )
+    reasoning_answer_share: float = Field(0.25, gt=0, lt=1)
     # How long an ``encrypted_content`` reasoning token stays openable (Responses API).
     reasoning_token_ttl_s: float = Field(30 * 86400.0, gt=0)
     # How long a stored response (Responses API, ``store: true``) is kept.
@@ -251,7 +279,29 @@ class Settings(BaseSettings):
                     "separates it): use reasoning_source 'upstream'"
                 )
             source = "upstream"
-        return ModelReasoning(fmt, source, override.reasoning_history or self.reasoning_history)
+        enforcement = override.effort_enforcement
+        if enforcement == "gateway" and not fmt.splits:
+            raise FormatError(
+                f"model {model!r}: effort_enforcement 'gateway' needs text markers to close "
+                f"the reasoning with, and {fmt.name!r} has none: use 'engine' or 'none'"
+            )
+        if enforcement is None:  # the engine's parser keeps it, else the gateway where it can
+            enforcement = "engine" if source == "upstream" else "gateway" if fmt.splits else "none"
+        budgets = {**DEFAULT_BUDGETS, **self.effort_budgets, **(override.effort_budgets or {})}
+        effort = EffortRule(budgets, enforcement, self.reasoning_answer_share)
+        history = override.reasoning_history or self.reasoning_history
+        return ModelReasoning(fmt, source, history, effort)
+
+    @field_validator("effort_budgets")
+    @classmethod
+    def _known_default_efforts(cls, value: dict[str, int]) -> dict[str, int]:
+        _known_efforts(value)
+        return value
+
+    def reasoning_ceiling(self, key_id: str) -> int | None:
+        """The most reasoning tokens one request of this key may spend (``None``: no ceiling)."""
+        key = self.keys.get(key_id)
+        return key.max_reasoning_tokens if key is not None else None
 
     @field_validator("upstreams", mode="before")
     @classmethod

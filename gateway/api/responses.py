@@ -9,7 +9,8 @@ finishes it once the route has what needs I/O (the stored conversation of
   ``instructions`` becomes a leading system message.
 - ``max_output_tokens`` → ``max_tokens``; ``temperature``, ``top_p``, ``user``,
   ``parallel_tool_calls`` pass through; ``reasoning.effort`` → ``reasoning_effort`` (the
-  format's thinking switch reads it, ``gateway.relay.formats``); ``reasoning.summary`` is
+  format's thinking switch reads it, ``gateway.relay.formats``, and it is the request's
+  reasoning budget, ``gateway.relay.effort``); ``reasoning.summary`` is
   accepted and echoed (no summaries are written: ``summary`` stays ``[]``); ``metadata`` is
   echoed, not sent.
 - ``tools``: function tools (``{"type": "function", "name", "description", "parameters",
@@ -35,6 +36,7 @@ import orjson
 
 from gateway.api.items import History, chat_messages, input_items
 from gateway.errors import InvalidRequest
+from gateway.relay.effort import EFFORTS
 
 _KNOWN = {
     "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "reasoning",
@@ -326,7 +328,7 @@ def _reasoning(reasoning: Any) -> tuple[str | None, str | None]:
     if not isinstance(reasoning, dict):
         raise InvalidRequest("Invalid value for 'reasoning'.", param="reasoning")
     effort, summary = reasoning.get("effort"), reasoning.get("summary")
-    if effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh"):
+    if effort is not None and effort not in EFFORTS:
         raise InvalidRequest("Invalid value for 'reasoning.effort'.", param="reasoning.effort")
     if summary not in (None, "auto", "concise", "detailed"):
         raise InvalidRequest("Invalid value for 'reasoning.summary'.", param="reasoning.summary")

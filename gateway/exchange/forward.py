@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import secrets
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from starlette.responses import Response
@@ -86,28 +89,41 @@ class Forwarder:
     ) -> RelayResponse:  # fmt: skip
         """Open the upstream stream (status and first bytes checked) and wrap it for the client."""
         ex.overhead_s = time.perf_counter() - ex.t0
-        opened = await self.pool.open_stream(
-            candidates, ex.path, ex.request.upstream_body, ex.upstream_headers
-        )
-        ex.upstream = opened.upstream.base_url
+        leg = await self._leg(ex, candidates, ex.request.upstream_body)
 
         async def cleanup(disconnected: bool) -> None:
-            await opened.aclose()
+            await leg.stream.aclose()
             if disconnected and ex.status != "ok":
                 ex.disconnected()
             with contextlib.suppress(GatewayError):  # the stream is over: nobody left to tell
                 await ex.finish()
 
-        parser = SSEParser(self.max_sse_event_bytes)
-        body = relay_stream(ex, opened, relay, parser, self.keepalive_s)
+        body = relay_stream(ex, leg, relay, self.keepalive_s)
         return RelayResponse(body, watcher, cleanup, (*ex.ticket.headers, overhead_header(ex)))
+
+    async def _leg(self, ex: Exchange, candidates: Sequence[Upstream], body: bytes) -> Leg:
+        """The upstream stream of ``body``, opened on the first candidate that answers; a
+        continuation (``gateway.relay.effort``) goes to the same upstream."""
+        opened = await self.pool.open_stream(candidates, ex.path, body, ex.upstream_headers)
+        ex.upstream = opened.upstream.base_url
+
+        async def reopen(continuation: bytes) -> UpstreamStream:
+            return await self.pool.open_stream(
+                [opened.upstream], ex.path, continuation, ex.upstream_headers
+            )
+
+        return Leg(opened, body, reopen, self.max_sse_event_bytes)
 
     async def _complete(self, ex: Exchange, candidates: Sequence[Upstream]) -> Response:
         ex.overhead_s = time.perf_counter() - ex.t0
-        upstream, body = await self.pool.complete(
-            candidates, ex.path, ex.request.upstream_body, ex.upstream_headers
-        )
-        ex.upstream = upstream.base_url
+        budget = ex.rewriter.policy.budget
+        if budget is not None and budget.enforcement == "gateway":
+            body = await self._assembled(ex, candidates)
+        else:
+            upstream, body = await self.pool.complete(
+                candidates, ex.path, ex.request.upstream_body, ex.upstream_headers
+            )
+            ex.upstream = upstream.base_url
         ex.mark_first_token()
         arrived = time.perf_counter()
         try:
@@ -122,6 +138,67 @@ class Forwarder:
         headers = dict((*ex.ticket.headers, overhead_header(ex)))
         return Response(orjson.dumps(body), media_type="application/json", headers=headers)
 
+    async def _assembled(self, ex: Exchange, candidates: Sequence[Upstream]) -> dict[str, Any]:
+        """A whole completion whose reasoning budget the gateway keeps: streamed from the
+        upstream (the reasoning can only be cut while it comes), through a relay of its own
+        that sees everything, and assembled into the chat completion the engine would have
+        answered; the request's own rewriter then treats it like any whole response."""
+        body = orjson.loads(ex.request.upstream_body)
+        body.update(stream=True, stream_options={"include_usage": True})
+        policy = ex.rewriter.policy
+        inner = StreamRelay(dataclasses.replace(policy, show_reasoning=True,
+                                                reasoning_field="reasoning",
+                                                include_usage=True))  # fmt: skip
+        leg = await self._leg(ex, candidates, orjson.dumps(body))
+        try:
+            async for _ in upstream_output(ex, leg, inner):
+                pass  # the inner relay keeps what the choice produced
+        except RemoteProtocolError as exc:
+            raise UpstreamProtocolError(str(exc)) from None
+        finally:
+            await leg.stream.aclose()
+        return assembled(inner)
+
+
+@dataclass(slots=True)
+class Leg:
+    """The upstream stream a relay reads now: the request's, then its continuation's."""
+
+    stream: UpstreamStream
+    body: bytes  # the request the stream answers
+    reopen: Callable[[bytes], Awaitable[UpstreamStream]]
+    max_event: int
+    parser: SSEParser = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.parser = SSEParser(self.max_event)
+
+    async def continue_with(self, body: bytes) -> None:
+        await self.stream.aclose()
+        self.stream, self.body = await self.reopen(body), body
+        self.parser = SSEParser(self.max_event)
+
+
+def assembled(relay: StreamRelay) -> dict[str, Any]:
+    """The chat completion a relay's stream made (its one choice; reasoning in its own field,
+    so the request's rewriter reads it as the engine's separated reasoning)."""
+    state = relay.choice(0)
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(state.content) or None,
+                               "reasoning": "".join(state.reasoning)}  # fmt: skip
+    if state.tools.calls:
+        message["tool_calls"] = [
+            {"id": c["id"], "type": "function",
+             "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for c in (call.as_dict() for call in state.tools.calls)
+        ]  # fmt: skip
+    return {
+        "id": f"chatcmpl-{secrets.token_hex(12)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "choices": [{"index": 0, "message": message, "finish_reason": state.finish_reason}],
+        "usage": relay.usage,
+    }
+
 
 def overhead_header(ex: Exchange) -> tuple[str, str]:
     """``x-thinkgate-overhead-ms``: the gateway's own time so far (for a stream, what it spent
@@ -129,31 +206,43 @@ def overhead_header(ex: Exchange) -> tuple[str, str]:
     return "x-thinkgate-overhead-ms", f"{ex.overhead_s * 1000:.3f}"
 
 
+async def upstream_output(ex: Exchange, leg: Leg, relay: StreamRelay) -> AsyncIterator[bytes]:
+    """What each upstream read makes for the client (``[DONE]`` held back; maybe nothing),
+    across a continuation: when the relay's reasoning budget is spent, the leg moves on to the
+    request that continues the turn. Raises the error that cut the stream short."""
+    while True:
+        async for raw in leg.stream:
+            arrived = time.perf_counter()
+            out, error = relay_read(relay, leg.parser, raw)
+            ex.observe_read(arrived)
+            yield out
+            if error is not None:
+                raise error
+            if relay.done or relay.cutting:
+                break
+        if not relay.cutting:
+            break
+        await leg.continue_with(relay.continuation(leg.body))
+    if not relay.done:
+        raise UpstreamProtocolError("the model server ended the stream before [DONE]")
+
+
 async def relay_stream(
-    ex: Exchange, opened: UpstreamStream, relay: StreamRelay, parser: SSEParser, keepalive_s: float
+    ex: Exchange, leg: Leg, relay: StreamRelay, keepalive_s: float
 ) -> AsyncIterator[bytes]:
     """The relay loop: upstream reads in, one client write per upstream read out. Closing the
     upstream and the final ``finish`` belong to the response's cleanup, which also runs when
     this generator is cancelled or never started."""
     last_sent = time.perf_counter()
     try:
-        async for raw in opened:
-            arrived = time.perf_counter()
-            out, error = relay_read(relay, parser, raw)
-            ex.observe_read(arrived)
+        async for out in upstream_output(ex, leg, relay):
             if out:
                 ex.mark_first_token()
                 yield out
                 last_sent = time.perf_counter()
-            elif arrived - last_sent > keepalive_s:
+            elif time.perf_counter() - last_sent > keepalive_s:
                 yield KEEPALIVE_COMMENT  # upstream is busy with withheld reasoning
                 last_sent = time.perf_counter()
-            if error is not None:
-                raise error
-            if relay.done:
-                break
-        if not relay.done:
-            raise UpstreamProtocolError("the model server ended the stream before [DONE]")
         ex.status = "ok"
         await ex.finish()
         yield relay.end()
@@ -201,7 +290,10 @@ def relay_read(
             data = relay.feed(event)
             if relay.done:
                 break
-            out.append(data)
+            out.append(data if relay.first_id is None else relay.as_first(data, event))
+            if relay.policy.budget is not None and relay.budget_spent():
+                relay.cut_at(event)  # the rest of this turn is never read
+                break
     except (GatewayError, RemoteProtocolError) as exc:
         return b"".join(out), exc
     return b"".join(out), error

@@ -137,6 +137,18 @@ class ChoiceState:
         self._count(reasoning, content)
         return reasoning, content
 
+    def end_reasoning(self) -> None:
+        """The gateway ended this choice's reasoning (its budget was spent, ``gateway.relay.
+        effort``): text held back inside it is kept as reasoning, held-back deltas count as
+        reasoning tokens, and from now on every text field is the answer (the engine continues
+        after the close marker, whatever field its parser puts the text in)."""
+        reasoning, _ = _join(self.splitter.close())
+        if reasoning:
+            self.reasoning.append(reasoning)
+        self.reasoning_deltas += self._pending
+        self._pending, self._leak_armed, self._leak_held = 0, False, ""
+        self.splitter, self.thinking, self.separated = ThinkSplitter(NONE), False, False
+
     def _settle_pending(self, events: list[SplitEvent], dropped: bool) -> None:
         """Held-back deltas whose text was decided now: reasoning tokens when a marker was
         dropped or the text went on as reasoning; else they began the answer."""

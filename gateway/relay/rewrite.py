@@ -39,6 +39,7 @@ import orjson
 
 from gateway.errors import RemoteProtocolError, UpstreamStatusError
 from gateway.relay.choice import ChoiceState
+from gateway.relay.effort import Budget, continuation_body, continuation_prefix
 from gateway.relay.formats import BUILTIN, ReasoningField, ReasoningFormat, ReasoningSource
 from gateway.relay.sse import DONE_EVENT, Event, encode_data, encode_event
 from gateway.relay.thinksplit import State
@@ -65,6 +66,8 @@ class Policy:
     repair_leak: bool = False  # streamed with ``stop``: see gateway.relay.choice (vLLM #51641)
     source: ReasoningSource = "text"
     thinking: bool = True  # the request's own switch (ReasoningFormat.thinking)
+    budget: Budget | None = None  # the reasoning budget (gateway.relay.effort)
+    max_tokens: int = 0  # the output limit a continuation shares (with a budget)
 
     @classmethod
     def named(cls, parser: str, show_reasoning: bool, reasoning_field: ReasoningField,
@@ -80,6 +83,35 @@ class Rewriter:
         self.policy = policy
         self.choices: dict[int, ChoiceState] = {}
         self.usage: dict[str, Any] | None = None
+        self.spent = 0  # tokens of the upstream turn the gateway cut short (its budget)
+        self.cutting = False  # the budget was spent: the turn must continue after the reasoning
+        self.continued = False  # the answer comes from a continuation (at most one)
+
+    def budget_spent(self) -> bool:
+        """Whether the one choice's reasoning just reached the point where the gateway ends it
+        (``Budget.cut_at``); once per request."""
+        budget = self.policy.budget
+        cut_at = budget.cut_at if budget is not None else None
+        if cut_at is None or self.continued or self.cutting:
+            return False
+        state = self.choices.get(0)
+        return (
+            state is not None
+            and state.thinking
+            and state.splitter.in_reasoning
+            and state.reasoning_deltas >= cut_at
+        )
+
+    def continuation(self, upstream_body: bytes) -> bytes:
+        """End the reasoning here and return the body of the request that continues the turn
+        after it (``gateway.relay.effort``); the answer then comes from that request."""
+        state = self.choices[0]
+        state.end_reasoning()
+        self.spent, self.cutting, self.continued = state.deltas, False, True
+        prefix = continuation_prefix(self.policy.format, "".join(state.reasoning))
+        body = continuation_body(orjson.loads(upstream_body), prefix, self.spent,
+                                 self.policy.max_tokens)  # fmt: skip
+        return orjson.dumps(body)
 
     @property
     def has_content(self) -> bool:
@@ -125,9 +157,13 @@ class Rewriter:
     def fill_usage(self, usage: dict[str, Any]) -> dict[str, Any]:
         """``usage`` with ``completion_tokens_details.reasoning_tokens`` filled in."""
         details = dict(usage.get("completion_tokens_details") or {})
+        if self.continued:  # the continuation's usage, plus the turn cut short before it
+            usage = {**usage, "completion_tokens": int(usage.get("completion_tokens") or 0)
+                     + self.spent, "total_tokens": int(usage.get("total_tokens") or 0)
+                     + self.spent}  # fmt: skip
         if not self.policy.thinking:  # nothing was reasoning, whatever the engine counted
             details["reasoning_tokens"] = 0
-        elif not details.get("reasoning_tokens"):
+        elif self.continued or not details.get("reasoning_tokens"):
             details["reasoning_tokens"] = self.count_reasoning_tokens(
                 int(usage.get("completion_tokens") or 0)
             )
@@ -152,6 +188,26 @@ class StreamRelay(Rewriter):
         super().__init__(policy)
         self.done = False
         self._rename_to = _RENAMES.get(policy.reasoning_field)
+        self.first_id: bytes | None = None  # after a cut: the chunk id the client knows
+        self._ids: tuple[bytes, bytes] | None = None  # (continuation's, first's), as JSON
+
+    def cut_at(self, event: Event) -> None:
+        """The budget was spent at ``event``: the turn continues in another upstream
+        request, whose chunks keep this one's id for the client (``as_first``)."""
+        self.cutting = True
+        chunk_id = parse_chunk(event).get("id")
+        self.first_id = orjson.dumps(chunk_id) if isinstance(chunk_id, str) else None
+
+    def as_first(self, data: bytes, event: Event) -> bytes:
+        """``data`` (from a continuation's ``event``) with the first request's chunk id."""
+        if self.first_id is None or event.is_done:
+            return data
+        if self._ids is None:
+            chunk_id = parse_chunk(event).get("id")
+            if not isinstance(chunk_id, str):
+                return data
+            self._ids = (b'"id":' + orjson.dumps(chunk_id), b'"id":' + self.first_id)
+        return data.replace(*self._ids, 1)
 
     def error_event(self, error_json: bytes) -> bytes:
         """The one event that tells the client the stream failed (``error_json``: the error

@@ -35,15 +35,16 @@ async def chat_completions(request: Request) -> Response:
     key, raw = await steps.receive(state, request, "client")
     try:
         chat = parse_chat_request(raw)
+        relay = rewriter(state, key, chat)
+        if not relay.policy.thinking:  # forwarded as decided: the template cannot think either
+            chat = chat.without_thinking(relay.policy.format.switches)
+        chat = steps.budgeted(state, key, chat, relay, chat.params)
     except GatewayError as exc:
         steps.refused(state, request, key, exc, "unknown", stream=False)
         raise
     ticket, candidates = await steps.admit(
         state, request, key, chat.model, chat.stream, estimate_tokens(chat, state)
     )
-    relay = rewriter(state, key, chat)
-    if not relay.policy.thinking:  # forwarded as decided: the template cannot think either
-        chat = chat.without_thinking(relay.policy.format.switches)
     ex = steps.exchange(state, request, key, chat, (ENDPOINT, PATH), relay, ticket,
                         (started_at, t0))  # fmt: skip
     return await state.forwarder.run(ex, candidates, request.receive)

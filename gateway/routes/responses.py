@@ -49,12 +49,13 @@ async def create_response(request: Request) -> Response:
     try:
         call = await prepared(state, key, parse_responses_request(raw))
         seal = await _sealer(state, key, call)
+        relay = rewriter(state, key, call, seal)
+        call = steps.budgeted(state, key, call, relay, call.chat)
     except GatewayError as exc:
         steps.refused(state, request, key, exc, "unknown", stream=False)
         raise
     tokens = steps.reservation(state, call.upstream_body, 1, call.max_tokens)
     ticket, candidates = await steps.admit(state, request, key, call.model, call.stream, tokens)
-    relay = rewriter(state, key, call, seal)
     after = _keeper(state, key, call, relay) if call.store and state.stored else None
     ex = steps.exchange(state, request, key, call, (ENDPOINT, PATH), relay, ticket,
                         (started_at, t0), after)  # fmt: skip

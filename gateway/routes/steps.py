@@ -9,9 +9,11 @@ routes the model and passes the ``Gate``. Every refusal on the way is counted
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import orjson
 from starlette.requests import Request
 
 from gateway.admission.budget import priority_of
@@ -22,6 +24,7 @@ from gateway.edge.body import read_body
 from gateway.errors import GatewayError, LedgerUnavailable
 from gateway.exchange.lifecycle import Exchange, Forwarded
 from gateway.ledger.record import CompletionRecord
+from gateway.relay.effort import UPSTREAM_FIELD, plan
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_refusal
 from gateway.telemetry.traceparent import parse_traceparent
@@ -61,6 +64,46 @@ async def admit(
     except GatewayError as exc:
         refused(state, request, key, exc, model, stream, served=served)
         raise
+
+
+class _Budgeted(Protocol):
+    @property
+    def model(self) -> str: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def upstream_body(self) -> bytes: ...
+
+
+C = TypeVar("C", bound=_Budgeted)
+
+
+def budgeted(
+    state: AppState, key: KeyInfo, call: C, relay: Rewriter, params: Mapping[str, Any]
+) -> C:
+    """The request with its reasoning budget (``gateway.relay.effort``) in place, from the chat
+    ``params`` it asks upstream with: sent for the engine to keep, or given to the relay (one
+    choice) for the gateway to keep; a ``thinking_token_budget`` nobody upstream keeps is
+    removed. Raises ``InvalidRequest`` for an unknown effort or a bad budget: call it before
+    admission."""
+    settings = state.settings
+    limit = call.max_tokens or settings.default_max_tokens
+    rule = settings.reasoning_for(call.model).effort
+    ceiling = settings.reasoning_ceiling(key.key_id)
+    budget = plan(rule, params, limit, ceiling, thinking=relay.policy.thinking)
+    if budget is not None and call.n == 1:
+        relay.policy = dataclasses.replace(relay.policy, budget=budget, max_tokens=limit)
+    if budget is None and UPSTREAM_FIELD not in params:
+        return call
+    body = orjson.loads(call.upstream_body)
+    body = budget.upstream_fields(body) if budget is not None else _without_budget(body)
+    return dataclasses.replace(call, upstream_body=orjson.dumps(body))  # type: ignore[type-var]
+
+
+def _without_budget(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != UPSTREAM_FIELD}
 
 
 def reservation(state: AppState, upstream_body: bytes, n: int, max_tokens: int | None) -> int:

@@ -108,6 +108,7 @@ def _plan(request: SimRequest) -> list[Script]:
             thinking=request.thinking,
             empty_reasoning=request.sim.empty_reasoning,
             tool=tool if tool is None or index == 0 else tool.again(),
+            continuing=request.continuing,
         )
         for index in range(request.n)
     ]

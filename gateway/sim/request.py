@@ -32,6 +32,10 @@ Rules (vLLM 0.32 behaviour where it has one):
   the arguments are ``sim.tool_arguments`` (an object) if given, else built from the schema's
   required properties (string ``"sim"``, number/integer ``1``, boolean ``true``, else
   ``null``). The call id is a fresh ``chatcmpl-tool-<hex>``.
+- ``continue_final_message: true`` (with ``add_generation_prompt: false``) after an assistant
+  message whose text holds the format's close marker continues that turn after its
+  reasoning: the model writes only its answer, as content (``gateway.sim.script``). This is
+  how the gateway ends a reasoning at its budget (``gateway.relay.effort``).
 - Thinking is off, as a hybrid model's template does it, when ``chat_template_kwargs`` has
   ``thinking`` or ``enable_thinking`` false, or ``reasoning_effort`` is ``"none"``: the model
   writes only its answer (``gateway.sim.script``).
@@ -112,6 +116,7 @@ class SimRequest:
     thinking: bool = True
     tool: ToolPlan | None = None
     body: dict[str, Any] = field(default_factory=dict)  # the request as received
+    continuing: bool = False  # continues an assistant turn whose reasoning is closed
 
 
 def error_body(message: str, error_type: str, param: str | None, code: int) -> bytes:
@@ -144,6 +149,7 @@ def parse_chat_request(body: bytes, config: SimConfig) -> SimRequest:
         thinking=_thinking(data),
         tool=_tool(data, sim),
         body=data,
+        continuing=_continuing(data, config.formats.get(model, "deepseek_r1"), sim),
     )
 
 
@@ -215,6 +221,18 @@ def _markers(name: str) -> tuple[str | None, str]:
     if fmt is None or not fmt.splits or fmt.close is None:
         raise _bad("'sim.format' must name a format with text markers", "sim")
     return fmt.open, fmt.close
+
+
+def _continuing(data: dict[str, Any], model_format: str, sim: SimOptions) -> bool:
+    """``continue_final_message`` after an assistant message whose reasoning is closed."""
+    messages = data.get("messages")
+    if data.get("continue_final_message") is not True or not isinstance(messages, list):
+        return False
+    last = messages[-1] if messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return False
+    close = _markers(sim.format or model_format)[1]
+    return close in _content_text(last)
 
 
 def _thinking(data: dict[str, Any]) -> bool:

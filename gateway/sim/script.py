@@ -189,9 +189,13 @@ def build_script(
     thinking: bool = True,
     empty_reasoning: bool = False,
     tool: ToolPlan | None = None,
+    continuing: bool = False,
 ) -> Script:
     """Plan one choice: scripted ``chunks`` verbatim, else text generated from ``seed``;
-    then end it at a stop string or ``max_tokens`` and, in ``separated`` mode, parse it."""
+    then end it at a stop string or ``max_tokens`` and, in ``separated`` mode, parse it.
+    ``continuing``: the request continues an assistant turn whose reasoning is closed
+    (``continue_final_message``): the model writes only what follows the close marker, as
+    content (vLLM's parser sees the reasoning end in the prompt)."""
     close = markers[1]
     if chunks is not None:
         planned, tool = list(chunks), None  # scripted: the chunks are all there is
@@ -208,12 +212,36 @@ def build_script(
         planned = _render(mode, text, rng, markers)
         if tool is not None:
             planned += _on("tool", list(_tokenize(tool.arguments, rng)))
+    if continuing:
+        planned, mode = after_reasoning(planned, close), "template"
     ending = end_generation(planned, stops, max_tokens)
     tag_at = find_tag(ending.pieces, close)
     pieces = separate(ending.pieces, tag_at, close) if mode == "separated" else ending.pieces
     finish = _finish(ending.finish_reason, ending.stop_reason, tool)
     return Script(pieces, prompt_tokens, finish, ending.stop_reason, tag_at, close,
                   tool.call if tool else None)  # fmt: skip
+
+
+def after_reasoning(pieces: Sequence[Piece], close: str) -> list[Piece]:
+    """What a model continuing after its closed reasoning writes: the pieces past the close
+    marker (reasoning-channel pieces and the whitespace right after the marker dropped)."""
+    kept = [p for p in pieces if p.channel != "reasoning"]
+    text = "".join(p.text for p in kept if p.channel == "content")
+    end = text.find(close)
+    if end < 0:
+        return kept
+    skip, out = end + len(close), []
+    for piece in kept:
+        if piece.channel == "content" and skip > 0:
+            rest = piece.text[skip:] if len(piece.text) > skip else ""
+            skip -= len(piece.text)
+            if not rest:
+                continue
+            piece = Piece("content", rest)
+        out.append(piece)
+    while out and out[0].channel == "content" and not out[0].text.strip():
+        out.pop(0)
+    return out
 
 
 def _finish(reason: FinishReason, stop_reason: str | None, tool: ToolPlan | None) -> FinishReason:

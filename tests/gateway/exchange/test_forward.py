@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from gateway.errors import RemoteProtocolError, UpstreamStatusError, UpstreamTimeout
-from gateway.exchange.forward import relay_read, relay_stream
+from gateway.exchange.forward import Leg, relay_read, relay_stream
 from gateway.relay.rewrite import Policy, StreamRelay
 from gateway.relay.sse import DONE_EVENT, KEEPALIVE_COMMENT, Event, SSEParser, encode_data
 from gateway.upstream.pool import UpstreamStream
@@ -76,6 +76,14 @@ class FakeStream:
         await self.source.aclose()  # type: ignore[attr-defined]
 
 
+async def no_continuation(body: bytes) -> UpstreamStream:
+    raise AssertionError("no budget here: nothing may continue")
+
+
+def leg(stream: FakeStream) -> Leg:
+    return Leg(cast(UpstreamStream, stream), b"{}", no_continuation, 1 << 20)
+
+
 async def reads(*parts: bytes, then: BaseException | None = None) -> AsyncIterator[bytes]:
     for part in parts:
         yield part
@@ -86,10 +94,9 @@ async def reads(*parts: bytes, then: BaseException | None = None) -> AsyncIterat
 async def relayed(s: Setup, source: AsyncIterator[bytes], keepalive_s: float = 60) -> list[bytes]:
     """Every piece for the client; at ``[DONE]``, the record must already be in the sink."""
     stream = FakeStream(source)
-    opened = cast(UpstreamStream, stream)
     pieces: list[bytes] = []
     async with asyncio.timeout(5):
-        async for piece in relay_stream(s.ex, opened, s.relay, SSEParser(), keepalive_s):
+        async for piece in relay_stream(s.ex, leg(stream), s.relay, keepalive_s):
             if piece == DONE_EVENT:
                 assert len(s.sink.records) == 1, "[DONE] went out before the record"
             pieces.append(piece)
@@ -145,7 +152,7 @@ async def test_a_keepalive_comment_follows_keepalive_s_of_silence() -> None:
 
     s = await open_exchange()
     stream = FakeStream(silence())
-    body = relay_stream(s.ex, cast(UpstreamStream, stream), s.relay, SSEParser(), 0.02)
+    body = relay_stream(s.ex, leg(stream), s.relay, 0.02)
     started = time.perf_counter()
     async with asyncio.timeout(5):
         first = await anext(body)
