@@ -42,6 +42,7 @@ from starlette.types import Receive
 from gateway.edge.streaming import DisconnectWatcher, RelayResponse
 from gateway.errors import GatewayError, RemoteProtocolError, UpstreamError, UpstreamProtocolError
 from gateway.exchange.lifecycle import Exchange
+from gateway.relay.effort import COUNTING
 from gateway.relay.rewrite import StreamRelay
 from gateway.relay.sse import KEEPALIVE_COMMENT, SSEParser
 from gateway.upstream.engine import Upstream
@@ -144,7 +145,7 @@ class Forwarder:
         that sees everything, and assembled into the chat completion the engine would have
         answered; the request's own rewriter then treats it like any whole response."""
         body = orjson.loads(ex.request.upstream_body)
-        body.update(stream=True, stream_options={"include_usage": True})
+        body.update(stream=True, stream_options=COUNTING)
         policy = ex.rewriter.policy
         inner = StreamRelay(dataclasses.replace(policy, show_reasoning=True,
                                                 reasoning_field="reasoning",

@@ -137,6 +137,11 @@ class ChoiceState:
         self._count(reasoning, content)
         return reasoning, content
 
+    @property
+    def reasoning_tokens(self) -> int:
+        """Reasoning tokens so far, deltas held back inside the reasoning included."""
+        return self.reasoning_deltas + self._pending
+
     def end_reasoning(self) -> None:
         """The gateway ended this choice's reasoning (its budget was spent, ``gateway.relay.
         effort``): text held back inside it is kept as reasoning, held-back deltas count as

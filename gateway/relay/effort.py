@@ -23,10 +23,15 @@ Rules:
     ``--reasoning-parser``: its sampler forces the close marker when the budget is spent). The
     gateway still watches: should reasoning run past the budget + ``ENGINE_SLACK`` tokens (an
     engine that ignored the field), it ends it itself, as ``gateway`` does.
-  - ``gateway``: nothing extra goes upstream (an engine without a reasoning configuration
-    refuses ``thinking_token_budget``); when a choice's reasoning reaches the budget, the
-    gateway cuts the upstream stream and asks the engine to continue the same assistant turn
-    after the reasoning so far and the close marker (``continuation``), so the answer follows.
+  - ``gateway``: no budget goes upstream (an engine without a reasoning configuration refuses
+    ``thinking_token_budget``); the stream asks for a running token count instead
+    (``continuous_usage_stats``; without one, deltas are counted). When the choice's reasoning
+    reaches the budget, the gateway cuts the upstream stream and asks the engine to continue
+    the same assistant turn after the reasoning so far and the close marker
+    (``continuation_body``), so the answer follows; a whole response is streamed from the
+    engine for this, and assembled. The usage then adds the cut turn's tokens to the
+    continuation's (all of them reasoning), and ``prompt_tokens`` is the continuation's, which
+    holds the reasoning again (the engine prefilled it again, mostly from its prefix cache).
   - ``none``: the budget is not kept (``thinking_token_budget`` from a client is removed).
 
 Gateway enforcement works on one choice (``n`` = 1; the Responses and Messages APIs have no
@@ -52,6 +57,7 @@ DEFAULT_BUDGETS: Mapping[str, int] = {
 }  # fmt: skip
 ENGINE_SLACK = 8  # tokens past an engine-kept budget before the gateway ends the reasoning
 UPSTREAM_FIELD = "thinking_token_budget"
+COUNTING = {"include_usage": True, "continuous_usage_stats": True}
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +88,14 @@ class Budget:
 
     def upstream_fields(self, body: dict[str, Any]) -> dict[str, Any]:
         """The chat body to send upstream: ``thinking_token_budget`` set for the engine to keep,
-        removed otherwise."""
+        removed otherwise; a stream the gateway keeps the budget of asks for a running token
+        count (vLLM's ``continuous_usage_stats``: it merges tokens into fewer deltas under load,
+        so counting deltas would let the reasoning run past its budget)."""
         out = {k: v for k, v in body.items() if k != UPSTREAM_FIELD}
         if self.enforcement == "engine":
             out[UPSTREAM_FIELD] = self.tokens
+        elif self.enforcement == "gateway" and out.get("stream"):
+            out["stream_options"] = {**(out.get("stream_options") or {}), **COUNTING}
         return out
 
 
@@ -134,6 +144,8 @@ def continuation_body(
     reduced by what was spent (one token at least) and no budget left to keep."""
     messages = [*body.get("messages", []), {"role": "assistant", "content": prefix}]
     out = {k: v for k, v in body.items() if k not in (UPSTREAM_FIELD, "max_completion_tokens")}
+    if out.get("stream"):  # nothing left to count: the usage at the end is enough
+        out["stream_options"] = {"include_usage": True}
     out.update(
         messages=messages,
         continue_final_message=True,

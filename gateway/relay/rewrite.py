@@ -24,7 +24,9 @@ Rules, per choice (state is kept per ``index``, so ``n > 1`` works):
 - ``completion_tokens_details.reasoning_tokens``: the upstream's figure when it reports one
   above zero. Otherwise thinkgate counts: when every upstream delta carried one token (deltas ==
   ``completion_tokens``, vLLM's normal streaming) the reasoning deltas are the exact count (tag
-  tokens included); when tokens were merged into fewer deltas, or for a non-streaming response,
+  tokens included; behind vLLM's reasoning parser, which sends no delta for the ``</think>``
+  token, one delta short per choice whose reasoning ended, that token counted as reasoning);
+  when tokens were merged into fewer deltas, or for a non-streaming response,
   ``completion_tokens`` is shared out in proportion to the characters of reasoning and content.
 
 Unchanged chunks are re-framed from the upstream's bytes without re-encoding the JSON.
@@ -86,6 +88,7 @@ class Rewriter:
         self.spent = 0  # tokens of the upstream turn the gateway cut short (its budget)
         self.cutting = False  # the budget was spent: the turn must continue after the reasoning
         self.continued = False  # the answer comes from a continuation (at most one)
+        self.upstream_tokens: int | None = None  # the engine's running count, when it sends one
 
     def budget_spent(self) -> bool:
         """Whether the one choice's reasoning just reached the point where the gateway ends it
@@ -99,7 +102,7 @@ class Rewriter:
             state is not None
             and state.thinking
             and state.splitter.in_reasoning
-            and state.reasoning_deltas >= cut_at
+            and (self.upstream_tokens or state.reasoning_tokens) >= cut_at
         )
 
     def continuation(self, upstream_body: bytes) -> bytes:
@@ -107,7 +110,8 @@ class Rewriter:
         after it (``gateway.relay.effort``); the answer then comes from that request."""
         state = self.choices[0]
         state.end_reasoning()
-        self.spent, self.cutting, self.continued = state.deltas, False, True
+        spent = self.upstream_tokens if self.upstream_tokens is not None else state.deltas
+        self.spent, self.cutting, self.continued = spent, False, True
         prefix = continuation_prefix(self.policy.format, "".join(state.reasoning))
         body = continuation_body(orjson.loads(upstream_body), prefix, self.spent,
                                  self.policy.max_tokens)  # fmt: skip
@@ -163,7 +167,9 @@ class Rewriter:
                      + self.spent}  # fmt: skip
         if not self.policy.thinking:  # nothing was reasoning, whatever the engine counted
             details["reasoning_tokens"] = 0
-        elif self.continued or not details.get("reasoning_tokens"):
+        elif self.continued:  # the turn was cut inside its reasoning: all of it was reasoning
+            details["reasoning_tokens"] = self.spent
+        elif not details.get("reasoning_tokens"):
             details["reasoning_tokens"] = self.count_reasoning_tokens(
                 int(usage.get("completion_tokens") or 0)
             )
@@ -172,8 +178,10 @@ class Rewriter:
     def count_reasoning_tokens(self, completion_tokens: int) -> int:
         states = self.choices.values()
         deltas = sum(s.deltas for s in states)
-        if deltas and deltas == completion_tokens:
-            return sum(s.reasoning_deltas for s in states)
+        # vLLM's reasoning parser sends no delta for the </think> token that ends the reasoning
+        closed = sum(1 for s in states if s.separated and s.reasoning and s.content)
+        if deltas and deltas + closed == completion_tokens:
+            return sum(s.reasoning_deltas for s in states) + closed
         r_chars = sum(len(p) for s in states for p in s.reasoning)
         c_chars = sum(len(p) for s in states for p in s.content)
         if not r_chars:
@@ -190,6 +198,12 @@ class StreamRelay(Rewriter):
         self._rename_to = _RENAMES.get(policy.reasoning_field)
         self.first_id: bytes | None = None  # after a cut: the chunk id the client knows
         self._ids: tuple[bytes, bytes] | None = None  # (continuation's, first's), as JSON
+
+    def _counting(self) -> bool:
+        """Whether the engine was asked for a running token count (``continuous_usage_stats``):
+        the gateway keeps this request's budget, and the turn was not continued yet."""
+        budget = self.policy.budget
+        return budget is not None and budget.enforcement == "gateway" and not self.continued
 
     def cut_at(self, event: Event) -> None:
         """The budget was spent at ``event``: the turn continues in another upstream
@@ -335,6 +349,10 @@ class StreamRelay(Rewriter):
         usage = chunk["usage"]
         if usage is None:
             return False  # a null placeholder (OpenAI puts one in every chunk): left as it is
+        if chunk.get("choices") and self._counting():  # the running count the budget asked for
+            self.upstream_tokens = int(usage.get("completion_tokens") or 0)
+            del chunk["usage"]
+            return True
         self.usage = self.fill_usage(usage)
         if self.policy.include_usage:
             chunk["usage"] = self.usage
