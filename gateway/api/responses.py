@@ -36,7 +36,6 @@ import orjson
 
 from gateway.api.items import History, chat_messages, input_items
 from gateway.errors import InvalidRequest
-from gateway.relay.effort import EFFORTS
 
 _KNOWN = {
     "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "reasoning",
@@ -53,6 +52,9 @@ _BUILT_IN = {
 }  # fmt: skip
 ENCRYPTED = "reasoning.encrypted_content"
 MAX_OUTPUT_TOKENS = 1_000_000
+# The reference's efforts (gateway.relay.effort.EFFORTS says what each costs; a test keeps
+# the two equal: the relay is this layer's neighbour, not below it).
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 HistoryField = str  # "reasoning" | "reasoning_content" | "drop" (settings validate it)
 
 

@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from gateway.api import responses
 from gateway.errors import InvalidRequest
 from gateway.relay.effort import (
     DEFAULT_BUDGETS,
+    EFFORTS,
     ENGINE_SLACK,
     Budget,
     EffortRule,
@@ -51,6 +53,10 @@ def test_the_smallest_limit_wins_and_room_is_kept_for_the_answer(
     params: dict[str, Any], max_tokens: int, ceiling: int | None, expected: int | None
 ) -> None:
     assert budget(params, max_tokens, ceiling) == expected
+
+
+def test_the_responses_parser_knows_the_same_efforts() -> None:
+    assert responses.EFFORTS == EFFORTS
 
 
 def test_a_request_that_does_not_think_has_no_budget() -> None:
