@@ -37,7 +37,7 @@ from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RouteError
 from gateway.ledger.record import RecordSink
 from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
-from gateway.routes import admin, auditor, chat, health, models, responses
+from gateway.routes import admin, auditor, chat, health, messages, models, responses
 from gateway.routes.health import metrics_app
 from gateway.routes.state import AppState
 from gateway.settings import ModelOverride, Settings
@@ -95,6 +95,7 @@ def create_app(
     chat.add_routes(app)
     models.add_routes(app)
     responses.add_routes(app)
+    messages.add_routes(app)
     health.add_routes(app)
     admin.add_routes(app)
     auditor.add_routes(app)
@@ -209,23 +210,28 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         await task
 
 
-async def _gateway_error(_request: Request, exc: GatewayError) -> Response:
-    return error_response(exc)
+def _shaped(request: Request, error: GatewayError) -> Response:
+    """The error in the shape of the API the path belongs to (Anthropic's under /v1/messages)."""
+    return error_response(error, anthropic=request.url.path.startswith("/v1/messages"))
 
 
-async def _http_error(_request: Request, exc: HTTPException) -> Response:
+async def _gateway_error(request: Request, exc: GatewayError) -> Response:
+    return _shaped(request, exc)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
     if exc.status_code == 404:
-        return error_response(NotFound("Unknown route.", code="unknown_route"))
-    return error_response(RouteError(exc.status_code, str(exc.detail)))
+        return _shaped(request, NotFound("Unknown route.", code="unknown_route"))
+    return _shaped(request, RouteError(exc.status_code, str(exc.detail)))
 
 
-async def _internal_error(_request: Request, _exc: Exception) -> Response:
+async def _internal_error(request: Request, _exc: Exception) -> Response:
     # Starlette logs the traceback; the client learns only that it was our fault.
-    return error_response(GatewayError("The gateway failed to handle the request."))
+    return _shaped(request, GatewayError("The gateway failed to handle the request."))
 
 
-async def _validation_error(_request: Request, exc: RequestValidationError) -> Response:
+async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
     first = exc.errors()[0] if exc.errors() else {}
     loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
     param = ".".join(loc) or None
-    return error_response(InvalidRequest(f"Invalid value for '{param}'.", param=param))
+    return _shaped(request, InvalidRequest(f"Invalid value for '{param}'.", param=param))

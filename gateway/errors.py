@@ -101,6 +101,10 @@ class GatewayError(Exception):
     def to_json(self) -> bytes:
         return orjson.dumps(self.to_dict())
 
+    def to_anthropic(self) -> bytes:
+        """The error in Anthropic's shape (the Messages API), typed by status."""
+        return anthropic_error(self.status, self.message)
+
     def with_headers(self, headers: Sequence[tuple[str, str]]) -> Self:
         """This error, for a response that also carries ``headers`` (a new error)."""
         if not headers:
@@ -304,3 +308,19 @@ class LedgerIntegrityError(LedgerError):
     status = 500
     type = "server_error"
     code = "ledger_integrity_error"
+
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+    503: "overloaded_error", 529: "overloaded_error",
+}  # fmt: skip
+
+
+def anthropic_error(status: int, message: str) -> bytes:
+    """``{"type": "error", "error": {"type", "message"}}``: a 4xx without a type of its own is
+    an ``invalid_request_error``, a 5xx an ``api_error``."""
+    kind = _ANTHROPIC_TYPES.get(status)
+    if kind is None:
+        kind = "invalid_request_error" if status < 500 else "api_error"
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})

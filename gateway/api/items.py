@@ -90,6 +90,17 @@ class History:
         return messages
 
 
+def placed(message: dict[str, Any], history_field: str) -> dict[str, Any]:
+    """``message`` with its ``reasoning`` field renamed to ``history_field`` (the model's
+    history rule: ``reasoning``, ``reasoning_content``) or dropped (``drop``)."""
+    if "reasoning" not in message or history_field == "reasoning":
+        return message
+    out = {k: v for k, v in message.items() if k != "reasoning"}
+    if history_field != "drop":
+        out[history_field] = message["reasoning"]
+    return out
+
+
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
               "reasoning": "rs"}  # fmt: skip
 

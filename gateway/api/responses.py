@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from gateway.api.items import History, chat_messages, input_items
+from gateway.api.items import History, chat_messages, input_items, placed
 from gateway.errors import InvalidRequest
 
 _KNOWN = {
@@ -94,19 +94,10 @@ class ResponsesRequest:
         token replaced by ``opened[token]``; the reasoning field renamed or dropped per
         ``history_field``. The record keeps the messages as sent."""
         conversation = [*(earlier or []), *self.history.with_reasoning(opened)]
-        messages = [_placed(m, history_field) for m in [*self.instructions, *conversation]]
+        messages = [placed(m, history_field) for m in [*self.instructions, *conversation]]
         body = {**self.chat, "messages": messages}
         return dataclasses.replace(self, messages=messages, upstream_body=orjson.dumps(body),
                                    conversation=conversation)  # fmt: skip
-
-
-def _placed(message: dict[str, Any], history_field: HistoryField) -> dict[str, Any]:
-    if "reasoning" not in message or history_field == "reasoning":
-        return message
-    out = {k: v for k, v in message.items() if k != "reasoning"}
-    if history_field != "drop":
-        out[history_field] = message["reasoning"]
-    return out
 
 
 def parse_responses_request(raw: bytes) -> ResponsesRequest:

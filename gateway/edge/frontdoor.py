@@ -29,9 +29,10 @@ log = logging.getLogger("thinkgate")
 _SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
 
-def error_response(error: GatewayError) -> Response:
+def error_response(error: GatewayError, *, anthropic: bool = False) -> Response:
+    """The error as a response, in OpenAI's shape or (the Messages API) Anthropic's."""
     return Response(
-        error.to_json(),
+        error.to_anthropic() if anthropic else error.to_json(),
         status_code=error.status,
         media_type="application/json",
         headers=error.headers(),

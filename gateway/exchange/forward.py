@@ -44,7 +44,7 @@ from gateway.errors import GatewayError, RemoteProtocolError, UpstreamError, Ups
 from gateway.exchange.lifecycle import Exchange
 from gateway.relay.effort import COUNTING
 from gateway.relay.rewrite import StreamRelay
-from gateway.relay.sse import KEEPALIVE_COMMENT, SSEParser
+from gateway.relay.sse import SSEParser
 from gateway.upstream.engine import Upstream
 from gateway.upstream.pool import UpstreamPool, UpstreamStream
 
@@ -242,7 +242,7 @@ async def relay_stream(
                 yield out
                 last_sent = time.perf_counter()
             elif time.perf_counter() - last_sent > keepalive_s:
-                yield KEEPALIVE_COMMENT  # upstream is busy with withheld reasoning
+                yield relay.keepalive  # upstream is busy with withheld reasoning
                 last_sent = time.perf_counter()
         ex.status = "ok"
         await ex.finish()

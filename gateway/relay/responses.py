@@ -216,8 +216,7 @@ class ResponsesStream(StreamRelay):
             self.done = True
             return b"".join(out)
         chunk = parse_chunk(event)
-        if chunk.get("usage"):
-            self.usage = self.fill_usage(chunk["usage"])
+        self.note_usage(chunk)
         for choice in chunk.get("choices") or ():
             if isinstance(choice, dict) and int(choice.get("index") or 0) == 0:
                 out += self._choice(choice)

@@ -43,7 +43,7 @@ from gateway.errors import RemoteProtocolError, UpstreamStatusError
 from gateway.relay.choice import ChoiceState
 from gateway.relay.effort import Budget, continuation_body, continuation_prefix
 from gateway.relay.formats import BUILTIN, ReasoningField, ReasoningFormat, ReasoningSource
-from gateway.relay.sse import DONE_EVENT, Event, encode_data, encode_event
+from gateway.relay.sse import DONE_EVENT, KEEPALIVE_COMMENT, Event, encode_data, encode_event
 from gateway.relay.thinksplit import State
 
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning")
@@ -192,12 +192,25 @@ class Rewriter:
 class StreamRelay(Rewriter):
     """The streaming path: one upstream SSE event in, client bytes out."""
 
+    keepalive = KEEPALIVE_COMMENT  # what keeps the client's connection while nothing is due
+
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self.done = False
         self._rename_to = _RENAMES.get(policy.reasoning_field)
         self.first_id: bytes | None = None  # after a cut: the chunk id the client knows
         self._ids: tuple[bytes, bytes] | None = None  # (continuation's, first's), as JSON
+
+    def note_usage(self, chunk: dict[str, Any]) -> None:
+        """Keep a chunk's usage (for relays that shape their own events): the running count a
+        budget asked for, or the final usage."""
+        usage = chunk.get("usage")
+        if not usage:
+            return
+        if chunk.get("choices") and self._counting():
+            self.upstream_tokens = int(usage.get("completion_tokens") or 0)
+        else:
+            self.usage = self.fill_usage(usage)
 
     def _counting(self) -> bool:
         """Whether the engine was asked for a running token count (``continuous_usage_stats``):

@@ -31,7 +31,10 @@ from gateway.telemetry.traceparent import parse_traceparent
 from gateway.upstream.engine import Upstream
 
 # The API a path belongs to, as records and metrics name it (a fixed set: labels stay bounded).
-ENDPOINTS = {"/v1/chat/completions": "chat.completions", "/v1/responses": "responses"}
+ENDPOINTS = {
+    "/v1/chat/completions": "chat.completions", "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}  # fmt: skip
 
 if TYPE_CHECKING:  # the state is handed in; what it is made of is the lifespan's business
     from gateway.routes.state import AppState
@@ -40,7 +43,7 @@ if TYPE_CHECKING:  # the state is handed in; what it is made of is the lifespan'
 async def receive(state: AppState, request: Request, role: Role) -> tuple[KeyInfo, bytes]:
     """The caller's key, then its body."""
     try:
-        key = await authenticate(state.keys, request.headers.get("authorization"), role)
+        key = await authenticate(state.keys, authorization(request), role)
         raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
     except GatewayError as exc:  # counted and logged too: key guessing must leave a trace
         refused(state, request, None, exc, "unknown", stream=False)
@@ -78,6 +81,16 @@ class _Budgeted(Protocol):
 
 
 C = TypeVar("C", bound=_Budgeted)
+
+
+def authorization(request: Request) -> str | None:
+    """The caller's ``Authorization`` header; under ``/v1/messages`` Anthropic's ``x-api-key``
+    too (the ``anthropic`` SDK's way), as a bearer token."""
+    header = request.headers.get("authorization")
+    if header is None and request.url.path.startswith("/v1/messages"):
+        api_key = request.headers.get("x-api-key")
+        return f"Bearer {api_key}" if api_key else None
+    return header
 
 
 def budgeted(
