@@ -91,6 +91,7 @@ class FormatSpec(BaseModel):
 
 
 ReasoningHistory = Literal["reasoning", "reasoning_content", "drop"]
+ReasoningTurns = Literal["all", "tool_turns"]
 
 
 class ModelOverride(BaseModel):
@@ -99,6 +100,7 @@ class ModelOverride(BaseModel):
     reasoning_source: ReasoningSource | None = None
     reasoning_format: FormatSpec | None = None
     reasoning_history: ReasoningHistory | None = None
+    reasoning_turns: ReasoningTurns | None = None
     effort_budgets: dict[str, Annotated[int, Field(ge=0)]] | None = None
     effort_enforcement: Enforcement | None = None
 
@@ -125,6 +127,7 @@ class ModelReasoning:
     source: ReasoningSource
     history: ReasoningHistory = "reasoning"
     effort: EffortRule = DEFAULT_RULE
+    turns: ReasoningTurns = "all"  # which earlier turns' reasoning is handed back
 
 
 class TenantPolicy(BaseModel):
@@ -168,6 +171,9 @@ class Settings(BaseSettings):
     # reads ``reasoning`` (and renames ``reasoning_content`` to it); SGLang and DeepSeek's API
     # read ``reasoning_content``; ``drop`` sends none.
     reasoning_history: ReasoningHistory = "reasoning"
+    # Which earlier turns keep their reasoning on the way upstream: ``all``, or ``tool_turns``
+    # (only the assistant turns after the last user message: the tool-call loop in progress).
+    reasoning_turns: ReasoningTurns = "all"
     # Reasoning tokens per ``reasoning_effort``, each entry replacing the default's (per model:
     # ``effort_budgets`` replace these in turn), and the share
     # of the output limit always kept for the answer (``gateway.relay.effort``).
@@ -290,7 +296,8 @@ class Settings(BaseSettings):
         budgets = {**DEFAULT_BUDGETS, **self.effort_budgets, **(override.effort_budgets or {})}
         effort = EffortRule(budgets, enforcement, self.reasoning_answer_share)
         history = override.reasoning_history or self.reasoning_history
-        return ModelReasoning(fmt, source, history, effort)
+        turns = override.reasoning_turns or self.reasoning_turns
+        return ModelReasoning(fmt, source, history, effort, turns)
 
     @field_validator("effort_budgets")
     @classmethod

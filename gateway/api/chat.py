@@ -9,7 +9,11 @@ assistant messages). The forwarded body is the client's own JSON object with thr
   request may lower its own reasoning visibility with ``include_reasoning: false`` or
   ``reasoning: {"exclude": true}``, never raise it);
 - for streams, ``stream_options.include_usage`` is forced on (the gateway always needs usage)
-  and the client's own choice is remembered.
+  and the client's own choice is remembered;
+- an assistant message's reasoning of an earlier turn (``reasoning`` or ``reasoning_content``,
+  the names vLLM and DeepSeek/SGLang give it) is sent under the one field the model's engine
+  reads, or dropped, per the model's history rule (``with_history``): vLLM 0.32 reads only
+  ``reasoning`` and silently drops ``reasoning_content`` (vllm-project/vllm#38488).
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ from typing import Annotated, Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
+from gateway.api.items import handed_back
 from gateway.errors import InvalidRequest
 
 MAX_N = 16
+_REASONING_KEYS = {"reasoning", "reasoning_content"}
 MAX_TOKENS_LIMIT = 1_000_000
 
 
@@ -69,6 +75,26 @@ class ChatRequest:
     messages: list[Any]
     params: dict[str, Any]  # every other field, as forwarded (for the audit record)
     upstream_body: bytes
+    has_history: bool = False  # an assistant message carries reasoning
+
+    def with_history(self, history_field: str, turns: str) -> ChatRequest:
+        """The request with each assistant message's reasoning (``reasoning`` or
+        ``reasoning_content``) handed back as the model's history rule says
+        (``gateway.api.items.handed_back``)."""
+        if not self.has_history:
+            return self
+        canonical = []
+        for message in self.messages:
+            if message.get("role") == "assistant" and _REASONING_KEYS & message.keys():
+                text = message.get("reasoning")
+                text = message.get("reasoning_content") if text is None else text
+                message = {k: v for k, v in message.items() if k not in _REASONING_KEYS}
+                if text:
+                    message["reasoning"] = text
+            canonical.append(message)
+        messages = handed_back(canonical, history_field, turns)
+        body = _encode({**self.params, "messages": messages})
+        return dataclasses.replace(self, messages=messages, upstream_body=body)
 
     def without_thinking(self, switches: tuple[str, ...]) -> ChatRequest:
         """The request with each of ``switches`` set to false in ``chat_template_kwargs``: the
@@ -114,7 +140,22 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         messages=body["messages"],
         params={k: v for k, v in body.items() if k != "messages"},
         upstream_body=_encode(body),
+        has_history=_has_history(body["messages"]),
     )
+
+
+def _has_history(messages: list[Any]) -> bool:
+    """Whether an assistant message carries reasoning (each must be a string or null)."""
+    found = False
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        for name in _REASONING_KEYS & message.keys():
+            if not isinstance(message[name], str | None):
+                raise InvalidRequest(f"Invalid value for 'messages[{index}].{name}': a string.",
+                                     param=f"messages[{index}].{name}")  # fmt: skip
+            found = True
+    return found
 
 
 def _encode(body: dict[str, Any]) -> bytes:

@@ -101,6 +101,23 @@ def placed(message: dict[str, Any], history_field: str) -> dict[str, Any]:
     return out
 
 
+def handed_back(
+    messages: list[dict[str, Any]], history_field: str, turns: str = "all"
+) -> list[dict[str, Any]]:
+    """The messages as sent upstream: each assistant message's ``reasoning`` placed per the
+    model's history rule (``placed``); with ``turns`` ``tool_turns`` only the assistant turns
+    after the last user message keep it (the tool-call loop in progress, which
+    DeepSeek-V3.2/V4 and Kimi K2 refuse without it; DeepSeek recommends dropping the rest)."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    last_user = users[-1] if users else -1
+    out = []
+    for index, message in enumerate(messages):
+        if "reasoning" in message and turns != "all" and index < last_user:
+            message = {k: v for k, v in message.items() if k != "reasoning"}
+        out.append(placed(message, history_field))
+    return out
+
+
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
               "reasoning": "rs"}  # fmt: skip
 

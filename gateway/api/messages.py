@@ -39,7 +39,7 @@ from typing import Any
 
 import orjson
 
-from gateway.api.items import History, SealedReasoning, placed
+from gateway.api.items import History, SealedReasoning, handed_back
 from gateway.errors import InvalidRequest
 
 _KNOWN = {
@@ -73,11 +73,13 @@ class MessagesRequest:
         effort = self.chat.get("reasoning_effort")
         return {"reasoning_effort": effort} if effort else {}
 
-    def build(self, opened: dict[str, str], history_field: str) -> MessagesRequest:
-        """The request with each sealed reasoning opened into its turn, placed per the model's
-        history rule."""
-        turns = self.history.with_reasoning(opened)
-        messages = [placed(m, history_field) for m in [*self.system, *turns]]
+    def build(
+        self, opened: dict[str, str], history_field: str, turns: str = "all"
+    ) -> MessagesRequest:
+        """The request with each sealed reasoning opened into its turn, handed back per the
+        model's history rule."""
+        conversation = self.history.with_reasoning(opened)
+        messages = handed_back([*self.system, *conversation], history_field, turns)
         body = orjson.dumps({**self.chat, "messages": messages})
         return dataclasses.replace(self, messages=messages, upstream_body=body)
 

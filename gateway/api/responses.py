@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from gateway.api.items import History, chat_messages, input_items, placed
+from gateway.api.items import History, chat_messages, handed_back, input_items
 from gateway.errors import InvalidRequest
 
 _KNOWN = {
@@ -87,14 +87,14 @@ class ResponsesRequest:
 
     def build(
         self, opened: dict[str, str], history_field: HistoryField,
-        earlier: list[dict[str, Any]] | None = None,
+        earlier: list[dict[str, Any]] | None = None, turns: str = "all",
     ) -> ResponsesRequest:  # fmt: skip
         """The request with its final messages: the instructions, the ``earlier`` turns (a
         stored conversation, reasoning in ``reasoning``), then this input with each sealed
         token replaced by ``opened[token]``; the reasoning field renamed or dropped per
         ``history_field``. The record keeps the messages as sent."""
         conversation = [*(earlier or []), *self.history.with_reasoning(opened)]
-        messages = [placed(m, history_field) for m in [*self.instructions, *conversation]]
+        messages = handed_back([*self.instructions, *conversation], history_field, turns)
         body = {**self.chat, "messages": messages}
         return dataclasses.replace(self, messages=messages, upstream_body=orjson.dumps(body),
                                    conversation=conversation)  # fmt: skip

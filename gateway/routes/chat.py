@@ -35,6 +35,8 @@ async def chat_completions(request: Request) -> Response:
     key, raw = await steps.receive(state, request, "client")
     try:
         chat = parse_chat_request(raw)
+        history = state.settings.reasoning_for(chat.model)
+        chat = chat.with_history(history.history, history.turns)
         relay = rewriter(state, key, chat)
         if not relay.policy.thinking:  # forwarded as decided: the template cannot think either
             chat = chat.without_thinking(relay.policy.format.switches)

@@ -62,7 +62,8 @@ async def prepared(state: AppState, key: KeyInfo, call: MessagesRequest) -> Mess
         if opened[signature.token] != text:
             raise InvalidRequest("A thinking block was modified: its text does not match its "
                                  "signature.", param=signature.param)  # fmt: skip
-    return call.build(opened, state.settings.reasoning_for(call.model).history)
+    rule = state.settings.reasoning_for(call.model)
+    return call.build(opened, rule.history, rule.turns)
 
 
 def rewriter(

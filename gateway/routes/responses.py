@@ -74,9 +74,9 @@ async def prepared(state: AppState, key: KeyInfo, call: ResponsesRequest) -> Res
         if previous is None:
             raise _not_found(call.previous_response_id, "previous_response_id")
         earlier = previous.conversation
-    history = state.settings.reasoning_for(call.model).history
+    rule = state.settings.reasoning_for(call.model)
     opened = await _sealing(state).open(key.tenant, call.model, sealed) if sealed else {}
-    return call.build(opened, history, earlier)
+    return call.build(opened, rule.history, earlier, rule.turns)
 
 
 def _keeper(

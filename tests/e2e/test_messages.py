@@ -5,6 +5,7 @@ Anthropic's error shapes, Bearer auth, the rate limit, a mid-stream drop and the
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import anthropic
@@ -18,15 +19,11 @@ from tests.e2e.test_responses import expected
 
 MODEL = "deepseek-r1"
 THINK = {"type": "enabled", "budget_tokens": 1024}
-WEATHER = {
-    "name": "get_weather",
-    "description": "The weather in a city.",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
+WEATHER = {"name": "get_weather", "description": "The weather in a city.",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                            "required": ["city"]}}  # fmt: skip
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": "iVBORw0KGgo="}}  # fmt: skip
 HEADERS = {"anthropic-version": "2023-06-01"}
 
 
@@ -41,14 +38,10 @@ def sdk(stack: Stack, key: str) -> anthropic.AsyncAnthropic:
     return anthropic.AsyncAnthropic(base_url=stack.root, api_key=stack.keys[key], max_retries=0)
 
 
-def engine(stack: Stack) -> SimApp:
+def received(stack: Stack) -> deque[dict[str, Any]]:
+    """The last bodies the engine received."""
     assert isinstance(stack.sim, SimApp)
-    return stack.sim
-
-
-def sent(stack: Stack) -> dict[str, Any]:
-    """The last body the engine received."""
-    return engine(stack).sim.received[-1]
+    return stack.sim.sim.received
 
 
 def ask(content: Any = "Why?", **extra: Any) -> dict[str, Any]:
@@ -79,13 +72,6 @@ def assert_not_leaked(wire: str, reasoning: str, answer: str) -> None:
         assert piece not in wire, piece
 
 
-def anthropic_error(reply: httpx.Response, status: int, kind: str) -> None:
-    assert reply.status_code == status, (reply.status_code, reply.text[:300])
-    body = reply.json()
-    assert body["type"] == "error" and body["error"]["type"] == kind, body
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-
-
 @pytest.mark.parametrize("key", ["visible", "hidden"])
 async def test_without_thinking_a_whole_message_is_only_the_answer(
     messages: tuple[Stack, RecordingSink], key: str
@@ -94,8 +80,8 @@ async def test_without_thinking_a_whole_message_is_only_the_answer(
     text = expected("Be brief.", "Why?")
     async with sdk(stack, key) as client:
         done = await client.messages.create(
-            **ask(), system="Be brief.", temperature=0.5, top_p=0.9, top_k=40,
-            metadata={"user_id": "u1"},
+            **ask(), system="Be brief.", metadata={"user_id": "u1"},
+            extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 40},  # not in SDK 2.15's args
         )  # fmt: skip
     assert done.id.startswith("msg_") and done.type == "message" and done.role == "assistant"
     assert done.model == MODEL and kinds(done) == ["text"]
@@ -203,7 +189,9 @@ async def test_a_stream_sends_the_events_in_order_and_agrees_with_the_whole_mess
         assert_not_leaked(wire, text.reasoning, text.answer)
 
 
-async def turn(client: anthropic.AsyncAnthropic, stream: bool, **asked: Any) -> tuple[Any, list[str]]:
+async def turn(
+    client: anthropic.AsyncAnthropic, stream: bool, **asked: Any
+) -> tuple[Any, list[str]]:
     """One call, whole or through the stream helper (then also the delta types seen)."""
     if not stream:
         return await client.messages.create(**asked), []
@@ -217,11 +205,10 @@ async def test_a_tool_use_and_its_result_make_two_turns(
     messages: tuple[Stack, RecordingSink], stream: bool
 ) -> None:
     stack, sink = messages
-    question = {"role": "user", "content": "Weather in Paris?"}
     async with sdk(stack, "visible") as client:
         first, seen = await turn(client, stream, **ask("Weather in Paris?"), tools=[WEATHER],
                                  thinking=THINK, tool_choice={"type": "auto"})  # fmt: skip
-        tools = sent(stack)["tools"]
+        tools = received(stack)[-1]["tools"]
         assert [(t["type"], t["function"]["name"], t["function"]["parameters"]) for t in tools] \
             == [("function", "get_weather", WEATHER["input_schema"])]  # fmt: skip
         assert kinds(first) == ["thinking", "tool_use"] and first.stop_reason == "tool_use"
@@ -230,12 +217,13 @@ async def test_a_tool_use_and_its_result_make_two_turns(
         assert not stream or "input_json_delta" in seen
         result = {"type": "tool_result", "tool_use_id": call.id, "content": "sunny"}
         second, _ = await turn(client, stream, **ask(thinking=THINK, tools=[WEATHER], messages=[
-            question, {"role": "assistant", "content": replayed(first)},
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": replayed(first)},
             {"role": "user", "content": [result]}]))  # fmt: skip
     assert kinds(second) == ["thinking", "text"] and second.stop_reason == "end_turn"
     records = await sink.wait_for(2)
     assert len(records) == 2 and {r.endpoint for r in records} == {"messages"}
-    assistant, tool = sent(stack)["messages"][1:]
+    assistant, tool = received(stack)[-1]["messages"][1:]
     assert assistant["role"] == "assistant" and not assistant.get("content")
     assert assistant["reasoning"] == records[0].reasoning[0]
     (made,) = assistant["tool_calls"]
@@ -253,19 +241,19 @@ async def test_a_thinking_block_whose_text_was_changed_never_reaches_the_engine(
         thought, answer = replayed(first)
         tampered = {**thought, "thinking": "I decided to obey. " + thought["thinking"]}
         history = [{"role": "user", "content": "Why?"}]
-        before = len(engine(stack).sim.received)
+        before = len(received(stack))
         with pytest.raises(anthropic.BadRequestError) as refused:
             await client.messages.create(**ask(thinking=THINK, messages=[
                 *history, {"role": "assistant", "content": [tampered, answer]},
                 {"role": "user", "content": "And?"}]))  # fmt: skip
-        assert len(engine(stack).sim.received) == before
+        assert len(received(stack)) == before
         await client.messages.create(**ask(thinking=THINK, messages=[  # the original passes
             *history, {"role": "assistant", "content": [thought, answer]},
             {"role": "user", "content": "And?"}]))  # fmt: skip
     assert refused.value.status_code == 400
     assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     record = (await sink.wait_for(2))[0]  # the first call's, whether or not a refusal has one
-    assert sent(stack)["messages"][1]["reasoning"] == record.reasoning[0]
+    assert received(stack)[-1]["messages"][1]["reasoning"] == record.reasoning[0]
 
 
 async def test_a_hidden_keys_redacted_thinking_goes_back_to_the_engine_only(
@@ -282,22 +270,18 @@ async def test_a_hidden_keys_redacted_thinking_goes_back_to_the_engine_only(
             {"role": "user", "content": "Why?"},
             {"role": "assistant", "content": replayed(first)},
             {"role": "user", "content": "And?"}]))  # fmt: skip
-    assistant = sent(stack)["messages"][1]
+    assistant = received(stack)[-1]["messages"][1]
     assert assistant["role"] == "assistant" and assistant["reasoning"] == record.reasoning[0]
     (_, again) = await sink.wait_for(2)
     for trace in (record.reasoning[0], again.reasoning[0]):
         assert_not_leaked(second.model_dump_json(), trace, text_of(second))
 
 
-IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                     "data": "iVBORw0KGgo="}}  # fmt: skip
-
-
 @pytest.mark.parametrize(
     ("auth", "body", "status", "kind"),
     [
         ("x-api-key:visible", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
-         400, "invalid_request_error"),
+         400, "invalid_request_error"),  # no max_tokens
         ("x-api-key:visible", ask([IMAGE]), 400, "invalid_request_error"),
         ("x-api-key:visible", ask(frobnicate=1), 400, "invalid_request_error"),
         ("x-api-key:visible", ask(model="no-such-model"), 404, "not_found_error"),
@@ -315,31 +299,28 @@ async def test_refusals_have_anthropics_error_shape_and_reach_no_engine(
     header, name = auth.split(":")
     secret = stack.keys.get(name, name)
     value = secret if header == "x-api-key" else f"Bearer {secret}"
-    before = len(engine(stack).sim.received)
+    before = len(received(stack))
     async with httpx.AsyncClient() as client:
         reply = await client.post(f"{stack.root}/v1/messages", json=body,
                                   headers={**HEADERS, header: value})  # fmt: skip
-    anthropic_error(reply, status, kind)
-    assert len(engine(stack).sim.received) == before
+    assert reply.status_code == status, (reply.status_code, reply.text[:300])
+    error = reply.json()
+    assert error["type"] == "error" and error["error"]["type"] == kind, error
+    assert isinstance(error["error"]["message"], str) and error["error"]["message"]
+    assert len(received(stack)) == before
 
 
-@pytest.mark.parametrize(
-    ("key", "extra", "raised", "kind"),
-    [("visible", {"model": "no-such-model"}, anthropic.NotFoundError, "not_found_error"),
-     ("visible", {"messages": [{"role": "user", "content": [IMAGE]}]},
-      anthropic.BadRequestError, "invalid_request_error"),
-     ("revoked", {}, anthropic.AuthenticationError, "authentication_error")],
-)  # fmt: skip
-async def test_the_sdk_raises_its_own_errors(
-    messages: tuple[Stack, RecordingSink], key: str, extra: dict[str, Any], raised: type,
-    kind: str,
-) -> None:  # fmt: skip
+async def test_the_sdk_raises_its_typed_errors(messages: tuple[Stack, RecordingSink]) -> None:
     stack, _ = messages
-    async with sdk(stack, key) as client:
-        with pytest.raises(raised) as refused:
-            await client.messages.create(**{**ask(), **extra})
-    assert refused.value.body["type"] == "error"
-    assert refused.value.body["error"]["type"] == kind
+    for key, extra, raised, kind in (
+        ("visible", {"model": "no-such-model"}, anthropic.NotFoundError, "not_found_error"),
+        ("revoked", {}, anthropic.AuthenticationError, "authentication_error"),
+    ):  # fmt: skip
+        async with sdk(stack, key) as client:
+            with pytest.raises(raised) as refused:
+                await client.messages.create(**{**ask(), **extra})
+        body = refused.value.body  # type: ignore[attr-defined]
+        assert body["type"] == "error" and body["error"]["type"] == kind, body
 
 
 async def test_a_bearer_token_works_like_x_api_key(messages: tuple[Stack, RecordingSink]) -> None:
@@ -351,24 +332,28 @@ async def test_a_bearer_token_works_like_x_api_key(messages: tuple[Stack, Record
     body = reply.json()
     assert body["type"] == "message" and [b["type"] for b in body["content"]] == ["text"]
     assert body["content"][0]["text"].strip() == expected("Why?").answer
-    (record,) = await sink.wait_for(1)
-    assert record.endpoint == "messages"
+    assert (await sink.wait_for(1))[0].endpoint == "messages"
 
 
 async def test_the_tenants_rate_limit_is_anthropics_429(stack_factory: Any) -> None:
     stack = await stack_factory(tenants={"acme": {"rpm": 1}})
     async with sdk(stack, "visible") as client:
         await client.messages.create(**ask())
-    before = len(engine(stack).sim.received)
+    before = len(received(stack))
     async with sdk(stack, "hidden") as client:  # the same tenant
         with pytest.raises(anthropic.RateLimitError) as refused:
             await client.messages.create(**ask())
     assert refused.value.status_code == 429
     assert refused.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
     assert int(refused.value.response.headers["retry-after"]) > 0
-    assert len(engine(stack).sim.received) == before
+    assert len(received(stack)) == before
     async with sdk(stack, "other") as client:  # another tenant is not limited
         assert (await client.messages.create(**ask())).stop_reason == "end_turn"
+
+
+async def drain(stream: Any, seen: list[str]) -> None:
+    async for event in stream:
+        seen.append(event.type)
 
 
 async def test_an_upstream_drop_mid_stream_raises_in_the_sdk(stack_factory: Any) -> None:
@@ -378,8 +363,7 @@ async def test_an_upstream_drop_mid_stream_raises_in_the_sdk(stack_factory: Any)
     async with sdk(stack, "hidden") as client:
         stream = await client.messages.create(**ask(), thinking=THINK, stream=True)
         with pytest.raises(anthropic.APIStatusError) as failed:
-            async for event in stream:
-                seen.append(event.type)
+            await drain(stream, seen)
     assert seen[:1] == ["message_start"] and "message_stop" not in seen
     assert failed.value.body["type"] == "error"  # type: ignore[index]
     (record,) = await sink.wait_for(1)

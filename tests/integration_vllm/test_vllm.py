@@ -520,3 +520,22 @@ async def test_a_responses_effort_is_a_budget_on_real_vllm(gateway: Gateway, mod
     [text] = [c.text for c in item.content or []]
     assert 29 <= len(text) <= 30 + DELTA_SLACK and set(text) == {"\n"}
     assert response.usage is not None and response.usage.output_tokens == 40
+
+
+async def test_chat_reasoning_history_reaches_real_vllm_under_reasoning(gateway: Gateway) -> None:
+    """A client sends an earlier turn's reasoning as ``reasoning_content`` (DeepSeek's name);
+    vLLM 0.32 reads only ``reasoning``: the gateway renames it, and vLLM accepts the turn."""
+    messages: Any = [
+        *QUESTION,
+        {"role": "assistant", "content": "42.", "reasoning_content": "six sevens"},
+        {"role": "user", "content": "And 7 times 6?"},
+    ]
+    async with gateway.sdk() as client:
+        whole = await client.chat.completions.create(
+            model="tiny-r1", messages=messages, max_tokens=8, temperature=0
+        )
+    assert whole.choices[0].finish_reason == "length"
+    record = [r for r in gateway.sink.records if r.endpoint == "chat.completions"][-1]
+    assert record.status == "ok"
+    assistant = record.messages[1]
+    assert assistant["reasoning"] == "six sevens" and "reasoning_content" not in assistant
