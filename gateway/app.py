@@ -37,7 +37,16 @@ from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RouteError
 from gateway.ledger.record import RecordSink
 from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
-from gateway.routes import admin, auditor, chat, health, messages, models, responses
+from gateway.routes import (
+    admin,
+    auditor,
+    chat,
+    completions,
+    health,
+    messages,
+    models,
+    responses,
+)
 from gateway.routes.health import metrics_app
 from gateway.routes.state import AppState
 from gateway.settings import ModelOverride, Settings
@@ -96,6 +105,7 @@ def create_app(
     models.add_routes(app)
     responses.add_routes(app)
     messages.add_routes(app)
+    completions.add_routes(app)
     health.add_routes(app)
     admin.add_routes(app)
     auditor.add_routes(app)

@@ -33,7 +33,8 @@ from gateway.upstream.engine import Upstream
 # The API a path belongs to, as records and metrics name it (a fixed set: labels stay bounded).
 ENDPOINTS = {
     "/v1/chat/completions": "chat.completions", "/v1/responses": "responses",
-    "/v1/messages": "messages",
+    "/v1/messages": "messages", "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
 }  # fmt: skip
 
 if TYPE_CHECKING:  # the state is handed in; what it is made of is the lifespan's business

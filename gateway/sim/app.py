@@ -6,7 +6,8 @@ straight from a two-key route lookup to its handler, without middleware wrapping
 (``app.state.sim``): two apps in one process share nothing, and importing this module does
 nothing.
 
-Routes (vLLM's OpenAI-compatible server): ``POST /v1/chat/completions``, ``GET /v1/models``,
+Routes (vLLM's OpenAI-compatible server): ``POST /v1/chat/completions``, ``POST
+/v1/completions`` and ``POST /v1/embeddings`` (``gateway.sim.completions``), ``GET /v1/models``,
 ``GET /health`` (200, empty body), ``GET /metrics`` (Prometheus text). Anything else is 404
 ``{"detail": "Not Found"}`` (FastAPI's shape), a known path with another method 405.
 """
@@ -21,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.sim.asgi import read_body, send_whole
 from gateway.sim.chat import SimulatedDrop, serve_chat
+from gateway.sim.completions import AsCompletions, completions_request, embeddings_body
 from gateway.sim.config import SimConfig
 from gateway.sim.metrics import CONTENT_TYPE, render_metrics
 from gateway.sim.request import SimRequestError, parse_chat_request
@@ -30,7 +32,9 @@ from gateway.sim.wire import models_body
 __all__ = ["SimApp", "SimConfig", "SimState", "SimulatedDrop", "create_sim_app"]
 
 _CHAT = "/v1/chat/completions"
-_PATHS = frozenset({_CHAT, "/v1/models", "/health", "/metrics"})
+_COMPLETIONS, _EMBEDDINGS = "/v1/completions", "/v1/embeddings"
+_POSTS = frozenset({_CHAT, _COMPLETIONS, _EMBEDDINGS})
+_PATHS = frozenset({*_POSTS, "/v1/models", "/health", "/metrics"})
 
 
 class SimApp:
@@ -58,7 +62,14 @@ class SimApp:
     async def _route(self, method: str, path: str, receive: Receive, send: Send) -> None:
         if method == "POST" and path == _CHAT:
             await self._chat(receive, send)
-        elif method in ("GET", "HEAD") and path in _PATHS - {_CHAT}:
+        elif method == "POST" and path == _COMPLETIONS:
+            await self._completions(receive, send)
+        elif method == "POST" and path == _EMBEDDINGS:
+            body = await read_body(receive)
+            if body is not None:
+                self.sim.received.append(orjson.loads(body) if body.strip() else {})
+                await send_whole(send, *embeddings_body(body, list(self.config.models)))
+        elif method in ("GET", "HEAD") and path in _PATHS - _POSTS:
             await self._get(path, send)
         else:
             status = 405 if path in _PATHS else 404
@@ -76,6 +87,18 @@ class SimApp:
             return
         self.sim.received.append(request.body)
         await serve_chat(self.config, self.sim, request, receive, send)
+
+    async def _completions(self, receive: Receive, send: Send) -> None:
+        body = await read_body(receive)
+        if body is None:
+            return
+        try:
+            request, data = completions_request(body, self.config)
+        except SimRequestError as error:
+            await send_whole(send, error.status, error.body())
+            return
+        self.sim.received.append(data)
+        await serve_chat(self.config, self.sim, request, receive, AsCompletions(send))
 
     async def _get(self, path: str, send: Send) -> None:
         if path == "/health":

@@ -1,0 +1,142 @@
+"""The legacy completions and the embeddings requests at the edge (sans-I/O).
+
+``parse_completions_request(raw) -> CompletionsRequest``: ``POST /v1/completions`` goes to the
+engine's own ``/v1/completions``, never through a chat template: a raw prompt is the model's
+whole input. Validated: ``model``, ``prompt`` (a string, a list of strings, or token ids: a
+list of integers or of lists of integers), ``stream``, ``n``, ``max_tokens``; every other field
+passes through (``stop``, ``logprobs``, ``suffix``, vLLM extras) and the engine refuses what it
+does not serve. ``echo`` is refused where the model's output is split: the echoed prompt would be
+read as generated text. ``include_reasoning: false`` lowers the request's own visibility, as on
+chat. Streams always ask for usage, and the client's own choice is remembered.
+
+``parse_embeddings_request(raw) -> EmbeddingsRequest``: ``model`` and ``input`` (a string, a
+list of strings, or token ids) validated, the body passed through as it came.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.errors import InvalidRequest
+
+MAX_N = 16
+MAX_TOKENS = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionsRequest:
+    model: str
+    stream: bool
+    include_usage: bool
+    wants_reasoning: bool
+    max_tokens: int | None
+    n: int
+    echo: bool
+    prompt: Any
+    messages: list[Any]  # the prompt as the record keeps it: [{"role": "prompt", "content"}]
+    params: dict[str, Any]
+    upstream_body: bytes
+
+    @property
+    def prompt_text(self) -> str | None:
+        """The prompt's text when it is one string (token ids have none the gateway reads)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        return prompt if isinstance(prompt, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingsRequest:
+    model: str
+    inputs: int  # how many inputs (texts or token lists)
+    messages: list[Any]  # the input as the record keeps it (per AUDIT_CAPTURE)
+    params: dict[str, Any]
+    upstream_body: bytes
+    stream: bool = False
+    n: int = 1
+    max_tokens: int | None = None
+
+
+def parse_completions_request(raw: bytes) -> CompletionsRequest:
+    body = _object(raw)
+    model = _model(body)
+    prompt = body.get("prompt")
+    if not _prompt_ok(prompt):
+        raise InvalidRequest("Invalid value for 'prompt': a string, a list of strings, or "
+                             "token ids.", param="prompt")  # fmt: skip
+    stream = body.get("stream")
+    if not isinstance(stream, bool | None):
+        raise InvalidRequest("Invalid value for 'stream': a boolean.", param="stream")
+    n = _int(body, "n", 1, MAX_N) or 1
+    max_tokens = _int(body, "max_tokens", 1, MAX_TOKENS)
+    wants = body.pop("include_reasoning", True)
+    if not isinstance(wants, bool):
+        raise InvalidRequest("Invalid value for 'include_reasoning': a boolean.",
+                             param="include_reasoning")  # fmt: skip
+    options = body.get("stream_options")
+    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    if stream:
+        body["stream_options"] = {**(options if isinstance(options, dict) else {}),
+                                  "include_usage": True}  # fmt: skip
+    return CompletionsRequest(
+        model=model, stream=bool(stream), include_usage=include_usage, wants_reasoning=wants,
+        max_tokens=max_tokens, n=n, echo=body.get("echo") is True, prompt=prompt,
+        messages=[{"role": "prompt", "content": prompt}],
+        params={k: v for k, v in body.items() if k != "prompt"},
+        upstream_body=orjson.dumps(body),
+    )  # fmt: skip
+
+
+def parse_embeddings_request(raw: bytes) -> EmbeddingsRequest:
+    body = _object(raw)
+    model = _model(body)
+    given: Any = body.get("input")
+    if not _prompt_ok(given) or given == "":
+        raise InvalidRequest("Invalid value for 'input': a non-empty string, a list of "
+                             "strings, or token ids.", param="input")  # fmt: skip
+    inputs = 1 if isinstance(given, str) or _ints(given) else len(given)
+    return EmbeddingsRequest(model, inputs, [{"role": "input", "content": given}],
+                             {k: v for k, v in body.items() if k != "input"}, raw)  # fmt: skip
+
+
+def _object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("The request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    return body
+
+
+def _model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model or len(model) > 256:
+        raise InvalidRequest("Missing required parameter: 'model'.", param="model")
+    return model
+
+
+def _int(body: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidRequest(f"Invalid value for '{name}': an integer from {low} to {high}.",
+                             param=name)  # fmt: skip
+    return value
+
+
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(v) is int for v in value)
+
+
+def _prompt_ok(prompt: Any) -> bool:
+    if isinstance(prompt, str):
+        return True
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    return all(isinstance(p, str) for p in prompt) or _ints(prompt) or all(_ints(p) for p in prompt)

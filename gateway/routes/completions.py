@@ -1,0 +1,93 @@
+"""``POST /v1/completions`` and ``POST /v1/embeddings``: the engine's own endpoints, behind the
+same pipeline as chat.
+
+Completions: authenticate → read the body (bounded) → validate (``gateway.api.completions``) →
+the completions rewriter for this key (the model's reasoning format over the generated text,
+``gateway.relay.completions``) → admit → forward to the engine's ``/completions`` (a raw prompt
+never passes through a chat template) → finish (settle and record, endpoint ``completions``).
+
+Embeddings: the same recipe, forwarded whole to the engine's ``/embeddings`` and answered as the
+engine answered; the record keeps the request's metadata and usage, the input per
+``AUDIT_CAPTURE`` like any request's messages, and never the vectors. The rate limit reserves
+the input's estimate (bytes / 4) and settles on the engine's ``prompt_tokens``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.api.completions import parse_completions_request, parse_embeddings_request
+from gateway.errors import GatewayError, InvalidRequest
+from gateway.relay.completions import CompletionsRelay, CompletionsWhole, opened_by
+from gateway.relay.formats import NONE
+from gateway.relay.rewrite import Policy, Rewriter
+from gateway.routes import steps
+from gateway.routes.state import app_state
+
+
+async def create_completion(request: Request) -> Response:
+    state = app_state(request)
+    t0, started_at = time.perf_counter(), time.time()
+    key, raw = await steps.receive(state, request, "client")
+    try:
+        call = parse_completions_request(raw)
+        model = state.settings.reasoning_for(call.model)
+        fmt = opened_by(model.format, call.prompt_text)
+        if call.echo and fmt.splits:
+            raise InvalidRequest("'echo' is not supported for a reasoning model: the echoed "
+                                 "prompt would be read as its output.", param="echo")  # fmt: skip
+    except GatewayError as exc:
+        steps.refused(state, request, key, exc, "unknown", stream=False)
+        raise
+    policy = Policy(format=fmt, source="text", thinking=fmt.splits,
+                    show_reasoning=key.reasoning == "visible" and call.wants_reasoning,
+                    reasoning_field=state.settings.reasoning_field,
+                    include_usage=call.include_usage)  # fmt: skip
+    relay = CompletionsRelay(policy) if call.stream else CompletionsWhole(policy)
+    tokens = steps.reservation(state, call.upstream_body, call.n, call.max_tokens)
+    ticket, candidates = await steps.admit(state, request, key, call.model, call.stream, tokens)
+    ex = steps.exchange(state, request, key, call, ("completions", "/completions"), relay,
+                        ticket, (started_at, t0))  # fmt: skip
+    return await state.forwarder.run(ex, candidates, request.receive)
+
+
+class _Embeddings(Rewriter):
+    """The engine's answer as it is; only its usage is kept (for the record and the limit)."""
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        usage = body.get("usage")
+        if isinstance(usage, dict):
+            self.usage = {"prompt_tokens": usage.get("prompt_tokens") or 0,
+                          "completion_tokens": 0,
+                          "total_tokens": usage.get("total_tokens") or 0}  # fmt: skip
+        return body
+
+
+async def create_embeddings(request: Request) -> Response:
+    state = app_state(request)
+    t0, started_at = time.perf_counter(), time.time()
+    key, raw = await steps.receive(state, request, "client")
+    try:
+        call = parse_embeddings_request(raw)
+    except GatewayError as exc:
+        steps.refused(state, request, key, exc, "unknown", stream=False)
+        raise
+    policy = Policy(format=NONE, source="text", thinking=False, show_reasoning=False,
+                    reasoning_field=state.settings.reasoning_field)  # fmt: skip
+    tokens = len(call.upstream_body) // 4 + 1
+    ticket, candidates = await steps.admit(state, request, key, call.model, False, tokens)
+    ex = steps.exchange(state, request, key, call, ("embeddings", "/embeddings"),
+                        _Embeddings(policy), ticket, (started_at, t0))  # fmt: skip
+    return await state.forwarder.run(ex, candidates, request.receive)
+
+
+def add_routes(app: FastAPI) -> None:
+    app.add_api_route("/v1/completions", create_completion, methods=["POST"],
+                      response_model=None)  # fmt: skip
+    app.add_api_route("/v1/embeddings", create_embeddings, methods=["POST"],
+                      response_model=None)  # fmt: skip
