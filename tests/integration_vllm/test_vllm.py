@@ -539,3 +539,31 @@ async def test_chat_reasoning_history_reaches_real_vllm_under_reasoning(gateway:
     assert record.status == "ok"
     assistant = record.messages[1]
     assert assistant["reasoning"] == "six sevens" and "reasoning_content" not in assistant
+
+
+@pytest.mark.parametrize("key", ["visible", "hidden"])
+@pytest.mark.parametrize("streamed", [True, False], ids=["stream", "whole"])
+async def test_a_legacy_completion_of_a_prompt_that_opens_the_reasoning_is_split(
+    gateway: Gateway, key: str, streamed: bool
+) -> None:
+    """The raw prompt goes to vLLM's own /v1/completions (no chat template): written as R1's
+    template would, it ends with ``<think>\\n``, so the output starts inside the reasoning."""
+    prompt = "<｜begin▁of▁sentence｜><｜User｜>What is 6 times 7?<｜Assistant｜><think>\n"
+    pinned = gateway.pinned()
+    async with gateway.sdk(key) as client:
+        if streamed:
+            stream = await client.completions.create(
+                model="tiny-r1", prompt=prompt, max_tokens=100, stream=True, extra_body=pinned
+            )
+            choices = [c.choices[0] async for c in stream if c.choices]
+        else:
+            whole = await client.completions.create(
+                model="tiny-r1", prompt=prompt, max_tokens=100, extra_body=pinned
+            )
+            choices = list(whole.choices)
+    text = "".join(c.text for c in choices)
+    reasoning = "".join((c.model_extra or {}).get("reasoning_content") or "" for c in choices)
+    assert text == ANSWER
+    assert reasoning == (REASONING if key == "visible" else "")
+    record = [r for r in gateway.sink.records if r.endpoint == "completions"][-1]
+    assert (record.reasoning, record.content) == ((REASONING,), (ANSWER,))
