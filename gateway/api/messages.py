@@ -26,7 +26,10 @@ route has opened the reasoning that came back sealed (it needs the tenant's key)
   off where the format can, else a budget of 0); ``adaptive`` sets no budget. Thinking blocks are
   returned only when thinking is enabled or adaptive: a client that did not ask for them reads
   ``content[0].text``. The model still reasons as its format says, and the ledger keeps it.
-- Unknown fields are refused (the reference's schema has no extras); ``service_tier`` is
+- Unknown fields are refused (the reference's schema has no extras), but for vLLM's own
+  sampling fields (``ENGINE_EXTRAS``: ``seed``, ``min_p``, ``repetition_penalty``,
+  ``logit_bias``, ``structured_outputs``, ``chat_template_kwargs``), passed through as on chat;
+  ``service_tier`` is
   accepted and ignored; ``container``, ``mcp_servers`` and ``context_management`` are refused
   as features thinkgate does not have.
 """
@@ -48,6 +51,9 @@ _KNOWN = {
     "container", "mcp_servers", "context_management",
 }  # fmt: skip
 _NOT_SUPPORTED = ("container", "mcp_servers", "context_management")
+# vLLM's own sampling fields a self-hosted client may add: passed through as on chat
+ENGINE_EXTRAS = ("seed", "min_p", "repetition_penalty", "logit_bias", "structured_outputs",
+                 "chat_template_kwargs")  # fmt: skip
 MAX_TOKENS = 1_000_000
 
 
@@ -89,7 +95,7 @@ def parse_messages_request(raw: bytes) -> MessagesRequest:
     The body is final (``upstream_body``) unless reasoning came back sealed: then the route
     opens it and calls ``build``."""
     body = _object(raw)
-    unknown = sorted(set(body) - _KNOWN)
+    unknown = sorted(set(body) - _KNOWN - set(ENGINE_EXTRAS))
     if unknown:
         raise InvalidRequest(f"{unknown[0]}: Extra inputs are not permitted", param=unknown[0])
     for name in _NOT_SUPPORTED:
@@ -105,6 +111,7 @@ def parse_messages_request(raw: bytes) -> MessagesRequest:
     stream = _bool(body.get("stream"), "stream")
     chat: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
     chat.update(_sampling(body))
+    chat.update({name: body[name] for name in ENGINE_EXTRAS if name in body})
     chat.update(_tooling(body))
     show_thinking = _thinking(body.get("thinking"), max_tokens, chat)
     if stream:

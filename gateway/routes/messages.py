@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+import orjson
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
@@ -83,5 +84,36 @@ def rewriter(
     return MessagesStream(policy, meta) if call.stream else MessagesWhole(policy, meta)
 
 
+async def count_tokens(request: Request) -> Response:
+    """``POST /v1/messages/count_tokens``: the request's input tokens as the engine's tokenizer
+    counts them with the model's chat template (vLLM's ``/tokenize``), else the gateway's
+    estimate (bytes / 4); ``x-thinkgate-token-count`` says which (``engine``, ``estimate``).
+    Nothing is generated, so nothing is recorded or rate-limited beyond the key check."""
+    state = app_state(request)
+    key, raw = await steps.receive(state, request, "client")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest("The request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    body = {k: v for k, v in body.items() if k != "stream"} | {"max_tokens": 1_000_000}
+    call = await prepared(state, key, parse_messages_request(orjson.dumps(body)))
+    candidates = await state.upstreams.route(call.model)
+    asked = {"model": call.model, "messages": call.messages, "add_generation_prompt": True}
+    if call.chat.get("tools"):
+        asked["tools"] = call.chat["tools"]
+    counted = await state.upstreams.ask(candidates[0], candidates[0].root_url("/tokenize"),
+                                   orjson.dumps(asked))  # fmt: skip
+    count = counted.get("count") if counted else None
+    source = "engine" if type(count) is int else "estimate"
+    if type(count) is not int:
+        count = len(orjson.dumps(call.messages)) // 4 + 1
+    return Response(orjson.dumps({"input_tokens": count}), media_type="application/json",
+                    headers={"x-thinkgate-token-count": source})  # fmt: skip
+
+
 def add_routes(app: FastAPI) -> None:
     app.add_api_route("/v1/messages", create_message, methods=["POST"], response_model=None)
+    app.add_api_route("/v1/messages/count_tokens", count_tokens, methods=["POST"],
+                      response_model=None)  # fmt: skip

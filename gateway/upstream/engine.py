@@ -26,6 +26,10 @@ class Upstream:
         # vLLM and SGLang serve /health beside /v1, not under it
         self.health_url = httpx.URL(f"{self.base_url.removesuffix('/v1')}/health")
 
+    def root_url(self, path: str) -> httpx.URL:
+        """The engine's URL for a path beside ``/v1`` (vLLM's ``/tokenize``)."""
+        return httpx.URL(f"{self.base_url.removesuffix('/v1')}{path}")
+
     def url(self, path: str) -> httpx.URL:
         """The engine's URL for an OpenAI API path (``/chat/completions``, ``/models``), built
         once per path: no URL parsing per request."""

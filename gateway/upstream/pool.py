@@ -245,6 +245,16 @@ class UpstreamPool:
             candidates, lambda u: self._complete_once(u.url(path), u, body, headers)
         )
 
+    async def ask(self, upstream: Upstream, url: httpx.URL, body: bytes) -> dict[str, Any] | None:
+        """POST ``body`` to one of an engine's own endpoints (``/tokenize``) once; ``None`` when
+        it does not answer with JSON (an engine without that endpoint). Not counted as the
+        engine's failure: nothing depends on it."""
+        try:
+            _, decoded = await self._complete_once(url, upstream, body, ())
+        except UpstreamError:
+            return None
+        return decoded if isinstance(decoded, dict) else None
+
     async def _with_retry(
         self, candidates: Sequence[Upstream], attempt: Callable[[Upstream], Awaitable[T]]
     ) -> T:

@@ -567,3 +567,36 @@ async def test_a_legacy_completion_of_a_prompt_that_opens_the_reasoning_is_split
     assert reasoning == (REASONING if key == "visible" else "")
     record = [r for r in gateway.sink.records if r.endpoint == "completions"][-1]
     assert (record.reasoning, record.content) == ((REASONING,), (ANSWER,))
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_anthropic_messages_with_thinking_through_translation(
+    gateway: Gateway, model: str
+) -> None:
+    """The anthropic SDK against real vLLM: a thinking block signed by the gateway, the text,
+    and the block handed back on the next turn as the engine's reasoning."""
+    import anthropic
+
+    root = gateway.url.removesuffix("/v1")
+    async with anthropic.AsyncAnthropic(base_url=root, api_key=gateway.keys["visible"],
+                                        max_retries=0) as client:  # fmt: skip
+        first = await client.messages.create(
+            model=model, max_tokens=100, messages=QUESTION,  # type: ignore[arg-type]
+            thinking={"type": "enabled", "budget_tokens": 90}, extra_body=gateway.pinned(),
+        )  # fmt: skip
+        assert [b.type for b in first.content] == ["thinking", "text"]
+        thinking, text = first.content
+        assert thinking.type == "thinking" and thinking.thinking == REASONING
+        assert text.type == "text" and text.text == ANSWER
+        assert first.stop_reason == "end_turn"
+        turns: Any = [
+            {"role": "user", "content": "What is 6 times 7?"},
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {"role": "user", "content": "And 7 times 6?"},
+        ]
+        second = await client.messages.create(model=model, max_tokens=8, messages=turns)
+        counted = await client.messages.count_tokens(model=model, messages=turns)
+    assert second.stop_reason == "max_tokens"
+    record = [r for r in gateway.sink.records if r.endpoint == "messages"][-1]
+    assert record.messages[1]["reasoning"] == REASONING
+    assert counted.input_tokens > 10  # vLLM's own tokenizer, with the chat template
