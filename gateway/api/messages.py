@@ -7,7 +7,8 @@ route has opened the reasoning that came back sealed (it needs the tenant's key)
 - ``max_tokens`` is required; ``system`` (a string or text blocks, ``cache_control`` accepted
   and ignored) becomes a leading system message; ``stop_sequences`` → ``stop``;
   ``temperature``, ``top_p``, ``top_k`` pass through; ``metadata.user_id`` → ``user``.
-- ``messages``: content a string or blocks. A user turn's ``tool_result`` blocks (``tool_use_id``,
+- ``messages``: content a string or blocks. A user turn's ``tool_result`` blocks (each must
+  answer a ``tool_use`` of the assistant turn right before it; ``tool_use_id``,
   ``content`` a string or text blocks; ``is_error`` prefixes the text with ``[tool error]``)
   become ``tool`` messages, before its text; an assistant turn's ``text`` is its content,
   ``tool_use`` (``id``, ``name``, ``input``) its ``tool_calls`` (``input`` as JSON arguments),
@@ -294,7 +295,9 @@ def _conversation(raw: Any) -> tuple[History, list[tuple[SealedReasoning, str]]]
             raise InvalidRequest(f"{param}.content: a string or a list of blocks",
                                  param=f"{param}.content")  # fmt: skip
         if role == "user":
-            messages += _user(content, f"{param}.content")
+            turn = _user(content, f"{param}.content")
+            _answers_calls(turn, messages[-1] if messages else None, f"{param}.content")
+            messages += turn
         else:
             turn, parts = _assistant(content, f"{param}.content", signed)
             if parts:
@@ -329,6 +332,19 @@ def _user(blocks: list[Any], param: str) -> list[dict[str, Any]]:
     if texts or not out:
         out.append({"role": "user", "content": "\n".join(texts)})
     return out
+
+
+def _answers_calls(turn: list[dict[str, Any]], before: dict[str, Any] | None, param: str) -> None:
+    """Each ``tool_result`` must answer a ``tool_use`` of the assistant turn just before it, as
+    Anthropic's API requires (an engine would otherwise get a result of no call)."""
+    calls = {c["id"] for c in (before or {}).get("tool_calls") or ()}
+    for message in turn:
+        if message["role"] == "tool" and message["tool_call_id"] not in calls:
+            raise InvalidRequest(
+                f"{param}: tool_result block(s) provided when previous message does not "
+                f"contain the matching tool_use block ('{message['tool_call_id']}')",
+                param=param,
+            )
 
 
 def _result(content: Any, param: str) -> str:
