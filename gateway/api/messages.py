@@ -295,9 +295,9 @@ def _conversation(raw: Any) -> tuple[History, list[tuple[SealedReasoning, str]]]
             raise InvalidRequest(f"{param}.content: a string or a list of blocks",
                                  param=f"{param}.content")  # fmt: skip
         if role == "user":
-            turn = _user(content, f"{param}.content")
-            _answers_calls(turn, messages[-1] if messages else None, f"{param}.content")
-            messages += turn
+            said = _user(content, f"{param}.content")
+            _answers_calls(said, messages[-1] if messages else None, f"{param}.content")
+            messages += said
         else:
             turn, parts = _assistant(content, f"{param}.content", signed)
             if parts:
