@@ -14,10 +14,13 @@ Rules:
 - Times are taken once per socket read: every event of one read arrived at the same moment.
 - A response is an error when its status is not 200, when it carries an ``error`` event or
   object, when it ends without ``[DONE]``, or when the connection drops in its middle.
-- The Responses API (``responses=True``): a chunk is a ``response.output_text.delta`` or
+- The Responses API (``api="responses"``): a chunk is a ``response.output_text.delta`` or
   ``response.reasoning_text.delta`` event (non-empty ``delta``), the end is
   ``response.completed``/``response.incomplete``, an error is an ``error`` or
   ``response.failed`` event (its objects carry ``"error": null`` on success).
+- Anthropic's Messages API (``api="messages"``): a chunk is a ``content_block_delta`` event
+  carrying text or thinking (not a ``signature_delta``), the end is ``message_stop``, an error
+  an ``error`` event.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import cast
+from typing import Literal, cast
 
 _TEXT_KEYS = (b'"content":"', b'"reasoning_content":"', b'"reasoning":"')
+Api = Literal["chat", "responses", "messages"]
 _QUOTE = 0x22
 
 
@@ -71,9 +75,9 @@ _HEAD, _CHUNKED, _LENGTH, _TO_EOF = range(4)
 class Connection(asyncio.Protocol):
     """One keep-alive connection carrying one request at a time."""
 
-    def __init__(self, rec: Recorder, *, responses: bool = False) -> None:
+    def __init__(self, rec: Recorder, *, api: Api = "chat") -> None:
         self._rec = rec
-        self._responses = responses
+        self._api = api
         self._transport: asyncio.Transport | None = None
         self.closed = False
         self._done: asyncio.Future[None] | None = None
@@ -202,8 +206,10 @@ class Connection(asyncio.Protocol):
             self._event(event, now)
 
     def _event(self, event: bytes, now: float) -> None:
-        if self._responses:
+        if self._api == "responses":
             self._responses_event(event, now)
+        elif self._api == "messages":
+            self._messages_event(event, now)
         elif event.startswith(b"data: [DONE]"):
             self._saw_done = True
         elif event.startswith(b"event: error") or b'"error":' in event:
@@ -219,6 +225,15 @@ class Connection(asyncio.Protocol):
         elif event.startswith((b"event: response.completed", b"event: response.incomplete")):
             self._saw_done = True
         elif event.startswith((b"event: error", b"event: response.failed")):
+            self._fail(f"error event: {event[:300]!r}")
+
+    def _messages_event(self, event: bytes, now: float) -> None:
+        if event.startswith(b"event: content_block_delta"):
+            if b'"signature_delta"' not in event:
+                self._chunk(now)
+        elif event.startswith(b"event: message_stop"):
+            self._saw_done = True
+        elif event.startswith(b"event: error"):
             self._fail(f"error event: {event[:300]!r}")
 
     def _chunk(self, now: float) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from bench.client import Api
 from bench.loadgen import LoadSpec, run_load
 from bench.procs import CpuMeter, ServerProcess, Workdir, create_client_key, free_port, start_sim
 
@@ -57,13 +58,13 @@ def start_gateway(work: Workdir, upstream: str, mode: str, launch: str = LAUNCH)
 
 
 def measure(work: Workdir, key: str, gateway: ServerProcess, cell: tuple[int, int],
-            duration_s: float, *, responses: bool = False) -> tuple[int, int, float]:  # fmt: skip
-    """Requests, chunks and gateway CPU seconds of one cell (``responses``: the Responses
-    API instead of chat completions)."""
+            duration_s: float, *, api: Api = "chat") -> tuple[int, int, float]:  # fmt: skip
+    """Requests, chunks and gateway CPU seconds of one cell, on chat completions, the
+    Responses API or the Messages API (``api``)."""
     concurrency, max_tokens = cell
     spec = LoadSpec(url=gateway.base_url, api_key=key, model="deepseek-r1",
                     concurrency=concurrency, duration_s=1.0, max_tokens=max_tokens,
-                    responses=responses)  # fmt: skip
+                    api=api)  # fmt: skip
     asyncio.run(run_load(spec))  # warm-up: connections, keys, the tenant's data key
     meter = CpuMeter({"gateway": psutil.Process(gateway.popen.pid)})
     result = asyncio.run(run_load(replace(spec, duration_s=duration_s), meter))

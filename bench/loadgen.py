@@ -27,13 +27,14 @@ import math
 import ssl
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from bench.client import Connection, Recorder
+from bench.client import Api, Connection, Recorder
 
 _RECONNECT_BACKOFF_S = 0.1  # a refused connection must not turn a worker into a busy loop
 _PROMPTS = 64  # distinct prompts (the simulator seeds its output from the prompt text)
+_PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class LoadSpec:
     duration_s: float = 10.0  # the measured window
     max_tokens: int = 256
     warmup_s: float = 0.0  # load before the window, not counted
-    responses: bool = False  # POST /responses (the Responses API) instead of chat completions
+    api: Api = "chat"  # chat completions, the Responses API or Anthropic's Messages API
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,7 @@ class _Target:
     port: int
     tls: bool
     requests: tuple[bytes, ...]  # ready-to-send requests, cycled through
-    responses: bool = False
+    api: Api = "chat"
 
     @classmethod
     def parse(cls, spec: LoadSpec) -> _Target:
@@ -178,20 +179,22 @@ class _Target:
             raise ValueError(f"not an http(s) URL: {spec.url!r}")
         tls = parts.scheme == "https"
         port = parts.port or (443 if tls else 80)
-        path = parts.path.rstrip("/") + ("/responses" if spec.responses else "/chat/completions")
+        path = parts.path.rstrip("/") + _PATHS[spec.api]
         host = parts.netloc.rpartition("@")[2]
         requests = tuple(_request(spec, host, path, n) for n in range(_PROMPTS))
-        return cls(parts.hostname, port, tls, requests, spec.responses)
+        return cls(parts.hostname, port, tls, requests, spec.api)
 
 
 def _request(spec: LoadSpec, host: str, path: str, n: int) -> bytes:
     question = f"Question {n}: explain it step by step."
-    fields = (
-        {"input": question, "max_output_tokens": spec.max_tokens, "store": False}
-        if spec.responses
-        else {"messages": [{"role": "user", "content": question}], "max_tokens": spec.max_tokens,
-              "stream_options": {"include_usage": True}}
-    )  # fmt: skip
+    messages = [{"role": "user", "content": question}]
+    fields: dict[str, Any] = {
+        "responses": {"input": question, "max_output_tokens": spec.max_tokens, "store": False},
+        "messages": {"messages": messages, "max_tokens": spec.max_tokens,
+                     "thinking": {"type": "adaptive"}},
+        "chat": {"messages": messages, "max_tokens": spec.max_tokens,
+                 "stream_options": {"include_usage": True}},
+    }[spec.api]  # fmt: skip
     body = json.dumps(
         {"model": spec.model, "stream": True, **fields}, separators=(",", ":")
     ).encode()
@@ -211,7 +214,7 @@ async def _worker(target: _Target, rec: Recorder, e2e: list[float], index: int) 
         if conn is None or conn.closed:
             try:
                 _, conn = await loop.create_connection(
-                    lambda: Connection(rec, responses=target.responses),
+                    lambda: Connection(rec, api=target.api),
                     target.host,
                     target.port,
                     ssl=_ssl(target),
