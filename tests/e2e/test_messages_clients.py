@@ -1,7 +1,7 @@
 """What Claude-Code-style clients send to ``/v1/messages``, through the real ``anthropic`` SDK
 against the simulator: the request shapes written from the SDK's own types (system blocks with
 ``cache_control``, many tools, ``anthropic-beta`` headers, a streamed tool use with thinking),
-and ``count_tokens``."""
+``count_tokens``, another tenant's thinking block, a client that leaves mid-stream."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 
 import anthropic
 import httpx
+import pytest
 from anthropic.types import MessageParam, TextBlockParam, ToolParam
 
-from gateway.sim.app import SimApp
-from tests.e2e.conftest import Stack
+from gateway.sim.app import SimApp, SimConfig
+from tests.e2e.conftest import RecordingSink, Stack
 
 BETAS = "interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14"
 SYSTEM: list[TextBlockParam] = [
@@ -94,3 +95,47 @@ async def test_count_tokens_answers_with_the_gateways_estimate_without_a_tokeniz
     assert response.json()["input_tokens"] > 0
     assert unknown.status_code == 404
     assert unknown.json()["error"]["type"] == "not_found_error"
+
+
+async def test_another_tenants_thinking_block_is_refused(stack_factory: Any) -> None:
+    """A block signed for one tenant opens for no other: the sealed text is never decrypted
+    under another tenant's key, and the engine is not asked."""
+    stack = await stack_factory()
+    question: list[MessageParam] = [{"role": "user", "content": "Hi"}]
+    async with client(stack) as sdk:
+        first = await sdk.messages.create(
+            model="deepseek-r1", max_tokens=2048, messages=question,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        )  # fmt: skip
+    assert isinstance(stack.sim, SimApp)
+    asked = len(stack.sim.sim.received)
+    turns: Any = [*question, {"role": "assistant",
+                              "content": [b.model_dump() for b in first.content]},
+                  {"role": "user", "content": "More."}]  # fmt: skip
+    async with anthropic.AsyncAnthropic(base_url=stack.root, api_key=stack.keys["other"],
+                                        max_retries=0) as other:  # fmt: skip
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            await other.messages.create(model="deepseek-r1", max_tokens=64, messages=turns)
+    assert caught.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert len(stack.sim.sim.received) == asked
+
+
+async def test_a_client_that_leaves_a_stream_cancels_the_engine_and_is_recorded(
+    stack_factory: Any,
+) -> None:
+    sink = RecordingSink()
+    stack = await stack_factory(sim=SimConfig(itl_ms=20), sink=sink)
+    assert isinstance(stack.sim, SimApp)
+    body = {"model": "deepseek-r1", "max_tokens": 2000, "stream": True,
+            "messages": [{"role": "user", "content": "Hi"}]}  # fmt: skip
+    headers = {"x-api-key": stack.keys["visible"], "anthropic-version": "2023-06-01"}
+    async with (
+        httpx.AsyncClient(timeout=10) as raw,
+        raw.stream("POST", f"{stack.root}/v1/messages", json=body, headers=headers) as response,
+    ):
+        assert response.status_code == 200
+        await anext(response.aiter_bytes())  # message_start
+        await stack.sim.sim.wait_for(lambda s: s.running == 1, timeout=5)
+    await stack.sim.sim.wait_for(lambda s: s.cancelled == 1, timeout=5)
+    [record] = await sink.wait_for(1)
+    assert (record.endpoint, record.status) == ("messages", "client_disconnected")
