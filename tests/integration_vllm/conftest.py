@@ -1,6 +1,6 @@
 """Real vLLM (CPU build) with a tiny model built here, for the whole session.
 
-Two servers start side by side from the same tiny model (``tinymodel.py``):
+Three servers start side by side from the same tiny model (``tinymodel.py``):
 
 - ``parsed``: ``--reasoning-parser deepseek_r1``, served as ``tiny-r1-parsed`` and
   ``tiny-v4-parsed``: reasoning arrives in ``delta.reasoning``, as production deployments run it
@@ -8,7 +8,9 @@ Two servers start side by side from the same tiny model (``tinymodel.py``):
   hybrid model behind that parser, in the ``deepseek_v4`` format, whose thinking can be off);
 - ``raw``: no reasoning parser, served as ``tiny-r1``, ``tiny-r1-tags``, ``tiny-v4``,
   ``tiny-k3`` and ``tiny-minimax``: the markers arrive inside ``content`` and thinkgate's own
-  splitter does the work, each name configured with its format in the gateway.
+  splitter does the work, each name configured with its format in the gateway;
+- ``embed``: the same weights behind vLLM's pooling runner, served as ``tiny-embed``
+  (``/v1/embeddings``).
 
 The vLLM environment is ``.venv-vllm`` (``make vllm``, which ``make test`` runs). Without it,
 or with ``pytest --no-vllm``, these tests skip with the reason; under ``CI`` a missing
@@ -91,7 +93,7 @@ def _free_port() -> int:
 
 
 def _start(
-    model: TinyModel, workdir: Path, names: tuple[str, ...], parser: bool
+    model: TinyModel, workdir: Path, names: tuple[str, ...], parser: bool, *, embed: bool = False
 ) -> tuple[subprocess.Popen[bytes], VllmServer]:
     port = _free_port()
     tmp = workdir / f"tmp-{port}"
@@ -123,6 +125,8 @@ def _start(
     ]
     if parser:
         args += ["--reasoning-parser", "deepseek_r1"]
+    if embed:  # the same weights as an embedding model (vLLM's pooling runner)
+        args += ["--runner", "pooling", "--convert", "embed"]
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(workdir),
@@ -174,11 +178,12 @@ def vllm_servers(
     started = [
         _start(tiny_model, workdir, ("tiny-r1-parsed", "tiny-v4-parsed"), parser=True),
         _start(tiny_model, workdir, RAW_NAMES, parser=False),
+        _start(tiny_model, workdir, ("tiny-embed",), parser=False, embed=True),
     ]
     try:
         for proc, server in started:
             _wait_healthy(proc, server)
-        yield {"parsed": started[0][1], "raw": started[1][1]}
+        yield {"parsed": started[0][1], "raw": started[1][1], "embed": started[2][1]}
     finally:
         for proc, _ in started:
             _stop(proc)

@@ -53,7 +53,7 @@ async def gateway(
     vllm_servers: dict[str, VllmServer], tiny_model: TinyModel, tmp_path: Any
 ) -> AsyncIterator[Gateway]:
     settings = Settings(
-        upstreams=(vllm_servers["parsed"].url, vllm_servers["raw"].url),
+        upstreams=tuple(vllm_servers[name].url for name in ("parsed", "raw", "embed")),
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
         models={
             "tiny-r1-parsed": {"reasoning_source": "upstream"},  # vLLM runs deepseek_r1
@@ -600,3 +600,14 @@ async def test_anthropic_messages_with_thinking_through_translation(
     record = [r for r in gateway.sink.records if r.endpoint == "messages"][-1]
     assert record.messages[1]["reasoning"] == REASONING
     assert counted.input_tokens > 10  # vLLM's own tokenizer, with the chat template
+
+
+async def test_embeddings_pass_through_to_vllms_pooling_runner(gateway: Gateway) -> None:
+    async with gateway.sdk() as client:
+        result = await client.embeddings.create(model="tiny-embed", input=["six", "seven"])
+    assert len(result.data) == 2 and len(result.data[0].embedding) == 128  # the hidden size
+    assert result.data[0].embedding != result.data[1].embedding
+    assert result.usage.prompt_tokens > 0
+    record = [r for r in gateway.sink.records if r.endpoint == "embeddings"][-1]
+    assert record.status == "ok" and record.usage is not None
+    assert record.usage.prompt_tokens == result.usage.prompt_tokens
