@@ -225,7 +225,7 @@ def _tool_choice(choice: Any, names: set[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if kind == "tool":
         name = choice.get("name")
-        if name not in names:
+        if not isinstance(name, str) or name not in names:
             raise InvalidRequest("tool_choice.name: no such tool", param="tool_choice.name")
         out["tool_choice"] = {"type": "function", "function": {"name": name}}
     else:

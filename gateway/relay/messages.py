@@ -81,9 +81,9 @@ def _input(call: ToolCall) -> Any:
     try:
         parsed = orjson.loads("".join(call.arguments) or "{}")
     except orjson.JSONDecodeError:
-        raise RemoteProtocolError(
-            "the model server sent tool arguments that are not JSON"
-        ) from None
+        parsed = None
+    if not isinstance(parsed, dict):  # Anthropic's tool_use input is an object
+        raise RemoteProtocolError("the model server sent tool arguments that are no JSON object")
     return parsed
 
 
@@ -149,6 +149,7 @@ class MessagesStream(StreamRelay):
         self._failed = False
         self._space = ""  # answer text that is only whitespace so far, held (as Responses)
         self._matched: Any = None
+        self._answered = False  # a text or tool_use block was sent
 
     def feed(self, event: Event) -> bytes:
         out = [] if self._started else self._start()
@@ -173,6 +174,9 @@ class MessagesStream(StreamRelay):
         if self._failed:
             return b""  # the error event was the stream's last word
         out = [] if self._started else self._start()
+        if not self._answered:  # as a whole message: an answer that said nothing is ""
+            out += self._grow("text", "") if self._open is None or self._open.kind != "text" \
+                else []  # fmt: skip
         out += self._close()
         state = self.choices.get(0)
         stop = stop_of(self.meta, state.finish_reason if state else None, self._matched)
@@ -233,6 +237,7 @@ class MessagesStream(StreamRelay):
         return self._grow("text", text)
 
     def _new(self, kind: BlockKind, call: ToolCall | None = None) -> _Block:
+        self._answered = self._answered or kind in ("text", "tool_use")
         block = _Block(kind, self._blocks, call=call)
         self._blocks += 1
         return block
