@@ -272,7 +272,7 @@ class UpstreamStatusError(UpstreamError):
             status,
             message[:2000],
             param=param if isinstance(param, str) else None,
-            code=str(code) if code is not None else None,
+            code=_openai_code(code, status),
         )
 
     def __init__(self, status: int, message: str, *, param: str | None, code: str | None):
@@ -285,6 +285,22 @@ class UpstreamStatusError(UpstreamError):
         else:
             self.status = 503 if status == 503 else 502
             self.retryable = True
+
+
+_CODES = {400: "invalid_request", 401: "invalid_api_key", 403: "insufficient_permissions",
+          404: "not_found", 413: "request_too_large", 422: "invalid_request",
+          429: "rate_limit_exceeded"}  # fmt: skip
+
+
+def _openai_code(code: Any, status: int) -> str | None:
+    """An upstream's error code as an OpenAI code: vLLM sends the HTTP status (``400`` or
+    ``"400"``) where OpenAI sends a word, so a number becomes the word for its status."""
+    if code is None:
+        return None
+    text = str(code)
+    if not text.isdigit():
+        return text
+    return _CODES.get(status, "invalid_request" if status < 500 else "upstream_error")
 
 
 class ServiceUnavailable(GatewayError):

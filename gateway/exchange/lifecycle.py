@@ -95,8 +95,9 @@ class Exchange:
     def fail(self, error: GatewayError) -> None:
         self.status = status_of(error.outcome)
         self.error_code = error.code
-        if self.metrics is not None and isinstance(error, UpstreamError) and self.upstream:
-            self.metrics.upstream_failed(self.upstream, error)
+        upstream_fault = isinstance(error, UpstreamError) and error.outcome != "invalid"
+        if self.metrics is not None and upstream_fault and self.upstream:
+            self.metrics.upstream_failed(self.upstream, error)  # type: ignore[arg-type]
 
     def disconnected(self) -> None:
         self.client_disconnected = True

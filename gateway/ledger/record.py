@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol
 from audit.record import Usage
 from gateway.errors import Outcome
 
-Status = Literal["ok", "upstream_error", "client_disconnected", "error"]
+Status = Literal["ok", "invalid", "upstream_error", "client_disconnected", "error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +70,9 @@ def _count(value: Any) -> int:
 
 def status_of(outcome: Outcome) -> Status:
     """A completion's record status for an error's outcome: an admitted request ends ok,
-    failed upstream, disconnected, or in error (an engine's 4xx included)."""
-    if outcome == "upstream_error" or outcome == "client_disconnected":
+    refused by the engine as the client's mistake (``invalid``: an engine's 4xx), failed
+    upstream, disconnected, or in error."""
+    if outcome in ("invalid", "upstream_error", "client_disconnected"):
         return outcome
     return "error"
 

@@ -264,8 +264,8 @@ class UpstreamPool:
                 result = await attempt(upstream)
             except UpstreamError as failed:
                 exc = failed.at(upstream.base_url)
-                if self.on_failure is not None:
-                    self.on_failure(upstream.base_url, exc)
+                if self.on_failure is not None and exc.outcome != "invalid":
+                    self.on_failure(upstream.base_url, exc)  # the engine's fault, not a 4xx
                 if not exc.retryable:
                     raise exc from failed.__cause__
                 upstream.health.request_failed()

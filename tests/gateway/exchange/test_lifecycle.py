@@ -142,7 +142,7 @@ async def test_the_ticket_is_settled_with_the_used_tokens_else_the_reservation(
     [
         (UpstreamStatusError(503, "overloaded", param=None, code=None), "upstream_error"),
         (UpstreamStatusError(500, "engine crashed", param=None, code="boom"), "upstream_error"),
-        (UpstreamStatusError(400, "too long", param="max_tokens", code="bad"), "error"),
+        (UpstreamStatusError(400, "too long", param="max_tokens", code="bad"), "invalid"),
         (UpstreamTimeout("no token in 300 s"), "upstream_error"),
         (UpstreamConnectError("refused"), "upstream_error"),
         (UpstreamProtocolError("garbage"), "upstream_error"),

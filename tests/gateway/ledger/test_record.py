@@ -41,7 +41,7 @@ def test_usage_is_read_once_whatever_the_engine_sent(
     ("error", "status"),
     [
         (UpstreamStatusError(503, "busy", param=None, code=None), "upstream_error"),
-        (UpstreamStatusError(400, "too long", param=None, code=None), "error"),  # relayed 4xx
+        (UpstreamStatusError(400, "too long", param=None, code=None), "invalid"),  # relayed 4xx
         (UpstreamTimeout("slow"), "upstream_error"),
         (ClientClosedRequest("gone"), "client_disconnected"),
         (LedgerUnavailable("down"), "error"),
