@@ -46,6 +46,9 @@ class Usage:
     completion_tokens: int = 0
     reasoning_tokens: int = 0
     total_tokens: int = 0
+    # counted by the gateway (the engine never reported it: the client left mid-stream);
+    # in the header only when true
+    counted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +167,8 @@ def encode_header(facts: Facts, seal: Seal) -> bytes:
 
 
 def _usage_dict(usage: Usage) -> dict[str, int]:
-    return {name: getattr(usage, name) for name in Usage.__dataclass_fields__}
+    return {name: getattr(usage, name) for name in Usage.__dataclass_fields__
+            if name != "counted" or usage.counted}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

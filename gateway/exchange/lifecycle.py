@@ -23,7 +23,14 @@ from typing import Any, Protocol
 from gateway.admission.gate import Gate, Ticket
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError, UpstreamError
-from gateway.ledger.record import CompletionRecord, RecordSink, Status, parse_usage, status_of
+from gateway.ledger.record import (
+    CompletionRecord,
+    RecordSink,
+    Status,
+    Usage,
+    parse_usage,
+    status_of,
+)
 from gateway.relay.choice import ChoiceState
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_completion
@@ -150,6 +157,20 @@ class Exchange:
         if isinstance(recorded, BaseException):
             raise recorded
 
+    def _counted(self, choices: list[ChoiceState]) -> Usage | None:
+        """The usage of a stream the engine never reported on (the client left, or it broke
+        off): the engine spent what it streamed, so it is counted, recorded and settled."""
+        return _streamed_usage(len(self.request.upstream_body) // 4, choices)
+
+    def _finish_reasons(self, choices: list[ChoiceState]) -> tuple[str | None, ...]:
+        """Each choice's finish reason; after a disconnect an unfinished choice's is
+        ``client_disconnected`` (a request that made no choice yet has one such)."""
+        if not self.client_disconnected:
+            return tuple(c.finish_reason for c in choices)
+        return tuple(c.finish_reason or "client_disconnected" for c in choices) or (
+            "client_disconnected",
+        )
+
     def _record(self) -> CompletionRecord:
         choices = [self.rewriter.choices[i] for i in sorted(self.rewriter.choices)]
         return CompletionRecord(
@@ -166,8 +187,8 @@ class Exchange:
             status=self.status,
             error_code=self.error_code,
             client_disconnected=self.client_disconnected,
-            usage=parse_usage(self.rewriter.usage),
-            finish_reasons=tuple(c.finish_reason for c in choices),
+            usage=parse_usage(self.rewriter.usage) or self._counted(choices),
+            finish_reasons=self._finish_reasons(choices),
             messages=self.request.messages,
             params=self.request.params,
             reasoning=tuple("".join(c.reasoning) for c in choices),
@@ -177,6 +198,17 @@ class Exchange:
             thinking=self.rewriter.policy.thinking,
             tool_calls=_tool_calls(choices),
         )
+
+
+def _streamed_usage(prompt_estimate: int, choices: list[ChoiceState]) -> Usage | None:
+    """What was streamed, counted by the gateway: one token per upstream delta (vLLM's), the
+    prompt estimated (bytes / 4); ``None`` when nothing was."""
+    completion = sum(c.deltas for c in choices)
+    if not completion:
+        return None
+    reasoning = min(sum(c.reasoning_tokens for c in choices), completion)
+    return Usage(prompt_estimate, completion, reasoning, prompt_estimate + completion,
+                 counted=True)  # fmt: skip
 
 
 def _tool_calls(choices: list[ChoiceState]) -> tuple[tuple[dict[str, str], ...], ...] | None:

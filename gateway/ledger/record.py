@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from audit.record import Usage
+
+__all__ = ["CompletionRecord", "DiscardSink", "RecordSink", "Status", "Usage", "parse_usage",
+           "status_of"]  # fmt: skip
 from gateway.errors import Outcome
 
 Status = Literal["ok", "invalid", "upstream_error", "client_disconnected", "error"]

@@ -119,8 +119,9 @@ def test_parse_header_recovers_every_field() -> None:
     assert (header.salt, header.commitment) == (SEAL.salt, SEAL.commitment)
     for name in Facts.__dataclass_fields__:
         value = getattr(FACTS, name)
-        if isinstance(value, Usage):
-            assert header.fields[name] == {k: getattr(value, k) for k in Usage.__dataclass_fields__}
+        if isinstance(value, Usage):  # "counted" is written only when true
+            expected = {k: getattr(value, k) for k in Usage.__dataclass_fields__}
+            assert header.fields[name] == {k: v for k, v in expected.items() if k != "counted"}
         elif isinstance(value, tuple):
             assert header.fields[name] == list(value)
         elif value is not None:
@@ -421,3 +422,11 @@ def test_capture_reasoning_drops_the_prompt() -> None:
 def test_capture_metadata_keeps_nothing() -> None:
     assert captured(BODY, "metadata") == Body()
     assert captured(BODY, "metadata").encode() == b"{}"
+
+
+def test_usage_counted_by_the_gateway_says_so_in_the_header() -> None:
+    counted = replace(FACTS, usage=Usage(5, 20, 12, 25, counted=True))
+    header = parse_header(encode_header(counted, SEAL))
+    assert header.fields["usage"] == {"prompt_tokens": 5, "completion_tokens": 20,
+                                      "reasoning_tokens": 12, "total_tokens": 25,
+                                      "counted": True}  # fmt: skip
