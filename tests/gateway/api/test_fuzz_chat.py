@@ -350,6 +350,12 @@ def api_requests(draw: st.DrawFn, keys: dict[str, str], model: str) -> dict[str,
 
 
 def assert_openai_error(response: httpx.Response) -> None:
+    """The error in the shape of the API its path belongs to: Anthropic's under /v1/messages."""
+    if response.request.url.path.startswith("/v1/messages"):
+        body = response.json()
+        assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+        return
     check_openai_error(response, request_id=False)
 
 
