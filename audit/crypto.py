@@ -236,6 +236,64 @@ class FileKeyProvider:
         return kek_id
 
 
+class ReloadingKeyProvider:
+    """A :class:`FileKeyProvider` that reads its file again when the file changed (size, mtime or
+    inode), so a rotation made by another process (``thinkgate ledger rotate-kek``) reaches a
+    running gateway without a restart.
+
+    The file is looked at when a wrapped key names a KEK this provider cannot open (a DEK
+    re-wrapped under the new KEK), on :meth:`reload` (SIGHUP, a readiness probe), and before a
+    new DEK is wrapped (rare: a tenant's first record). Every KEK it ever held stays usable:
+    during the roll, replicas that have the new file and replicas that do not both open every
+    DEK. A file that cannot be read or parsed keeps the KEKs already held (the failure is
+    raised to :meth:`reload`'s caller only)."""
+
+    __slots__ = ("_current", "_path", "_stamp")
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._stamp = _stamp(path)
+        self._current = FileKeyProvider.load(path)
+
+    @property
+    def primary_id(self) -> str:
+        return self._current.primary_id
+
+    def wrap(self, dek: bytes) -> WrappedKey:
+        self._quietly_reload()
+        return self._current.wrap(dek)
+
+    def unwrap(self, wrapped: WrappedKey) -> bytes:
+        try:
+            return self._current.unwrap(wrapped)
+        except DecryptionError:
+            if not self._quietly_reload():
+                raise
+        return self._current.unwrap(wrapped)
+
+    def reload(self) -> bool:
+        """Read the file again if it changed; whether it did. ``KeyFileError``/``OSError`` when
+        it changed into something unreadable (the KEKs held so far stay)."""
+        stamp = _stamp(self._path)
+        if stamp == self._stamp:
+            return False
+        fresh = FileKeyProvider.load(self._path)
+        self._current = FileKeyProvider(fresh.primary_id, {**self._current._keks, **fresh._keks})
+        self._stamp = stamp
+        return True
+
+    def _quietly_reload(self) -> bool:
+        try:
+            return self.reload()
+        except (KeyFileError, OSError):
+            return False
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = path.stat()
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _check_size(what: str, value: bytes, size: int) -> None:
     if len(value) != size:
         raise ValueError(f"the {what} must be {size} bytes, not {len(value)}")

@@ -6,9 +6,17 @@ Rules:
   in ``ledger_data_keys`` with a random ``dek_id`` that every record header names. A tenant may
   own several DEKs (replicas that met the tenant at the same moment each made one; nothing
   breaks, every header says which one it used).
-- The DEK used for *new* records is cached for ``ACTIVE_TTL_S``: a shred run elsewhere is
-  honoured within that bound (records sealed under a DEK shredded meanwhile are as unreadable
-  as the rest of the tenant's, which is what shredding asked for).
+- The DEK used for *new* records is cached for ``ACTIVE_TTL_S`` (1 s: one indexed read per
+  tenant per second per process): a shred run by another process is honoured by every replica
+  within that bound, new records then being sealed under a fresh DEK (records sealed under a DEK
+  shredded meanwhile are as unreadable as the rest of the tenant's, which is what shredding
+  asked for).
+- The key provider failing to open a tenant's DEK (a KEK rotated by another process that this
+  one has not read yet, a broken key file) never loses a record: the DEK cached before keeps
+  sealing, ``healthy`` turns false (the gateway's readiness fails and it refuses new requests
+  before they reach an engine, ``Ledger.accepting``), and ``recover`` (called while unhealthy,
+  at most once per ``RECOVER_EVERY_S``) reads the key file again. A tenant with no cached DEK
+  then gets ``KeysUnavailable``.
 - While the database is away, a new tenant still gets a DEK: it is kept as *unsaved*, and the
   writer puts its wrapped form (never the plain key) in the spool ahead of the tenant's
   records and inserts it in the transaction that commits them.
@@ -19,6 +27,7 @@ Rules:
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -29,10 +38,24 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from audit.crypto import KeyProvider, WrappedKey, new_data_key, rewrap
+from audit.crypto import (
+    DecryptionError,
+    KeyFileError,
+    KeyProvider,
+    WrappedKey,
+    new_data_key,
+    rewrap,
+)
+from audit.errors import AuditError
 from audit.schema import data_keys
 
-ACTIVE_TTL_S = 30.0
+log = logging.getLogger("thinkgate")
+ACTIVE_TTL_S = 1.0
+RECOVER_EVERY_S = 1.0
+
+
+class KeysUnavailable(AuditError):
+    """The key provider cannot open the tenant's data key, and none is cached."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +104,36 @@ class DataKeys:
         self._plain: dict[str, bytes] = {}
         self._loading: dict[str, asyncio.Future[tuple[str, bytes]]] = {}
         self.unsaved: dict[str, DataKeyRow] = {}
+        self.healthy = True  # the provider opened the last DEK it was asked for
+        self._tried_at = -RECOVER_EVERY_S
+
+    def reload_keys(self) -> None:
+        """Read the key file again now (SIGHUP); keys cached so far are looked up again."""
+        reload = getattr(self._provider, "reload", None)
+        try:
+            if reload is not None and reload():
+                self.healthy = True
+                self._active.clear()
+        except (KeyFileError, OSError) as exc:
+            log.error("the ledger key file cannot be read again: %s", type(exc).__name__)
+
+    def recover(self) -> bool:
+        """While unhealthy: read the key file again (at most once per ``RECOVER_EVERY_S``);
+        healthy again when it changed (the next refresh proves it)."""
+        if self.healthy:
+            return True
+        now = self._clock()
+        if now - self._tried_at < RECOVER_EVERY_S:
+            return False
+        self._tried_at = now
+        reload = getattr(self._provider, "reload", None)
+        try:
+            if reload is not None and reload():
+                self.healthy = True
+                self._active.clear()  # every tenant's key is looked up again, under the new file
+        except (KeyFileError, OSError):
+            pass
+        return self.healthy
 
     async def for_sealing(self, tenant: str) -> tuple[str, bytes]:
         """``(dek_id, dek)`` for a new record of ``tenant``."""
@@ -101,6 +154,16 @@ class DataKeys:
             dek_id, dek = await self._load_or_create(tenant)
         except (SQLAlchemyError, OSError, TimeoutError):
             dek_id, dek = self._create_unsaved(tenant)
+        except DecryptionError:
+            self.healthy = False
+            cached = self._active.get(tenant)
+            if cached is None:
+                raise KeysUnavailable(
+                    f"the data key of tenant {tenant!r} cannot be opened"
+                ) from None
+            self._active[tenant] = (self._clock(), cached[1], cached[2])  # tried again later
+            return cached[1], cached[2]  # keeps sealing; refreshed once the keys are back
+        self.healthy = True
         self._active[tenant] = (self._clock(), dek_id, dek)
         return dek_id, dek
 

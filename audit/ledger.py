@@ -179,7 +179,9 @@ class Ledger(LedgerReader):
         return self._writer.spool_pending
 
     def accepting(self) -> bool:
-        return self._writer.accepting()
+        """The writer takes records and the tenant keys can be opened (``DataKeys.healthy``;
+        while not, the key file is looked at again, at most once a second)."""
+        return self._writer.accepting() and (self._keys.healthy or self._keys.recover())
 
     def verifier_key(self) -> str:
         return self._signer.verifier_key()

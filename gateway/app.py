@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import signal
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -21,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from audit import migrate as audit_migrate
-from audit.crypto import FileKeyProvider
+from audit.crypto import ReloadingKeyProvider
 from audit.datakeys import DataKeys
 from audit.ledger import Ledger
 from gateway.admission.budget import KVAdmission, open_admission
@@ -154,6 +155,8 @@ async def _start(
         stack.push_async_callback(ledger.aclose)
         sink = LedgerSink(ledger, settings)
     keys = await _tenant_keys(settings, engine, ledger)
+    if keys is not None:
+        _reload_on_sighup(stack, keys)
     sealer = ReasoningSealer(keys, settings.reasoning_token_ttl_s) if keys else None
     stored = ResponseStore(engine, keys, settings.responses_retention_s) if keys else None
     upstreams = UpstreamPool(transport, settings)
@@ -183,6 +186,21 @@ async def _start(
     )
 
 
+def _reload_on_sighup(stack: contextlib.AsyncExitStack, keys: DataKeys) -> None:
+    """``kill -HUP`` reads the key file again (a rotation is also noticed on its own, the
+    first time a data key needs the new KEK). Only where signals can be had: the main
+    thread of a process on a platform that has SIGHUP."""
+    hup = getattr(signal, "SIGHUP", None)
+    if hup is None:
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(hup, keys.reload_keys)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return  # not the main thread (tests run the app in one), or no signals here
+    stack.callback(loop.remove_signal_handler, hup)
+
+
 async def _tenant_keys(
     settings: Settings, engine: AsyncEngine, ledger: Ledger | None
 ) -> DataKeys | None:
@@ -194,7 +212,7 @@ async def _tenant_keys(
     if not settings.ledger_key_file.exists():
         return None
     await audit_migrate.upgrade(engine)
-    return DataKeys(engine, FileKeyProvider.load(settings.ledger_key_file))
+    return DataKeys(engine, ReloadingKeyProvider(settings.ledger_key_file))
 
 
 def observe(

@@ -85,6 +85,11 @@ class RecordSink(Protocol):
         """False while records cannot be stored and the sink wants new requests refused."""
         ...
 
+    async def prepare(self, tenant: str) -> None:
+        """Raise (a ``GatewayError``) if a record of ``tenant`` could not be sealed now: called
+        before the engine is asked."""
+        ...
+
     async def submit(self, record: CompletionRecord) -> None: ...
 
 
@@ -93,6 +98,9 @@ class DiscardSink:
 
     def accepting(self) -> bool:
         return True
+
+    async def prepare(self, tenant: str) -> None:
+        return None
 
     async def submit(self, record: CompletionRecord) -> None:
         return None

@@ -19,7 +19,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from audit.crypto import FileKeyProvider
+from audit.crypto import FileKeyProvider, KeyFileError, ReloadingKeyProvider
+from audit.datakeys import KeysUnavailable
 from audit.ledger import Ledger
 from audit.note import NoteSigner, create_signing_key, load_signing_key
 from audit.record import Body, Facts, captured
@@ -44,10 +45,24 @@ class LedgerSink:
     def accepting(self) -> bool:
         return self._fail_open or self.ledger.accepting()
 
+    async def prepare(self, tenant: str) -> None:
+        """Before the engine is asked: the tenant's data key can be had (cached for a second),
+        so a completion is never generated and then lost for want of a key to seal it."""
+        if self._fail_open:
+            return
+        try:
+            await self.ledger.keys.for_sealing(tenant)
+        except (KeysUnavailable, KeyFileError) as exc:
+            raise translate(exc) from None
+
     async def submit(self, record: CompletionRecord) -> None:
         body = captured(record_body(record), self._capture)
         try:
             await self.ledger.append(record_facts(record, self._capture), body)
+        except KeysUnavailable as exc:
+            if not self._fail_open:
+                raise translate(exc) from None
+            log.error("audit record lost (request %s): ledger keys unavailable", record.request_id)
         except WriterUnavailable as exc:
             if not self._fail_open:
                 raise translate(exc) from None
@@ -111,7 +126,7 @@ def ensure_keys(settings: Settings, *, create: bool) -> list[str]:
 
 
 async def open_ledger(settings: Settings, engine: AsyncEngine) -> Ledger:
-    provider = FileKeyProvider.load(settings.ledger_key_file)
+    provider = ReloadingKeyProvider(settings.ledger_key_file)
     signer = NoteSigner(settings.audit_origin, load_signing_key(settings.signing_key_file))
     return await Ledger.open(
         engine,

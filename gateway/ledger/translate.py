@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from audit.crypto import DecryptionError, KeyFileError
+from audit.datakeys import KeysUnavailable
 from audit.drivers import DatabaseError
 from audit.errors import AuditError
 from audit.export import ExportInvalid
@@ -37,6 +38,7 @@ TRANSLATIONS: dict[type[AuditError], _Make] = {
     DatabaseError: lambda _e, _p: LedgerUnavailable("The audit ledger's database is unavailable."),
     SpoolCorrupt: lambda _e, _p: LedgerUnavailable("The audit ledger cannot store records."),
     KeyFileError: lambda _e, _p: LedgerUnavailable("The audit ledger's keys are unavailable."),
+    KeysUnavailable: lambda _e, _p: LedgerUnavailable("The audit ledger's keys are unavailable."),
     DecryptionError: lambda _e, _p: LedgerIntegrityError("The record could not be decrypted."),
     RecordFormatError: lambda _e, _p: LedgerIntegrityError(_INTEGRITY),
     LedgerCorrupt: lambda _e, _p: LedgerIntegrityError(_INTEGRITY),

@@ -60,6 +60,7 @@ async def admit(
     try:
         if not state.sink.accepting():
             raise LedgerUnavailable("The audit ledger cannot store records; try again later.")
+        await state.sink.prepare(key.tenant)  # a record that could not be sealed: refused now
         ceiling = state.settings.priority_ceiling(key.key_id, key.tenant)
         priority = priority_of(request.headers.get("x-thinkgate-priority"), ceiling)
         candidates = await state.upstreams.route(model)

@@ -63,6 +63,9 @@ class RecordingSink:
         self.records: list[CompletionRecord] = []
         self._changed = asyncio.Condition()
 
+    async def prepare(self, tenant: str) -> None:
+        return None
+
     def accepting(self) -> bool:
         return True
 
