@@ -162,7 +162,7 @@ class RouteError(ClientError):
     code = None
 
     def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
+        super().__init__(message, code="method_not_allowed" if status == 405 else None)
         self.status = status
 
 

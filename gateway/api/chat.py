@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
 from gateway.api.items import handed_back
+from gateway.api.jsonbody import json_object
 from gateway.errors import InvalidRequest
 
 MAX_N = 16
@@ -35,7 +36,7 @@ MAX_TOKENS_LIMIT = 1_000_000
 
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")
-    role: StrictStr
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
 
 
 class _StreamOptions(BaseModel):
@@ -61,6 +62,15 @@ class _ChatBody(BaseModel):
     )
     include_reasoning: StrictBool = True
     reasoning: _ReasoningDirective | None = None
+    # typed as OpenAI's reference types them; every field not named here passes through
+    temperature: Annotated[float, Field(ge=0, le=2, strict=True)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1, strict=True)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2, strict=True)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2, strict=True)] | None = None
+    seed: Annotated[int, Field(strict=True)] | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20, strict=True)] | None = None
+    user: StrictStr | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +121,8 @@ class ChatRequest:
 
 def parse_chat_request(raw: bytes) -> ChatRequest:
     """Decode and validate; ``InvalidRequest`` (400, with ``param``) on any problem."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("The request body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
+    body = json_object(raw)
+    _too_large(body)
     try:
         checked = _ChatBody.model_validate(body)
     except ValidationError as exc:
@@ -156,6 +162,15 @@ def _has_history(messages: list[Any]) -> bool:
                                      param=f"messages[{index}].{name}")  # fmt: skip
             found = True
     return found
+
+
+def _too_large(body: dict[str, Any]) -> None:
+    """``max_tokens: 1e30`` is a number too large, not "not an integer"."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if isinstance(value, float) and value > MAX_TOKENS_LIMIT:
+            raise InvalidRequest(f"Invalid value for '{name}': too large (at most "
+                                 f"{MAX_TOKENS_LIMIT:,}).", param=name)  # fmt: skip
 
 
 def _encode(body: dict[str, Any]) -> bytes:

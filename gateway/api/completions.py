@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from gateway.api.jsonbody import json_object
 from gateway.errors import InvalidRequest
 
 MAX_N = 16
@@ -62,7 +63,7 @@ class EmbeddingsRequest:
 
 
 def parse_completions_request(raw: bytes) -> CompletionsRequest:
-    body = _object(raw)
+    body = json_object(raw)
     model = _model(body)
     prompt = body.get("prompt")
     if not _prompt_ok(prompt):
@@ -92,7 +93,7 @@ def parse_completions_request(raw: bytes) -> CompletionsRequest:
 
 
 def parse_embeddings_request(raw: bytes) -> EmbeddingsRequest:
-    body = _object(raw)
+    body = json_object(raw)
     model = _model(body)
     given: Any = body.get("input")
     if not _prompt_ok(given) or given == "":
@@ -101,16 +102,6 @@ def parse_embeddings_request(raw: bytes) -> EmbeddingsRequest:
     inputs = 1 if isinstance(given, str) or _ints(given) else len(given)
     return EmbeddingsRequest(model, inputs, [{"role": "input", "content": given}],
                              {k: v for k, v in body.items() if k != "input"}, raw)  # fmt: skip
-
-
-def _object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("The request body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    return body
 
 
 def _model(body: dict[str, Any]) -> str:

@@ -44,6 +44,7 @@ from typing import Any
 import orjson
 
 from gateway.api.items import History, SealedReasoning, handed_back
+from gateway.api.jsonbody import json_object
 from gateway.errors import InvalidRequest
 
 _KNOWN = {
@@ -95,7 +96,7 @@ def parse_messages_request(raw: bytes) -> MessagesRequest:
     """Decode, validate and translate; ``InvalidRequest`` (400, with ``param``) on a problem.
     The body is final (``upstream_body``) unless reasoning came back sealed: then the route
     opens it and calls ``build``."""
-    body = _object(raw)
+    body = json_object(raw)
     unknown = sorted(set(body) - _KNOWN - set(ENGINE_EXTRAS))
     if unknown:
         raise InvalidRequest(f"{unknown[0]}: Extra inputs are not permitted", param=unknown[0])
@@ -125,16 +126,6 @@ def parse_messages_request(raw: bytes) -> MessagesRequest:
         tuple(chat.get("stop") or ()),
     )  # fmt: skip
     return call.build({}, "reasoning") if not history.sealed else call
-
-
-def _object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("The request body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    return body
 
 
 def _bool(value: Any, name: str) -> bool:

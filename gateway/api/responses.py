@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from gateway.api.items import History, chat_messages, handed_back, input_items
+from gateway.api.jsonbody import json_object
 from gateway.errors import InvalidRequest
 
 _KNOWN = {
@@ -104,7 +105,7 @@ def parse_responses_request(raw: bytes) -> ResponsesRequest:
     """Decode, validate and translate; ``InvalidRequest`` (400, with ``param``) on a problem.
     The body is final (``upstream_body``) unless the input has sealed reasoning or a
     ``previous_response_id``: then the route calls ``build``."""
-    body = _object(raw)
+    body = json_object(raw)
     unknown = sorted(set(body) - _KNOWN)
     if unknown:
         raise InvalidRequest(f"Unknown parameter: '{unknown[0]}'.", param=unknown[0])
@@ -183,16 +184,6 @@ def _echo(body: dict[str, Any], chat: dict[str, Any], text_format: Any) -> dict[
         truncation="disabled",
     )
     return echo
-
-
-def _object(raw: bytes) -> dict[str, Any]:
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("The request body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
-    return body
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.api.jsonbody import json_object
 from gateway.api.messages import MessagesRequest, parse_messages_request
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError, InvalidRequest
@@ -91,12 +92,7 @@ async def count_tokens(request: Request) -> Response:
     Nothing is generated, so nothing is recorded or rate-limited beyond the key check."""
     state = app_state(request)
     key, raw = await steps.receive(state, request, "client")
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("The request body is not valid JSON.") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.")
+    body = json_object(raw)
     body = {k: v for k, v in body.items() if k != "stream"} | {"max_tokens": 1_000_000}
     call = await prepared(state, key, parse_messages_request(orjson.dumps(body)))
     candidates = await state.upstreams.route(call.model)

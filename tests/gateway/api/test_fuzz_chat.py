@@ -41,7 +41,10 @@ __all__ = ["stack_factory"]  # the real-socket stack fixture of tests/e2e, used 
 # --- parse_chat_request --------------------------------------------------------------------------
 
 FIELDS = ("model", "messages", "stream", "stream_options", "n", "max_tokens",
-          "max_completion_tokens", "include_reasoning", "reasoning")  # fmt: skip
+          "max_completion_tokens", "include_reasoning", "reasoning", "temperature", "top_p",
+          "presence_penalty", "frequency_penalty", "seed", "logprobs", "top_logprobs",
+          "user")  # fmt: skip
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 CONSUMED = ("include_reasoning", "reasoning")  # directives to the gateway, never forwarded
 
 
@@ -183,7 +186,7 @@ VALID_REQUESTS = st.fixed_dictionaries(
     {
         "model": st.text(min_size=1, max_size=256),
         "messages": st.lists(
-            st.fixed_dictionaries({"role": st.text(max_size=10)}, optional={"content": JSON}),
+            st.fixed_dictionaries({"role": st.sampled_from(ROLES)}, optional={"content": JSON}),
             min_size=1,
             max_size=3,
         ),

@@ -1,0 +1,66 @@
+"""Sloppy input a new user sends gets the error that says what is wrong (issue: "the first five
+minutes"), in OpenAI's shape with ``param``; unknown fields still pass through untouched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.sim.app import SimApp
+from tests.e2e.conftest import Stack
+
+GOOD = b'{"model":"deepseek-r1","messages":[{"role":"user","content":"x"}]'
+
+
+async def post(stack: Stack, body: bytes, method: str = "POST") -> httpx.Response:
+    async with httpx.AsyncClient() as client:
+        return await client.request(method, f"{stack.url}/chat/completions", content=body,
+                                    headers={"authorization": f"Bearer {stack.keys['visible']}",
+                                             "content-type": "application/json"})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "param"),
+    [
+        (GOOD + b',"max_tokens":1e30}', "too large", "max_tokens"),
+        (GOOD + b',"max_completion_tokens":1e30}', "too large", "max_completion_tokens"),
+        ('{"model":"deepseek-r1","messages":[{"role":"user","content":"caf\xe9"}]}'
+         .encode("latin-1"), "not valid UTF-8", None),
+        (b"\xef\xbb\xbf" + GOOD + b"}", "byte order mark", None),
+        (b'{"model":"deepseek-r1","messages":[{"role":"user","content":"\\ud800"}]}',
+         "lone surrogate", None),
+        (GOOD + b',"temperature":"hot"}', "temperature", "temperature"),
+        (GOOD + b',"temperature":3}', "temperature", "temperature"),
+        (GOOD + b',"top_p":"all"}', "top_p", "top_p"),
+        (b'{"model":"deepseek-r1","messages":[{"role":"wizard","content":"x"}]}', "role",
+         "messages.0.role"),
+        (b"{not json", "not valid JSON", None),
+    ],
+)  # fmt: skip
+async def test_each_mistake_is_named(
+    stack_factory: Any, body: bytes, message: str, param: str | None
+) -> None:
+    stack = await stack_factory()
+    response = await post(stack, body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert message in error["message"] and error["param"] == param
+    assert isinstance(stack.sim, SimApp) and not stack.sim.sim.received  # no engine asked
+
+
+async def test_a_get_on_a_post_route_is_405_method_not_allowed(stack_factory: Any) -> None:
+    stack = await stack_factory()
+    response = await post(stack, b"", method="GET")
+    assert response.status_code == 405
+    assert response.json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_typed_fields_of_the_right_type_and_unknown_ones_pass(stack_factory: Any) -> None:
+    stack = await stack_factory()
+    response = await post(stack, GOOD + b',"temperature":1,"top_p":0.5,"seed":3,"mystery":[1]}')
+    assert response.status_code == 200
+    assert isinstance(stack.sim, SimApp)
+    sent = stack.sim.sim.received[-1]
+    assert (sent["temperature"], sent["top_p"], sent["seed"], sent["mystery"]) == (1, 0.5, 3, [1])
