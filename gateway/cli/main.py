@@ -9,12 +9,14 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
+from gateway.cli import preflight
 from gateway.settings import Settings
 
 
@@ -26,6 +28,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.title != "Settings":
             raise
         print(f"thinkgate: invalid configuration: {config_problem(exc)}", file=sys.stderr)
+        return 2
+    except yaml.YAMLError as exc:  # THINKGATE_CONFIG is not YAML
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        print(f"thinkgate: invalid configuration: {os.environ.get('THINKGATE_CONFIG')} is not "
+              f"valid YAML{where}", file=sys.stderr)  # fmt: skip
         return 2
     return result
 
@@ -145,11 +153,20 @@ def _capacity_parser(sub: Any) -> None:
     cap.set_defaults(func=cmd_capacity)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+def _refused(*checks: Callable[[], None]) -> int:
+    """Run the start-up checks in order; the exit code of the first that fails (its line
+    printed), else 0 (``gateway.cli.preflight`` lists the codes)."""
+    try:
+        for check in checks:
+            check()
+    except preflight.Refused as refused:
+        print(f"thinkgate: {refused}", file=sys.stderr)
+        return refused.code
+    return 0
 
-    from gateway.telemetry.logs import log_config
 
+def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings ``serve``'s flags give."""
     overrides: dict[str, Any] = {"demo": args.demo}
     if args.host:
         overrides["host"] = args.host
@@ -157,7 +174,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides["port"] = args.port
     if args.upstream:
         overrides["upstreams"] = tuple(args.upstream)
+    return overrides
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.telemetry.logs import log_config
+
+    overrides = _serve_overrides(args)
     settings = Settings(**overrides)
+    refused = _refused(lambda: preflight.check_address(settings.host, settings.port))
+    if refused:
+        return refused
     if args.demo:
         if args.workers != 1:
             print("--demo runs one worker (the simulator lives in it)", file=sys.stderr)
@@ -171,6 +200,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    refused = _refused(lambda: preflight.check_database(settings),
+                       lambda: preflight.check_keys(settings))  # fmt: skip
+    if refused:
+        return refused
     run: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
