@@ -223,6 +223,7 @@ def observe(
     metrics = Metrics(settings.tenants.keys(), settings.metrics_tenants,
                       multiprocess=bool(settings.prometheus_multiproc_dir))  # fmt: skip
     upstreams.on_failure = metrics.upstream_failed
+    metrics.know_upstreams(u.base_url for u in upstreams.upstreams)
     kv.metrics = metrics
     kv.store.on_change = metrics.fallback.labels("kv_budget").set
     if isinstance(limiter, KeyLimiter):

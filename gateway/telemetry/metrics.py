@@ -12,6 +12,11 @@ Rules:
   bisect per upstream read) and ``observe_completion`` adds them to the histogram once, at the
   end of the request, with the request's other figures: labelled children are resolved once
   per request.
+- Known label values start at zero (Prometheus's "avoid missing metrics"): every rejection
+  kind, and every failure kind of every configured upstream, is exported before the first
+  event, so ``rate()`` and alerts see the series from the start. The ``_created`` series
+  prometheus-client adds to counters and histograms are off (they double the series count and
+  no dashboard here reads them).
 - Several workers (``--workers N``): prometheus-client's multiprocess mode, selected by
   ``PROMETHEUS_MULTIPROC_DIR`` (``thinkgate serve`` sets it); counters and histograms add up
   across workers, each gauge says how (``multiprocess_mode``).
@@ -24,7 +29,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from audit.writer import WriterEvent
@@ -51,6 +63,8 @@ OTHER = "other"
 _KINDS: dict[type[UpstreamError], str] = {
     UpstreamConnectError: "connect", UpstreamTimeout: "timeout", UpstreamProtocolError: "protocol",
 }  # fmt: skip
+FAILURE_KINDS = ("connect", "timeout", "protocol", "status")
+REJECTION_KINDS = ("requests", "tokens", "kv_budget")
 
 
 @dataclass(slots=True)
@@ -93,6 +107,7 @@ class Metrics:
     ) -> None:
         """``multiprocess``: ``PROMETHEUS_MULTIPROC_DIR`` is set (prometheus-client reads it
         itself to keep values in files; here it decides what ``/metrics`` serves)."""
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide
         self.registry = CollectorRegistry(auto_describe=True)
         self.multiprocess = multiprocess
         self.tenant = TenantLabels(frozenset(tenants), tenant_limit)
@@ -188,6 +203,14 @@ class Metrics:
         )  # fmt: skip
         if not self.multiprocess:
             ProcessCollector(registry=r)
+        for kind in REJECTION_KINDS:
+            self.rejections.labels(kind)
+
+    def know_upstreams(self, urls: Iterable[str]) -> None:
+        """Export every failure kind of these upstreams at zero."""
+        for url in urls:
+            for kind in FAILURE_KINDS:
+                self.upstream_errors.labels(url, kind)
 
     def exposition_registry(self) -> CollectorRegistry:
         """What ``/metrics`` serves: this process's registry, or every worker's figures."""
