@@ -59,6 +59,37 @@ async def _ensure(store: KeyStore, role: str, secret: str | None) -> str:
     return new.secret
 
 
+# The README's snippet, verbatim (a test keeps the two equal): it runs as pasted once
+# THINKGATE_KEY is set, and prints the reasoning (dimmed on a terminal), then the answer.
+SNIPPET = """import os
+import sys
+
+from openai import OpenAI
+
+client = OpenAI(
+    base_url=os.environ.get("THINKGATE_URL", "http://127.0.0.1:8080/v1"),
+    api_key=os.environ["THINKGATE_KEY"],  # `make run` prints it
+)
+dim, plain = ("\\033[2m", "\\033[0m") if sys.stdout.isatty() else ("", "")
+stream = client.chat.completions.create(
+    model="deepseek-r1",
+    stream=True,
+    messages=[{"role": "user", "content": "Why is the sky blue?"}],
+)
+for chunk in stream:
+    delta = chunk.choices[0].delta if chunk.choices else None
+    if delta is None:
+        continue
+    reasoning = getattr(delta, "reasoning_content", None)
+    if reasoning:
+        print(f"{dim}{reasoning}{plain}", end="", flush=True)
+    if delta.content:
+        print(delta.content, end="", flush=True)
+print()
+"""
+SNIPPET_END = "print()"
+
+
 def snippet(settings: Settings, secrets: dict[str, str]) -> str:
     base = f"http://{settings.host}:{settings.port}/v1"
     return f"""
@@ -66,12 +97,11 @@ thinkgate demo: built-in simulator upstream, SQLite under ./var/, in-process lim
   client key  (reasoning visible): {secrets["client"]}
   auditor key:                     {secrets["auditor"]}
 
-Paste into Python (pip install openai):
+In another shell (pip install openai):
 
-from openai import OpenAI
-c = OpenAI(base_url="{base}", api_key="{secrets["client"]}")
-messages = [{{"role": "user", "content": "Why is the sky blue?"}}]
-for chunk in c.chat.completions.create(model="deepseek-r1", stream=True, messages=messages):
-    d = chunk.choices[0].delta if chunk.choices else None
-    print(getattr(d, "reasoning_content", None), d and d.content)
-"""
+export THINKGATE_KEY={secrets["client"]}
+export THINKGATE_URL={base}
+
+then run this Python (the README's snippet):
+
+{SNIPPET}"""

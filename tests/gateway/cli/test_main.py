@@ -14,6 +14,8 @@ from typing import Any
 
 import openai
 
+from gateway.cli.demo import SNIPPET
+
 THINKGATE = [sys.executable, "-m", "gateway.cli"]
 
 
@@ -98,7 +100,7 @@ async def start_demo(cwd: Path, port: int) -> tuple[asyncio.subprocess.Process, 
     )
     assert proc.stdout is not None and proc.stderr is not None
     printed = ""
-    while "print(getattr" not in printed:  # the snippet's last line
+    while not printed.endswith("\nprint()\n"):  # the snippet's last line
         line = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
         assert line, "the demo server exited before printing its keys"
         printed += line.decode()
@@ -109,7 +111,7 @@ async def start_demo(cwd: Path, port: int) -> tuple[asyncio.subprocess.Process, 
             break
     match = re.search(r"client key .*: (sk-tg-\S+)", printed)
     assert match, printed
-    assert f'base_url="http://127.0.0.1:{port}/v1"' in printed
+    assert f"export THINKGATE_URL=http://127.0.0.1:{port}/v1" in printed
     return proc, match.group(1)
 
 
@@ -118,27 +120,28 @@ async def stop(proc: asyncio.subprocess.Process) -> int:
     return await asyncio.wait_for(proc.wait(), timeout=15)
 
 
+def readme_snippet() -> str:
+    """The first Python block of the README (the demo prints the same, ``demo.SNIPPET``)."""
+    text = (Path(__file__).parents[3] / "README.md").read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block == SNIPPET, "README's snippet and the demo's differ"
+    return block
+
+
 async def test_demo_serves_the_readme_snippet_and_keeps_its_keys(tmp_path: Path) -> None:
     port = free_port()
     proc, key = await start_demo(tmp_path, port)
     try:
-
-        def snippet() -> list[Any]:
-            c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key)
-            out = []
-            for chunk in c.chat.completions.create(
-                model="deepseek-r1",
-                stream=True,
-                max_tokens=60,
-                messages=[{"role": "user", "content": "Why is the sky blue?"}],
-            ):
-                d = chunk.choices[0].delta if chunk.choices else None
-                out.append((getattr(d, "reasoning_content", None), d and d.content))
-            c.close()
-            return out
-
-        pieces = await asyncio.to_thread(snippet)
-        assert any(r for r, _ in pieces)
+        # the README's snippet, as pasted: its key and URL from the variables the demo prints
+        env = {**os.environ, "THINKGATE_KEY": key, "THINKGATE_URL": f"http://127.0.0.1:{port}/v1"}
+        ran = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", readme_snippet(), env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(ran.communicate(), timeout=60)
+        assert ran.returncode == 0, err.decode()
+        printed = out.decode()
+        assert len(printed) > 100 and "None" not in printed and "\033" not in printed  # no tty
 
         def formats() -> list[tuple[Any, Any]]:
             # the demo reads each simulated model as it sends reasoning: a separating engine's
