@@ -137,15 +137,15 @@ def report(result: LoadResult) -> str:
     spec = result.spec
     header = (
         f"{'conc':>5} {'window s':>8} {'requests':>8} {'req/s':>8} {'chunks/s':>10} "
-        f"{'TTFT p50':>9} {'TTFT p99':>9} {'gap p50':>8} {'gap p99':>8} "
-        f"{'e2e p50':>9} {'e2e p99':>9} {'errors':>6}"
+        f"{'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'gap p50 ms':>11} {'gap p99 ms':>11} "
+        f"{'e2e p50 ms':>11} {'e2e p99 ms':>11} {'errors':>6}"
     )
     row = (
         f"{spec.concurrency:>5} {result.elapsed_s:>8.2f} {result.requests:>8} "
         f"{result.requests_per_s:>8.1f} {result.chunks_per_s:>10.0f} "
-        f"{_ms(result.ttft.p50):>9} {_ms(result.ttft.p99):>9} "
-        f"{_ms(result.gap.p50):>8} {_ms(result.gap.p99):>8} "
-        f"{_ms(result.e2e.p50):>9} {_ms(result.e2e.p99):>9} {result.errors:>6}"
+        f"{_ms(result.ttft.p50):>12} {_ms(result.ttft.p99):>12} "
+        f"{_ms(result.gap.p50):>11} {_ms(result.gap.p99):>11} "
+        f"{_ms(result.e2e.p50):>11} {_ms(result.e2e.p99):>11} {result.errors:>6}"
     )
     lines = [f"{spec.url}  model={spec.model}  max_tokens={spec.max_tokens}", header, row]
     if result.first_error:

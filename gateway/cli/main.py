@@ -441,9 +441,15 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """Load, after one probe: a key the gateway refuses stops it at once (exit 2), and a run
+    in which every request failed exits 1."""
     from bench.loadgen import LoadSpec, report, run_load
 
     api_key = args.api_key or Settings().bench_key.get_secret_value()
+    problem = _bench_probe(args.url, api_key)
+    if problem:
+        print(f"thinkgate bench: {problem}", file=sys.stderr)
+        return 2
     spec = LoadSpec(
         url=args.url,
         api_key=api_key,
@@ -452,5 +458,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         max_tokens=args.max_tokens,
     )
-    print(report(asyncio.run(run_load(spec))))
-    return 0
+    result = asyncio.run(run_load(spec))
+    print(report(result))
+    return 1 if result.errors and not result.requests else 0
+
+
+def _bench_probe(url: str, api_key: str) -> str | None:
+    """Why the load would fail from its first request (no key, a refused key, nobody there)."""
+    import httpx
+
+    if not api_key:
+        return "no key: pass --api-key or set THINKGATE_BENCH_KEY (a client key)"
+    try:
+        answer = httpx.get(f"{url.rstrip('/')}/models", timeout=10,
+                           headers={"authorization": f"Bearer {api_key}"})  # fmt: skip
+    except httpx.HTTPError as exc:
+        return f"cannot reach {url}: {type(exc).__name__}"
+    if answer.status_code in (401, 403):
+        return (f"the gateway refused the key ({answer.status_code}): pass a client key with "
+                "--api-key or THINKGATE_BENCH_KEY")  # fmt: skip
+    return None
