@@ -66,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--ttft-ms", type=float, default=200.0)
     sim.add_argument("--itl-ms", type=float, default=20.0)
     sim.add_argument("--kv-capacity-tokens", type=int, default=65536)
+    sim.add_argument("--access-log", action="store_true", help="log each request")
     sim.set_defaults(func=cmd_sim)
 
     keys = sub.add_parser("keys", help="manage API keys").add_subparsers(required=True)
@@ -261,15 +262,22 @@ def cmd_sim(args: argparse.Namespace) -> int:
     config = SimConfig(
         ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, kv_capacity_tokens=args.kv_capacity_tokens
     )
+    refused = _refused(lambda: preflight.check_address(args.host, args.port))
+    if refused:
+        return refused
+    print(f"thinkgate sim: a simulated vLLM on http://{args.host}:{args.port}/v1 (models: "
+          f"{', '.join(config.models)}; TTFT {args.ttft_ms:g} ms, {args.itl_ms:g} ms per "
+          "token); Ctrl-C stops it", flush=True)  # fmt: skip
     uvicorn.run(
         create_sim_app(config),
         host=args.host,
         port=args.port,
         loop="uvloop",
         http="httptools",
-        access_log=False,
-        log_level="warning",
+        access_log=args.access_log,
+        log_level="info" if args.access_log else "warning",
     )
+    print("thinkgate sim: stopped", flush=True)
     return 0
 
 

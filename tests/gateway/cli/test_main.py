@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 
 from gateway.cli.demo import SNIPPET
@@ -170,3 +172,23 @@ async def test_demo_serves_the_readme_snippet_and_keeps_its_keys(tmp_path: Path)
     assert await stop(proc) == 0
     assert key_again == key
     assert oct((tmp_path / "var" / "demo-keys.json").stat().st_mode & 0o777) == "0o600"
+
+
+async def test_sim_says_where_it_listens_and_when_it_stops(tmp_path: Path) -> None:
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        *THINKGATE, "sim", "--port", str(port), "--ttft-ms", "0", cwd=tmp_path,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    first = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
+    assert f"http://127.0.0.1:{port}/v1" in first and "deepseek-r1" in first
+    async with httpx.AsyncClient() as client:  # serving (its signal handlers are in place)
+        for _ in range(300):
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
+                    break
+            await asyncio.sleep(0.05)  # polling another process's readiness, bounded
+    assert await stop(proc) == 0
+    rest = (await asyncio.wait_for(proc.stdout.read(), timeout=10)).decode()
+    assert "stopped" in rest
