@@ -311,11 +311,9 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     from gateway.cli.keys import revoke_key
 
-    if asyncio.run(revoke_key(Settings(), args.key_id)):
-        print(f"revoked {args.key_id}")
-        return 0
-    print(f"no active key {args.key_id}", file=sys.stderr)
-    return 1
+    revoked, said = asyncio.run(revoke_key(Settings(), args.key_id))
+    print(said, file=sys.stdout if revoked else sys.stderr)
+    return 0 if revoked else 1
 
 
 def cmd_ledger_init(args: argparse.Namespace) -> int:
@@ -441,11 +439,12 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             gpu_memory_utilization=args.gpu_memory_utilization, params=args.params,
             reserve_gib=args.reserve_gib,
         )  # fmt: skip
-        print(capacity.render(capacity.plan(model, deployment)))
+        result = capacity.plan(model, deployment)
+        print(capacity.render(result))
     except (OSError, ValueError) as exc:
         print(f"thinkgate capacity: {exc}", file=sys.stderr)
         return 2
-    return 0
+    return 1 if result.max_requests_per_engine == 0 else 0  # the deployment does not fit
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

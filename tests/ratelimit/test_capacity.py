@@ -503,8 +503,9 @@ def test_cli_errors_exit_2(
 
 
 def test_cli_zero_capacity_still_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    """A deployment that does not fit prints why, and exits 1 (a script can tell)."""
     argv = ["capacity", "--model", "deepseek-r1", "--gpus", "8", "--gpu-mem-gib", "80"]
-    assert main([*argv, "--tp", "8", "--weights", "fp8", "--gpu-memory-utilization", "0.94"]) == 0
+    assert main([*argv, "--tp", "8", "--weights", "fp8", "--gpu-memory-utilization", "0.94"]) == 1
     out = capsys.readouterr().out
     assert "warning: no memory left for the KV cache" in out
     assert "THINKGATE_KV_CAPACITY_TOKENS=" not in out

@@ -64,7 +64,28 @@ def test_keys_create_list_revoke(tmp_path: Path) -> None:
     assert run_cli(tmp_path, "keys", "revoke", key_id).returncode == 0
     assert "revoked" in run_cli(tmp_path, "keys", "list").stdout
     again = run_cli(tmp_path, "keys", "revoke", key_id)
-    assert again.returncode == 1 and "no active key" in again.stderr
+    assert again.returncode == 1 and f"key {key_id} is already revoked" in again.stderr
+    unknown = run_cli(tmp_path, "keys", "revoke", "000000000000")
+    assert unknown.returncode == 1 and "no key 000000000000" in unknown.stderr
+
+
+def test_keys_revoke_given_a_whole_secret_revokes_its_id_and_says_so(tmp_path: Path) -> None:
+    created = run_cli(tmp_path, "keys", "create", "--tenant", "acme", "--role", "client")
+    secret = created.stdout.strip().splitlines()[-1]
+    key_id = secret.split("-")[2]
+    revoked = run_cli(tmp_path, "keys", "revoke", secret)
+    assert revoked.returncode == 0
+    assert f"revoked {key_id}" in revoked.stdout and "pass just the id" in revoked.stdout
+    assert secret not in revoked.stdout + revoked.stderr
+
+
+def test_keys_list_shows_no_reasoning_flag_for_auditor_and_admin_keys(tmp_path: Path) -> None:
+    for role in ("auditor", "admin"):
+        assert (
+            run_cli(tmp_path, "keys", "create", "--tenant", "ops", "--role", role).returncode == 0
+        )
+    rows = run_cli(tmp_path, "keys", "list").stdout.splitlines()[1:]
+    assert rows and all(row.split()[3] == "-" for row in rows), rows
 
 
 def test_keys_create_rejects_bad_input(tmp_path: Path) -> None:
