@@ -118,8 +118,10 @@ def _ledger_parser(sub: Any) -> None:
     verify.set_defaults(func=cmd_ledger_verify)
     export = ledger.add_parser("export", help="records with inclusion proofs, as JSON lines")
     export.add_argument("--tenant", default=None)
-    export.add_argument("--since", type=float, default=None, help="epoch seconds")
-    export.add_argument("--until", type=float, default=None, help="epoch seconds")
+    export.add_argument("--since", type=_time_arg, default=None,
+                        help="RFC 3339 (2026-12-01T10:00:00Z) or epoch seconds")  # fmt: skip
+    export.add_argument("--until", type=_time_arg, default=None,
+                        help="RFC 3339 or epoch seconds")  # fmt: skip
     export.add_argument("--output", type=Path, default=None, help="default: stdout")
     export.set_defaults(func=cmd_ledger_export)
     shred = ledger.add_parser("shred", help="destroy a tenant's data keys (irreversible)")
@@ -279,6 +281,16 @@ def cmd_sim(args: argparse.Namespace) -> int:
     )
     print("thinkgate sim: stopped", flush=True)
     return 0
+
+
+def _time_arg(text: str) -> float:
+    """A time as the auditor API reads one (``gateway.routes.auditor.parse_time``)."""
+    from gateway.routes.auditor import parse_time
+
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _limit(text: str) -> int:

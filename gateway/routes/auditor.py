@@ -86,9 +86,15 @@ def _scoped_tenant(key: KeyInfo, asked: str | None) -> str | None:
     return key.tenant
 
 
+def _given(request: Request) -> dict[str, str]:
+    """The query's parameters with a value: an empty one (``?tenant=&since=``, as a form or a
+    template leaves it) means no filter, as if it were not there."""
+    return {name: value for name, value in request.query_params.items() if value != ""}
+
+
 async def list_records(request: Request) -> Response:
     ledger, key = await _auditor(request)
-    q = request.query_params
+    q = _given(request)
     limit = _int(q, "limit", default=100, low=1, high=MAX_PAGE)
     where = store.Filter(
         tenant=_scoped_tenant(key, q.get("tenant")),
@@ -181,7 +187,7 @@ async def consistency(request: Request) -> Response:
 
 async def export_records(request: Request) -> Response:
     ledger, key = await _auditor(request)
-    q = request.query_params
+    q = _given(request)
     where = store.Filter(
         tenant=_scoped_tenant(key, q.get("tenant")),
         since=_time(q, "since"),
@@ -213,16 +219,24 @@ def _time(params: Any, name: str) -> float | None:
     if raw is None:
         return None
     try:
+        return parse_time(raw)
+    except ValueError as exc:
+        raise InvalidRequest(f"'{name}' {exc}.", param=name) from None
+
+
+def parse_time(raw: str) -> float:
+    """Epoch seconds, or an RFC 3339 time with its offset (``2026-12-01T10:00:00Z``);
+    ``ValueError`` saying what is expected (the API and the CLI read times alike)."""
+    try:
         return float(raw)
     except ValueError:
         pass
     try:
         parsed = datetime.fromisoformat(raw)
     except ValueError:
-        raise InvalidRequest(f"'{name}' must be a time (RFC 3339 or epoch seconds).",
-                             param=name) from None  # fmt: skip
+        raise ValueError("must be a time (RFC 3339 or epoch seconds)") from None
     if parsed.tzinfo is None:
-        raise InvalidRequest(f"'{name}' needs a UTC offset, e.g. 'Z'.", param=name)
+        raise ValueError("needs a UTC offset, e.g. 'Z'")
     return parsed.timestamp()
 
 
