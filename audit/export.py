@@ -78,12 +78,25 @@ class ExportReport:
 def check_export(lines: Iterable[bytes], verifier: NoteVerifier) -> ExportReport:
     it = iter(lines)
     try:
-        note = orjson.loads(next(it))["checkpoint"]
-        head = parse_checkpoint(verifier.open(note))
+        first = orjson.loads(next(it))
     except StopIteration:
         raise ExportInvalid("line 1: the export is empty") from None
-    except (orjson.JSONDecodeError, KeyError, TypeError, NoteError):
-        raise ExportInvalid("line 1: not a checkpoint signed by this key") from None
+    except orjson.JSONDecodeError:
+        raise ExportInvalid("line 1 is not JSON: this is not a thinkgate ledger export") from None
+    note = first.get("checkpoint") if isinstance(first, dict) else None
+    if not isinstance(note, str):
+        raise ExportInvalid("line 1 has no 'checkpoint': this is not a thinkgate ledger export")
+    origin = note.split("\n", 1)[0]
+    if origin != verifier.name:
+        raise ExportInvalid(f"line 1: the checkpoint is of the log {origin!r}, and the key is "
+                            f"{verifier.name!r}'s: the key of another log")  # fmt: skip
+    try:
+        head = parse_checkpoint(verifier.open(note))
+    except (KeyError, TypeError, ValueError, NoteError):
+        raise ExportInvalid(
+            "line 1: the checkpoint's signature does not verify with this key "
+            "(the same log's name, another key, or the note was altered)"
+        ) from None
     count = 0
     for number, line in enumerate(it, start=2):
         if line.strip():

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from audit.crypto import FileKeyProvider
-from audit.export import ExportInvalid, check_export, export_lines
+from audit.export import check_export, export_lines
 from audit.ledger import Ledger, LedgerReader
 from audit.migrate import upgrade
 from audit.note import NoteError, NoteSigner, NoteVerifier, load_signing_key
@@ -50,12 +50,13 @@ def verifier_key(settings: Settings) -> str:
 def load_verifier(settings: Settings, public_key: Path | None) -> NoteVerifier:
     """The checkpoint verifier: from ``public_key`` (a ``<name>+<id>+<key>`` file, all an
     auditor holds) when given, else derived from ``SIGNING_KEY_FILE``."""
+    if public_key is not None:
+        return verifier_file(public_key)
     try:
-        vkey = public_key.read_text().strip() if public_key else verifier_key(settings)
-        return NoteVerifier(vkey)
+        return NoteVerifier(verifier_key(settings))
     except (OSError, ValueError) as exc:
-        source = public_key or settings.signing_key_file
-        raise KeyUnavailable(f"cannot load the verifier key from {source}: {exc}") from None
+        raise KeyUnavailable(f"cannot derive the verifier key from {settings.signing_key_file} "
+                             f"(pass --public-key): {exc}") from None  # fmt: skip
 
 
 class KeyUnavailable(Exception):
@@ -71,15 +72,36 @@ async def verify_database(settings: Settings, verifier: NoteVerifier, progress: 
         await engine.dispose()
 
 
-def verify_export(export: Path, public_key: Path) -> tuple[int, int]:
-    """``(tree size, records)`` of a verified export file; raises ``ExportInvalid``."""
+def verify_export(export: Path, verifier: NoteVerifier) -> tuple[int, int]:
+    """``(tree size, records)`` of a verified export file; raises ``ExportInvalid`` (the export
+    fails its checks) or ``KeyUnavailable`` (the file cannot be read), each naming the file and
+    what is wrong with it."""
     try:
-        verifier = NoteVerifier(public_key.read_text().strip())
-    except NoteError:
-        raise ExportInvalid(f"{public_key} is not a note verifier key") from None
-    with export.open("rb") as lines:
+        lines = export.open("rb")
+    except OSError as exc:
+        raise KeyUnavailable(f"cannot read the export file {export}: {exc.strerror}") from None
+    with lines:
         report = check_export(lines, verifier)
     return report.tree_size, report.records
+
+
+def verifier_file(public_key: Path) -> NoteVerifier:
+    """The verifier key in ``public_key`` (all an auditor holds); ``KeyUnavailable`` naming
+    the file and the problem."""
+    text = str(public_key)
+    if not public_key.exists() and text.count("+") >= 2:
+        raise KeyUnavailable(f"--public-key takes a file, and {text[:40]}… looks like the key "
+                             "itself: save it to a file and pass that")  # fmt: skip
+    try:
+        vkey = public_key.read_text().strip()
+    except OSError as exc:
+        raise KeyUnavailable(f"cannot read the verifier key file {public_key}: "
+                             f"{exc.strerror}") from None  # fmt: skip
+    try:
+        return NoteVerifier(vkey)
+    except NoteError as exc:
+        raise KeyUnavailable(f"{public_key} is not a note verifier key "
+                             f"(<name>+<hash>+<key>): {exc}") from None  # fmt: skip
 
 
 @asynccontextmanager

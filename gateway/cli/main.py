@@ -348,10 +348,8 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
 
     try:
         if args.export is not None:
-            if args.public_key is None:
-                print("--export needs --public-key", file=sys.stderr)
-                return 2
-            size, count = ledgercli.verify_export(args.export, args.public_key)
+            verifier = ledgercli.load_verifier(Settings(), args.public_key)
+            size, count = ledgercli.verify_export(args.export, verifier)
             print(f"export OK: {count} records included in the signed tree of size {size}")
             return 0
         settings = Settings()

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import orjson
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.ledger import Opened
-from audit.note import NoteVerifier, parse_checkpoint
+from audit.note import NoteSigner, NoteVerifier, parse_checkpoint
 from audit.record import Body, Facts
 from audit.schema import drop_triggers
 from audit.store import Filter
@@ -424,3 +425,59 @@ def test_rotate_kek_rewraps_every_tenant_key_and_old_records_still_open(
     append(["other"])
     assert read_all()[5].body is not None
     assert populated.run("verify").code == 0
+
+
+# -- verify --export: each mistake named -----------------------------------------------------
+
+
+@pytest.fixture
+def exported(populated: LedgerDir) -> tuple[Path, Path]:
+    export = populated.root / "all.jsonl"
+    assert populated.run("export", "--output", str(export)).code == 0
+    public_key = populated.root / "public-key.txt"
+    public_key.write_text(populated.run("public-key").out)
+    return export, public_key
+
+
+def test_a_missing_export_file_is_named(populated: LedgerDir, exported: tuple[Path, Path]) -> None:
+    _, public_key = exported
+    missing = populated.root / "no-such.jsonl"
+    result = offline_verify(populated.root, missing, public_key)
+    assert result.returncode == 2
+    assert f"cannot read the export file {missing}" in result.stderr
+    assert "database" not in result.stderr
+
+
+def test_a_key_given_in_place_of_its_file_says_so(
+    populated: LedgerDir, exported: tuple[Path, Path]
+) -> None:
+    export, public_key = exported
+    result = offline_verify(populated.root, export, Path(public_key.read_text().strip()))
+    assert result.returncode == 2 and "looks like the key itself" in result.stderr
+
+
+def test_the_public_key_default_is_applied_to_an_export(
+    populated: LedgerDir, exported: tuple[Path, Path]
+) -> None:
+    export, _ = exported
+    result = populated.run("verify", "--export", str(export))
+    assert result.code == 0 and "export OK" in result.out
+
+
+def test_a_file_that_is_not_an_export_and_a_key_of_another_log_are_named(
+    populated: LedgerDir, exported: tuple[Path, Path]
+) -> None:
+    export, public_key = exported
+    junk = populated.root / "notes.txt"
+    junk.write_text("these are my notes\n")
+    result = offline_verify(populated.root, junk, public_key)
+    assert result.returncode == 1 and "not JSON: this is not a thinkgate ledger export" in (
+        result.stderr
+    )
+    name = public_key.read_text().split("+", 1)[0]
+    other = populated.root / "other-log.pub"  # a real key, of another log
+    other.write_text(NoteSigner("other.example/log", Ed25519PrivateKey.generate()).verifier_key())
+    result = offline_verify(populated.root, export, other)
+    assert result.returncode == 1
+    assert f"of the log {name!r}" in result.stderr and "'other.example/log'" in result.stderr
+    assert "another log" in result.stderr
