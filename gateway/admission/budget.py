@@ -32,8 +32,11 @@ Rules:
 - The choice is made before the first byte: the granted engine is tried first. If it fails
   before the first byte and the core retries on the next candidate, the lease stays where it
   was granted (a rare case; it is released when the request ends either way).
-- A request that cannot fit even an empty engine (more than ``capacity × target utilisation``
-  everywhere) can never run: 400 ``kv_request_too_large`` at once, naming ``max_tokens``.
+- A request that cannot fit even an empty engine at its priority (more than ``capacity ×
+  target utilisation``, times the pressure threshold below ``critical``: the rest is headroom it
+  may never use) can never run: 400 ``kv_request_too_large`` at once, naming ``max_tokens`` and
+  the largest size that fits. (Admitting it when the engine is idle would let one standard
+  request take the critical headroom; refusing it says what to change.)
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -58,7 +62,7 @@ from gateway.upstream.engine import Upstream
 from ratelimit.aimd import AdmissionController, Tuning
 from ratelimit.autopipe import AutoPipeline
 from ratelimit.engine_metrics import EngineSnapshot, parse_engine_metrics
-from ratelimit.fairness import RANK, Priority, queue_order
+from ratelimit.fairness import PRESSURE_THRESHOLD, RANK, Priority, queue_order
 from ratelimit.kvbudget import (
     Ask,
     Choice,
@@ -156,17 +160,25 @@ class KVAdmission:
     def _ask(
         self, candidates: Sequence[Upstream], tenant: str, priority: Priority, tokens: int
     ) -> Ask:
-        choices, fits = [], False
+        choices, fits, largest = [], False, 0
+        # below critical, the last part of a budget is headroom it may never use (fairness)
+        share = 1.0 if priority == "critical" else PRESSURE_THRESHOLD
         for upstream in candidates:
             state = self.engine(upstream)
             assert state.controller is not None
             need = round_to_blocks(max(tokens, 1), state.block_size)
-            fits = fits or need <= state.controller.capacity * self.tuning.target_utilization
+            room = math.floor(state.controller.capacity * self.tuning.target_utilization * share)
+            largest = max(largest, room)
+            fits = fits or need <= room
             choices.append(Choice(upstream.base_url, state.controller.limit, need))
         if not fits:
+            headroom = "" if share == 1.0 else (
+                f" at priority {priority} (the rest of an idle engine's budget is headroom "
+                "kept for critical work)"
+            )  # fmt: skip
             raise InvalidRequest(
-                f"This request may need {tokens} tokens of KV cache, more than any model "
-                "server can hold at once; lower max_tokens or the prompt.",
+                f"This request may need {tokens} tokens of KV cache; at most {largest} fit "
+                f"any model server at once{headroom}. Lower max_tokens or the prompt.",
                 param="max_tokens", code="kv_request_too_large",
             )  # fmt: skip
         return Ask(secrets.token_hex(8), tenant, priority, tuple(choices))

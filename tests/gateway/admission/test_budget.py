@@ -231,3 +231,23 @@ async def test_an_engine_without_metrics_keeps_its_budget_a_failing_one_loses_it
             scraper.cancel()
             await asyncio.gather(scraper, return_exceptions=True)
     assert (controller.limit < 850) is adapts
+
+
+async def test_a_standard_request_that_fits_only_into_the_critical_headroom_is_refused_at_once(
+) -> None:  # fmt: skip
+    """Larger than the standard share of an idle engine's budget, it could never be admitted at
+    its priority (it would wait, then 429 "try again", forever): 400 with the largest size
+    that fits. The same size is admitted as critical work, which may use the headroom."""
+    kv = admission(capacity=1000, wait_s=5.0)
+    target = kv.tuning.target_utilization
+    standard_room = int(1000 * target * 0.9)
+    size = standard_room + 32  # above the standard share, within the critical one
+    assert size <= 1000 * target
+    with pytest.raises(InvalidRequest) as refused:
+        await asyncio.wait_for(kv.admit([Upstream("http://e/v1")], "acme", "standard", size), 1)
+    assert refused.value.code == "kv_request_too_large" and refused.value.param == "max_tokens"
+    assert f"at most {standard_room} fit" in refused.value.message
+    assert "headroom kept for critical work" in refused.value.message
+    granted = await asyncio.wait_for(kv.admit([Upstream("http://e/v1")], "acme", "critical",
+                                              size), 1)  # fmt: skip
+    assert granted is not None
