@@ -35,14 +35,13 @@ import orjson
 from gateway.errors import RemoteProtocolError
 from gateway.relay.choice import ChoiceState
 from gateway.relay.rewrite import (
+    EventRelay,
     Policy,
     Rewriter,
-    StreamRelay,
-    parse_chunk,
     rewrite_completion,
     text_fields,
 )
-from gateway.relay.sse import Event, encode_event
+from gateway.relay.sse import encode_event
 from gateway.relay.toolcalls import ToolCall, ToolCallPiece
 
 BlockKind = Literal["thinking", "redacted_thinking", "text", "tool_use"]
@@ -135,7 +134,7 @@ class _Block:
     call: ToolCall | None = None
 
 
-class MessagesStream(StreamRelay):
+class MessagesStream(EventRelay):
     """The chat stream as Messages events (rules in the module docstring)."""
 
     keepalive = PING
@@ -143,25 +142,12 @@ class MessagesStream(StreamRelay):
     def __init__(self, policy: Policy, meta: MessageMeta) -> None:
         super().__init__(policy)
         self.meta = meta
-        self._started = False
         self._open: _Block | None = None
         self._blocks = 0
         self._failed = False
         self._space = ""  # answer text that is only whitespace so far, held (as Responses)
         self._matched: Any = None
         self._answered = False  # a text or tool_use block was sent
-
-    def feed(self, event: Event) -> bytes:
-        out = [] if self._started else self._start()
-        if event.is_done:
-            self.done = True
-            return b"".join(out)
-        chunk = parse_chunk(event)
-        self.note_usage(chunk)
-        for choice in chunk.get("choices") or ():
-            if isinstance(choice, dict) and int(choice.get("index") or 0) == 0:
-                out += self._choice(choice)
-        return b"".join(out)
 
     def error_event(self, error_json: bytes) -> bytes:
         self._failed = True

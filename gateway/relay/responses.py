@@ -41,14 +41,13 @@ import orjson
 
 from gateway.relay.choice import ChoiceState
 from gateway.relay.rewrite import (
+    EventRelay,
     Policy,
     Rewriter,
-    StreamRelay,
-    parse_chunk,
     rewrite_completion,
     text_fields,
 )
-from gateway.relay.sse import Event, encode_event
+from gateway.relay.sse import encode_event
 from gateway.relay.toolcalls import ToolCall, ToolCallPiece
 
 ItemKind = Literal["reasoning", "message", "function_call"]
@@ -197,30 +196,17 @@ class ResponsesWhole(Rewriter):
         return self.final
 
 
-class ResponsesStream(StreamRelay):
+class ResponsesStream(EventRelay):
     """The chat stream as Responses events (rules in the module docstring)."""
 
     def __init__(self, policy: Policy, meta: ResponseMeta) -> None:
         super().__init__(policy)
         self.meta = meta
         self._sequence = 0
-        self._started = False
         self._items: list[dict[str, Any]] = []  # closed items, for the final object
         self._open: Item | None = None
         self._error: dict[str, Any] | None = None
         self._space = ""  # answer text that is only whitespace so far, held (see _choice)
-
-    def feed(self, event: Event) -> bytes:
-        out = [] if self._started else self._start()
-        if event.is_done:
-            self.done = True
-            return b"".join(out)
-        chunk = parse_chunk(event)
-        self.note_usage(chunk)
-        for choice in chunk.get("choices") or ():
-            if isinstance(choice, dict) and int(choice.get("index") or 0) == 0:
-                out += self._choice(choice)
-        return b"".join(out)
 
     def error_event(self, error_json: bytes) -> bytes:
         self._error = orjson.loads(error_json)["error"]

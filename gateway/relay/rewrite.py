@@ -374,6 +374,34 @@ class StreamRelay(Rewriter):
         return True
 
 
+class EventRelay(StreamRelay):
+    """A stream shaped into another API's events (Responses, Messages): the first event opens
+    the stream (``_start``), each chunk's usage is kept and its one choice becomes events
+    (``_choice``); ``[DONE]`` ends the upstream's part."""
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__(policy)
+        self._started = False
+
+    def feed(self, event: Event) -> bytes:
+        out = [] if self._started else self._start()
+        if event.is_done:
+            self.done = True
+            return b"".join(out)
+        chunk = parse_chunk(event)
+        self.note_usage(chunk)
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict) and int(choice.get("index") or 0) == 0:
+                out += self._choice(choice)
+        return b"".join(out)
+
+    def _start(self) -> list[bytes]:
+        raise NotImplementedError
+
+    def _choice(self, choice: dict[str, Any]) -> list[bytes]:
+        raise NotImplementedError
+
+
 def parse_chunk(event: Event) -> dict[str, Any]:
     """An upstream SSE event's JSON object; an error event or object is the upstream's
     failure (``UpstreamStatusError``), anything else malformed a ``RemoteProtocolError``."""

@@ -44,12 +44,8 @@ async def chat_completions(request: Request) -> Response:
     except GatewayError as exc:
         steps.refused(state, request, key, exc, "unknown", stream=False)
         raise
-    ticket, candidates = await steps.admit(
-        state, request, key, chat.model, chat.stream, estimate_tokens(chat, state)
-    )
-    ex = steps.exchange(state, request, key, chat, (ENDPOINT, PATH), relay, ticket,
-                        (started_at, t0))  # fmt: skip
-    return await state.forwarder.run(ex, candidates, request.receive)
+    return await steps.forward(state, request, key, chat, (ENDPOINT, PATH), relay,
+                               (started_at, t0), tokens=estimate_tokens(chat, state))  # fmt: skip
 
 
 def rewriter(state: AppState, key: KeyInfo, chat: ChatRequest) -> Rewriter:

@@ -49,11 +49,8 @@ async def create_completion(request: Request) -> Response:
                     reasoning_field=state.settings.reasoning_field,
                     include_usage=call.include_usage)  # fmt: skip
     relay = CompletionsRelay(policy) if call.stream else CompletionsWhole(policy)
-    tokens = steps.reservation(state, call.upstream_body, call.n, call.max_tokens)
-    ticket, candidates = await steps.admit(state, request, key, call.model, call.stream, tokens)
-    ex = steps.exchange(state, request, key, call, ("completions", "/completions"), relay,
-                        ticket, (started_at, t0))  # fmt: skip
-    return await state.forwarder.run(ex, candidates, request.receive)
+    return await steps.forward(state, request, key, call, ("completions", "/completions"),
+                               relay, (started_at, t0))  # fmt: skip
 
 
 class _Embeddings(Rewriter):
@@ -79,11 +76,9 @@ async def create_embeddings(request: Request) -> Response:
         raise
     policy = Policy(format=NONE, source="text", thinking=False, show_reasoning=False,
                     reasoning_field=state.settings.reasoning_field)  # fmt: skip
-    tokens = len(call.upstream_body) // 4 + 1
-    ticket, candidates = await steps.admit(state, request, key, call.model, False, tokens)
-    ex = steps.exchange(state, request, key, call, ("embeddings", "/embeddings"),
-                        _Embeddings(policy), ticket, (started_at, t0))  # fmt: skip
-    return await state.forwarder.run(ex, candidates, request.receive)
+    return await steps.forward(state, request, key, call, ("embeddings", "/embeddings"),
+                               _Embeddings(policy), (started_at, t0),
+                               tokens=len(call.upstream_body) // 4 + 1)  # fmt: skip
 
 
 def add_routes(app: FastAPI) -> None:

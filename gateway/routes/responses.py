@@ -54,12 +54,9 @@ async def create_response(request: Request) -> Response:
     except GatewayError as exc:
         steps.refused(state, request, key, exc, "unknown", stream=False)
         raise
-    tokens = steps.reservation(state, call.upstream_body, 1, call.max_tokens)
-    ticket, candidates = await steps.admit(state, request, key, call.model, call.stream, tokens)
     after = _keeper(state, key, call, relay) if call.store and state.stored else None
-    ex = steps.exchange(state, request, key, call, (ENDPOINT, PATH), relay, ticket,
-                        (started_at, t0), after)  # fmt: skip
-    return await state.forwarder.run(ex, candidates, request.receive)
+    return await steps.forward(state, request, key, call, (ENDPOINT, PATH), relay,
+                               (started_at, t0), after=after)  # fmt: skip
 
 
 async def prepared(state: AppState, key: KeyInfo, call: ResponsesRequest) -> ResponsesRequest:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import orjson
 from starlette.requests import Request
+from starlette.responses import Response
 
 from gateway.admission.budget import priority_of
 from gateway.admission.gate import Ticket
@@ -119,6 +120,25 @@ def budgeted(
 
 def _without_budget(body: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in body.items() if k != UPSTREAM_FIELD}
+
+
+class _Call(Forwarded, _Budgeted, Protocol):
+    """A parsed request of any completion API, as the rest of the recipe needs it."""
+
+
+async def forward(
+    state: AppState, request: Request, key: KeyInfo, call: _Call, route: tuple[str, str],
+    rewriter: Rewriter, started: tuple[float, float], *, tokens: int | None = None,
+    after: Callable[[CompletionRecord], Awaitable[None]] | None = None,
+) -> Response:  # fmt: skip
+    """The rest of every completion route's recipe, once its request is parsed and its
+    rewriter built: admit (``tokens``, by default OpenAI's reservation rule), then the
+    exchange, forwarded (``route``: endpoint and upstream path)."""
+    if tokens is None:
+        tokens = reservation(state, call.upstream_body, call.n, call.max_tokens)
+    ticket, candidates = await admit(state, request, key, call.model, call.stream, tokens)
+    ex = exchange(state, request, key, call, route, rewriter, ticket, started, after)
+    return await state.forwarder.run(ex, candidates, request.receive)
 
 
 def reservation(state: AppState, upstream_body: bytes, n: int, max_tokens: int | None) -> int:
