@@ -89,7 +89,9 @@ def judge_models(status: int | None, body: Any) -> list[Check]:
     return checks
 
 
-def judge_metrics(text: str | None) -> list[Check]:
+def judge_metrics(text: str | None, configured: int | None = None) -> list[Check]:
+    """The engine's metrics; ``configured``: the ``KV_CAPACITY_TOKENS`` already set (no advice
+    to set what is set)."""
     if text is None:
         return [Check("upstream /metrics", "fail", "unreachable: no adaptive KV budget")]
     try:  # a proxy's HTML page or a truncated body: the parser raises ValueError
@@ -100,8 +102,12 @@ def judge_metrics(text: str | None) -> list[Check]:
     checks = [Check("upstream /metrics", "pass", "Prometheus text")]
     checks.append(_kv_usage_name(text))
     if labels is None:
-        checks.append(Check("vllm:cache_config_info", "warn",
-                            "absent: set KV_CAPACITY_TOKENS (thinkgate capacity)"))  # fmt: skip
+        if configured:
+            checks.append(Check("vllm:cache_config_info", "pass",
+                                f"absent; KV_CAPACITY_TOKENS={configured:,} is set"))  # fmt: skip
+        else:
+            checks.append(Check("vllm:cache_config_info", "warn",
+                                "absent: set KV_CAPACITY_TOKENS (thinkgate capacity)"))  # fmt: skip
         return checks
     prefix = labels.get("enable_prefix_caching", "").lower() == "true"
     checks.append(Check("prefix caching", "pass" if prefix else "warn",
@@ -301,7 +307,8 @@ async def examine_upstream(
         status, models = await _get(client, f"{url.rstrip('/')}/models")
         _, metrics = await _get(client, f"{root}/metrics", text=True)
         checks = [judge_health(health), *judge_models(status, models)]
-        checks += judge_metrics(metrics if isinstance(metrics, str) else None)
+        checks += judge_metrics(metrics if isinstance(metrics, str) else None,
+                                settings.kv_capacity_tokens)  # fmt: skip
         chosen = model or _first_model(models)
         if chosen is not None:
             body = {"model": chosen, "max_tokens": 256, "temperature": 0,

@@ -412,16 +412,27 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     settings = Settings()
     urls = list(args.upstream or settings.upstreams)
-    if not urls:
-        print("no upstream: pass --upstream URL or set THINKGATE_UPSTREAMS", file=sys.stderr)
+    if not urls and not settings.demo:
+        print("no upstream: pass --upstream URL or set THINKGATE_UPSTREAMS (or THINKGATE_DEMO "
+              "for the simulator)", file=sys.stderr)  # fmt: skip
         return 2
 
     async def examine() -> list[tuple[str, list[doctor.Check]]]:
-        key = settings.upstream_api_key.get_secret_value()
-        sections = await doctor.gather_upstreams(urls, key, args.model, settings)
-        if not args.no_gateway:
-            sections.append(("gateway", await doctor.examine_gateway(settings)))
-        return sections
+        async with contextlib.AsyncExitStack() as stack:
+            checked, asked = settings, urls
+            if not asked:  # demo settings: the simulator the demo would start, as configured
+                from gateway.app import DEMO_MODELS
+                from gateway.edge.servers import BackgroundServer
+                from gateway.sim.app import SimConfig, create_sim_app
+
+                sim = await stack.enter_async_context(BackgroundServer(create_sim_app(SimConfig())))
+                asked = [f"{sim.url}/v1"]
+                checked = settings.with_default_models(DEMO_MODELS)
+            key = checked.upstream_api_key.get_secret_value()
+            sections = await doctor.gather_upstreams(asked, key, args.model, checked)
+            if not args.no_gateway:
+                sections.append(("gateway", await doctor.examine_gateway(checked)))
+            return sections
 
     sections = asyncio.run(examine())
     print(doctor.render(sections))

@@ -139,6 +139,12 @@ def test_without_cache_config_info_it_asks_for_kv_capacity_tokens() -> None:
     assert not {"prefix caching", "KV capacity"} & set(checks)  # nothing to judge them by
 
 
+def test_it_does_not_ask_for_kv_capacity_tokens_already_set() -> None:
+    checks = by_name(judge_metrics(NEW_USAGE, configured=120_000))
+    assert checks["vllm:cache_config_info"].verdict == "pass"
+    assert "KV_CAPACITY_TOKENS=120,000 is set" in checks["vllm:cache_config_info"].detail
+
+
 @pytest.mark.parametrize(("prefix", "verdict"), [("True", "pass"), ("False", "warn")])
 def test_prefix_caching_off_is_a_warning(prefix: str, verdict: str) -> None:
     checks = by_name(judge_metrics(NEW_USAGE + cache_info(prefix=prefix)))
@@ -666,3 +672,18 @@ async def test_without_the_signing_key_the_checkpoint_cannot_be_checked(
     ledgered.signing_key_file.unlink()
     check = await ledger_check(ledgered)
     assert check.verdict == "warn" and str(ledgered.signing_key_file) in check.detail
+
+
+def test_with_demo_settings_and_no_upstream_it_examines_the_simulator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gateway.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("THINKGATE_UPSTREAMS", raising=False)
+    monkeypatch.setenv("THINKGATE_DEMO", "true")
+    assert main(["doctor", "--no-gateway"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS  probe completion" in out and "deepseek-r1" in out
+    monkeypatch.setenv("THINKGATE_DEMO", "false")
+    assert main(["doctor", "--no-gateway"]) == 2
