@@ -1,4 +1,4 @@
-"""``thinkgate``: serve, sim, keys, ledger, bench (DESIGN §3). Each command is a small function."""
+"""The ``thinkgate`` command (README "Commands"): each subcommand is a small function here."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ from pydantic import ValidationError
 
 from gateway.cli import preflight
 from gateway.settings import Settings
+
+_DESCRIPTION = (
+    "thinkgate: the gateway for self-hosted reasoning models. Commands: serve, sim, keys, "
+    "ledger, capacity, doctor, bench; 'thinkgate COMMAND --help' for one. Settings come from "
+    "THINKGATE_* variables or the YAML file THINKGATE_CONFIG names (see the README)."
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -48,24 +54,34 @@ def config_problem(exc: ValidationError) -> str:
     return "; ".join(problems)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Every command's help shows its defaults (subcommands are made of this class too)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="thinkgate", description=__doc__)
+    parser = _Parser(prog="thinkgate", description=_DESCRIPTION)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the gateway")
-    serve.add_argument("--host", default=None)
-    serve.add_argument("--port", type=int, default=None)
-    serve.add_argument("--upstream", action="append", default=None, metavar="URL")
-    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--host", default=None, help="address to listen on (HOST: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (PORT: 8080)")
+    serve.add_argument("--upstream", action="append", default=None, metavar="URL",
+                       help="an engine's OpenAI base URL, repeatable (UPSTREAMS)")  # fmt: skip
+    serve.add_argument("--workers", type=int, default=1, help="worker processes")
     serve.add_argument("--demo", action="store_true", help="built-in simulator, demo keys")
     serve.set_defaults(func=cmd_serve)
 
     sim = sub.add_parser("sim", help="run the vLLM simulator alone")
-    sim.add_argument("--host", default="127.0.0.1")
-    sim.add_argument("--port", type=int, default=8000)
-    sim.add_argument("--ttft-ms", type=float, default=200.0)
-    sim.add_argument("--itl-ms", type=float, default=20.0)
-    sim.add_argument("--kv-capacity-tokens", type=int, default=65536)
+    sim.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sim.add_argument("--port", type=int, default=8000, help="port")
+    sim.add_argument("--ttft-ms", type=float, default=200.0, help="time to the first token")
+    sim.add_argument("--itl-ms", type=float, default=20.0, help="time per further token")
+    sim.add_argument("--kv-capacity-tokens", type=int, default=65536,
+                     help="the KV cache it reports")  # fmt: skip
     sim.add_argument("--access-log", action="store_true", help="log each request")
     sim.set_defaults(func=cmd_sim)
 

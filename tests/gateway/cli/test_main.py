@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from gateway.cli.demo import SNIPPET
 
@@ -213,3 +214,19 @@ async def test_sim_says_where_it_listens_and_when_it_stops(tmp_path: Path) -> No
     assert await stop(proc) == 0
     rest = (await asyncio.wait_for(proc.stdout.read(), timeout=10)).decode()
     assert "stopped" in rest
+
+
+def test_help_names_every_command_shows_defaults_and_cites_nothing_missing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from gateway.cli.main import main as cli
+
+    with pytest.raises(SystemExit):
+        cli(["--help"])
+    top = capsys.readouterr().out
+    for command in ("serve", "sim", "keys", "ledger", "capacity", "doctor", "bench"):
+        assert command in top.split("positional arguments")[0], command
+    assert "DESIGN" not in top and "``" not in top
+    with pytest.raises(SystemExit):
+        cli(["sim", "--help"])
+    assert "(default: 8000)" in capsys.readouterr().out
