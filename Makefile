@@ -19,8 +19,10 @@ $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@ $(VENV)/.installed-run
 
+PORT ?= 8080
+
 run: $(VENV)/.installed-run
-	$(BIN)/thinkgate serve --demo
+	$(BIN)/thinkgate serve --demo --port $(PORT)
 
 test: $(VENV)/.installed-dev $(VLLM_VENV)/.installed
 	$(BIN)/pytest -q

@@ -140,6 +140,8 @@ async def _start(
         sim = await stack.enter_async_context(BackgroundServer(demo_sim))
         settings = settings.model_copy(update={"upstreams": (f"{sim.url}/v1",)})
         settings = settings.with_default_models(DEMO_MODELS)
+        log.info("demo simulator (the upstream) on %s/v1: thinkgate doctor --upstream %s/v1",
+                 sim.url, sim.url)  # fmt: skip
     transport = create_transport(settings)
     stack.push_async_callback(transport.aclose)
     engine = create_engine(settings.database_url)
@@ -148,9 +150,13 @@ async def _start(
     ledger = None
     if sink is None:
         for path in ensure_keys(settings, create=settings.demo):
-            log.warning(
-                "created ledger key file %s (demo): keep it, or records become unreadable", path
-            )
+            if path == str(settings.signing_key_file):
+                log.warning("created the checkpoint signing key %s (demo): keep it, or later "
+                            "checkpoints are signed by another key than auditors pinned",
+                            path)  # fmt: skip
+            else:
+                log.warning("created the ledger encryption key file %s (demo): keep it, or "
+                            "records become unreadable", path)  # fmt: skip
         ledger = await open_ledger(settings, engine)
         stack.push_async_callback(ledger.aclose)
         sink = LedgerSink(ledger, settings)

@@ -231,7 +231,8 @@ class Settings(BaseSettings):
     metrics_token: SecretStr = SecretStr("")  # bearer token for /metrics; empty = open
     metrics_port: int = Field(0, ge=0, le=65535)  # a second, open /metrics listener; 0 = none
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["json", "text"] = "json"
+    # auto: human-readable text on a terminal, JSON lines otherwise (a log pipeline's input)
+    log_format: Literal["auto", "json", "text"] = "auto"
     # prometheus-client's own variable (no prefix): set, the workers share metrics through
     # files in it (``thinkgate serve --workers N`` sets it).
     prometheus_multiproc_dir: str = Field("", validation_alias="PROMETHEUS_MULTIPROC_DIR")

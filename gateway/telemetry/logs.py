@@ -18,6 +18,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from typing import Any
 
@@ -60,7 +61,10 @@ class TextFormatter(logging.Formatter):
 def log_config(settings: Settings) -> dict[str, Any]:
     """A ``logging.config.dictConfig`` for the serving process (``uvicorn.run(log_config=)``)."""
     level = settings.log_level.upper()
-    formatter = JsonFormatter if settings.log_format == "json" else TextFormatter
+    chosen = settings.log_format
+    if chosen == "auto":
+        chosen = "text" if sys.stderr.isatty() else "json"
+    formatter = JsonFormatter if chosen == "json" else TextFormatter
     handler = {"class": "logging.StreamHandler", "formatter": "main", "stream": "ext://sys.stderr"}
     quiet = {"handlers": [], "level": "CRITICAL", "propagate": False}
     return {

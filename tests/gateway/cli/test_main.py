@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from gateway.cli.demo import SNIPPET
+from gateway.settings import Settings
 
 THINKGATE = [sys.executable, "-m", "gateway.cli"]
 
@@ -128,11 +129,15 @@ async def start_demo(cwd: Path, port: int) -> tuple[asyncio.subprocess.Process, 
         line = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
         assert line, "the demo server exited before printing its keys"
         printed += line.decode()
+    logged = b""
     while True:  # wait, with a deadline, until uvicorn reports that the app started
         line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
         assert line, "the demo server exited during start-up"
+        logged += line
         if b"Application startup complete" in line:
             break
+    assert b"demo simulator (the upstream) on http://127.0.0.1:" in logged  # doctor can find it
+    assert logged.startswith(b"{")  # not a terminal: JSON lines
     match = re.search(r"client key .*: (sk-tg-\S+)", printed)
     assert match, printed
     assert f"export THINKGATE_URL=http://127.0.0.1:{port}/v1" in printed
@@ -230,3 +235,20 @@ def test_help_names_every_command_shows_defaults_and_cites_nothing_missing(
     with pytest.raises(SystemExit):
         cli(["sim", "--help"])
     assert "(default: 8000)" in capsys.readouterr().out
+
+
+def test_logs_are_text_on_a_terminal_and_json_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.telemetry.logs import log_config
+
+    def formatter(tty: bool, chosen: str = "auto") -> str:
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+        name: str = log_config(Settings(log_format=chosen))["formatters"]["main"]["()"]
+        return name.rsplit(".", 1)[1]
+
+    assert (formatter(True), formatter(False)) == ("TextFormatter", "JsonFormatter")
+    assert formatter(True, "json") == "JsonFormatter"
+
+
+def test_make_run_takes_a_port() -> None:
+    makefile = (Path(__file__).parents[3] / "Makefile").read_text()
+    assert "PORT ?= 8080" in makefile and "serve --demo --port $(PORT)" in makefile
