@@ -46,9 +46,13 @@ async def receive(state: AppState, request: Request, role: Role) -> tuple[KeyInf
     """The caller's key, then its body."""
     try:
         key = await authenticate(state.keys, authorization(request), role)
-        raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
     except GatewayError as exc:  # counted and logged too: key guessing must leave a trace
         refused(state, request, None, exc, "unknown", stream=False)
+        raise
+    try:
+        raw = await read_body(request, state.settings.max_body_bytes, state.settings.body_timeout_s)
+    except GatewayError as exc:  # a body too large or too slow: the key's tenant is known
+        refused(state, request, key, exc, "unknown", stream=False)
         raise
     return key, raw
 

@@ -64,3 +64,16 @@ async def test_typed_fields_of_the_right_type_and_unknown_ones_pass(stack_factor
     assert isinstance(stack.sim, SimApp)
     sent = stack.sim.sim.received[-1]
     assert (sent["temperature"], sent["top_p"], sent["seed"], sent["mystery"]) == (1, 0.5, 3, [1])
+
+
+async def test_a_body_too_large_from_a_valid_key_is_logged_with_its_tenant(
+    stack_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    stack = await stack_factory(max_body_bytes=2048)
+    caplog.set_level(logging.INFO, logger="thinkgate.access")
+    response = await post(stack, GOOD + b',"pad":"' + b"x" * 4096 + b'"}')
+    assert response.status_code == 413
+    fields = [r.__dict__.get("fields", {}) for r in caplog.records if r.name == "thinkgate.access"]
+    assert [(f.get("tenant"), f.get("status")) for f in fields] == [("acme", "invalid")]
