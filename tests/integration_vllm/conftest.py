@@ -85,11 +85,19 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Co
     return TinyModel(out, ids["<think>"], ids["</think>"])
 
 
+_GIVEN: set[int] = set()  # ports handed out this session: the kernel may offer one twice
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
+    """A free port no other server of this session was given (the servers start side by side,
+    and a port is free again the moment its probe socket closes)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def _start(
