@@ -611,4 +611,3 @@ async def test_embeddings_pass_through_to_vllms_pooling_runner(gateway: Gateway)
     record = [r for r in gateway.sink.records if r.endpoint == "embeddings"][-1]
     assert record.status == "ok" and record.usage is not None
     assert record.usage.prompt_tokens == result.usage.prompt_tokens
-
