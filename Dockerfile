@@ -94,6 +94,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     THINKGATE_HOST=0.0.0.0 \
     THINKGATE_PORT=8080 \
+    THINKGATE_HOME=/var/lib/thinkgate \
     THINKGATE_DATABASE_URL=sqlite+aiosqlite:////var/lib/thinkgate/thinkgate.db \
     THINKGATE_LEDGER_KEY_FILE=/var/lib/thinkgate/keys/ledger-keys.json \
     THINKGATE_SIGNING_KEY_FILE=/var/lib/thinkgate/keys/signing-key.pem \

@@ -150,6 +150,13 @@ class KeyPolicy(BaseModel):
     max_reasoning_tokens: int | None = Field(None, ge=0)
 
 
+_HOME_FILES = {
+    "ledger_key_file": "ledger-keys.json",
+    "signing_key_file": "signing-key.pem",
+    "audit_spool_file": "ledger-spool.log",
+}
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="THINKGATE_", frozen=True, extra="ignore")
 
@@ -158,6 +165,9 @@ class Settings(BaseSettings):
     port: int = 8080
     upstreams: Annotated[tuple[str, ...], NoDecode] = ()
     upstream_api_key: SecretStr = SecretStr("")
+    # The directory the file settings default into (``_paths_under_home``); relative paths
+    # are relative to the working directory.
+    home: Path = Path("./var")
     database_url: str = "sqlite+aiosqlite:///./var/thinkgate.db"
     redis_url: str = ""
     ledger_key_file: Path = Path("./var/ledger-keys.json")
@@ -244,6 +254,31 @@ class Settings(BaseSettings):
 
     _reasoning: dict[str, ModelReasoning] = PrivateAttr(default_factory=dict)
     _default: ModelReasoning = PrivateAttr()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _paths_under_home(cls, data: Any) -> Any:
+        """The database, key files and spool not set otherwise live in ``home``."""
+        if not isinstance(data, dict):
+            return data
+        home = Path(data.get("home") or "./var")
+        for name, file in _HOME_FILES.items():
+            if data.get(name) in (None, ""):
+                data[name] = home / file
+        if data.get("database_url") in (None, ""):
+            data["database_url"] = f"sqlite+aiosqlite:///{home / 'thinkgate.db'}"
+        return data
+
+    def file_hint(self, name: str) -> str:
+        """How to point the file setting ``name`` elsewhere: for every error naming a missing
+        file it defaults to."""
+        home = str(self.home) if self.home.is_absolute() else f"{self.home} in {Path.cwd()}"
+        return f"set THINKGATE_{name.upper()}, or THINKGATE_HOME (now {home})"
+
+    @property
+    def demo_keys_file(self) -> Path:
+        """Where ``--demo`` keeps its demo secrets (``gateway.cli.demo``)."""
+        return self.home / "demo-keys.json"
 
     @model_validator(mode="after")
     def _resolve_reasoning(self) -> Settings:

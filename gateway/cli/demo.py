@@ -1,8 +1,8 @@
 """``thinkgate serve --demo``: demo keys, created once and reused, and a snippet to paste.
 
-The demo secrets are kept in ``./var/demo-keys.json`` (mode 0600) so that every ``make run``
-prints the same working keys. This is for a laptop demo only; real keys are shown once and
-never stored (``thinkgate keys create``).
+The demo secrets are kept in ``demo-keys.json`` under ``THINKGATE_HOME`` (mode 0600) so that
+every ``make run`` prints the same working keys. This is for a laptop demo only; real keys are
+shown once and never stored (``thinkgate keys create``).
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from gateway.auth.keystore import KeyStore
 from gateway.cli.keys import open_store
 from gateway.settings import Settings
 
-DEMO_FILE = Path("./var/demo-keys.json")
 _ROLES = {"client": "visible", "auditor": "hidden"}
 
 
-async def prepare_demo(settings: Settings, path: Path = DEMO_FILE) -> dict[str, str]:
-    """Ensure a demo client key (reasoning visible) and auditor key exist; print how to use them."""
+async def prepare_demo(settings: Settings, path: Path | None = None) -> dict[str, str]:
+    """Ensure a demo client key (reasoning visible) and auditor key exist; print how to use
+    them. They are kept in ``path``, by default ``settings.demo_keys_file``."""
+    path = path or settings.demo_keys_file
     saved = _load(path)
     async with open_store(settings) as store:
         secrets = {role: await _ensure(store, role, saved.get(role)) for role in _ROLES}
@@ -93,7 +94,7 @@ SNIPPET_END = "print()"
 def snippet(settings: Settings, secrets: dict[str, str]) -> str:
     base = f"http://{settings.host}:{settings.port}/v1"
     return f"""
-thinkgate demo: built-in simulator upstream, SQLite under ./var/, in-process limiter.
+thinkgate demo: built-in simulator upstream, SQLite under {settings.home}/, in-process limiter.
   client key  (reasoning visible): {secrets["client"]}
   auditor key:                     {secrets["auditor"]}
 

@@ -56,7 +56,8 @@ def load_verifier(settings: Settings, public_key: Path | None) -> NoteVerifier:
         return NoteVerifier(verifier_key(settings))
     except (OSError, ValueError) as exc:
         raise KeyUnavailable(f"cannot derive the verifier key from {settings.signing_key_file} "
-                             f"(pass --public-key): {exc}") from None  # fmt: skip
+                             f"(pass --public-key, or {settings.file_hint('signing_key_file')})"
+                             f": {exc}") from None  # fmt: skip
 
 
 class KeyUnavailable(Exception):

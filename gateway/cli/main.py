@@ -389,12 +389,15 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
     from audit.store import Filter
     from gateway.cli.ledger import export_to
 
+    settings = Settings()
+    if missing := _missing_keys(settings):
+        return missing
     where = Filter(tenant=args.tenant, since=args.since, until=args.until)
     if args.output is None:
-        count = asyncio.run(export_to(Settings(), where, sys.stdout.buffer))
+        count = asyncio.run(export_to(settings, where, sys.stdout.buffer))
     else:
         with args.output.open("wb") as out:
-            count = asyncio.run(export_to(Settings(), where, out))
+            count = asyncio.run(export_to(settings, where, out))
     print(f"exported {count} records", file=sys.stderr)
     return 0
 
@@ -402,7 +405,10 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
 def cmd_ledger_shred(args: argparse.Namespace) -> int:
     from gateway.cli.ledger import shred
 
-    destroyed = asyncio.run(shred(Settings(), args.tenant))
+    settings = Settings()
+    if missing := _missing_keys(settings):
+        return missing
+    destroyed = asyncio.run(shred(settings, args.tenant))
     print(f"shredded tenant {args.tenant}: {destroyed} data keys destroyed, shred record appended")
     return 0
 
@@ -410,7 +416,10 @@ def cmd_ledger_shred(args: argparse.Namespace) -> int:
 def cmd_ledger_rotate(args: argparse.Namespace) -> int:
     from gateway.cli.ledger import rotate_kek
 
-    new_id, moved = asyncio.run(rotate_kek(Settings()))
+    settings = Settings()
+    if missing := _missing_keys(settings):
+        return missing
+    new_id, moved = asyncio.run(rotate_kek(settings))
     print(f"new primary key-encryption key {new_id}; {moved} tenant keys re-wrapped")
     return 0
 
@@ -418,8 +427,17 @@ def cmd_ledger_rotate(args: argparse.Namespace) -> int:
 def cmd_ledger_public_key(args: argparse.Namespace) -> int:
     from gateway.cli.ledger import verifier_key
 
-    print(verifier_key(Settings()))
+    settings = Settings()
+    if missing := _missing_keys(settings):
+        return missing
+    print(verifier_key(settings))
     return 0
+
+
+def _missing_keys(settings: Settings) -> int:
+    """0, or (having said which file is missing, where it looked and what makes it) the
+    key-files exit code, for the ledger commands that need both key files."""
+    return _refused(lambda: preflight.check_keys(settings.model_copy(update={"demo": False})))
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -3,18 +3,40 @@
 The listening socket is bound and put in listening state *before* uvicorn starts, so the port
 is known at once and early connections wait in the kernel's backlog instead of being refused:
 no start-up polling is needed.
+
+An embedded server says nothing below a warning on uvicorn's logger (its "Started server
+process", "Application startup complete", "Uvicorn running on" lines): they would repeat the
+outer server's with the same PID and no label. Whoever embeds it logs what it is and where it
+listens (the demo: "demo simulator (the upstream) on ..."). Its warnings and errors still pass.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import logging
 import socket
 from collections.abc import Iterator
 from types import TracebackType
 
 import uvicorn
 from starlette.types import ASGIApp
+
+_EMBEDDED: contextvars.ContextVar[bool] = contextvars.ContextVar("embedded", default=False)
+
+
+class _QuietWhenEmbedded(logging.Filter):
+    """Drops uvicorn's info lines logged from inside an embedded server's tasks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not _EMBEDDED.get()
+
+
+def _quiet_uvicorn() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _QuietWhenEmbedded) for f in logger.filters):
+        logger.addFilter(_QuietWhenEmbedded())
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -60,7 +82,10 @@ class BackgroundServer:
         return len(self._server.server_state.connections)
 
     async def __aenter__(self) -> BackgroundServer:
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]))
+        _quiet_uvicorn()
+        context = contextvars.copy_context()
+        context.run(_EMBEDDED.set, True)  # the server's tasks (lifespan too) inherit it
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._sock]), context=context)
         return self
 
     async def __aexit__(

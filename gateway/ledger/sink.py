@@ -7,14 +7,15 @@ request (503 ``ledger_unavailable``) and new requests are refused while that las
 ``open`` the loss is logged and the request goes on.
 
 Key files: the gateway never invents production keys. ``--demo`` creates missing ones (with a
-warning, under ``./var/``); otherwise a missing file stops the start with a message naming
-``thinkgate ledger init``, because a key made up at start-up and lost with the pod would make
-every record written under it unreadable.
+warning, under ``THINKGATE_HOME``, ``./var/`` by default); otherwise a missing file stops the
+start with a message naming ``thinkgate ledger init`` and where it looked, because a key made
+up at start-up and lost with the pod would make every record written under it unreadable.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -109,16 +110,18 @@ def ensure_keys(settings: Settings, *, create: bool) -> list[str]:
     """Create the missing key files when ``create``; else refuse to start without them.
     Returns the files created."""
     made = []
-    for path, maker in (
-        (settings.ledger_key_file, FileKeyProvider.create),
-        (settings.signing_key_file, create_signing_key),
+    for name, maker in (
+        ("ledger_key_file", FileKeyProvider.create),
+        ("signing_key_file", create_signing_key),
     ):
+        path: Path = getattr(settings, name)
         if path.exists():
             continue
         if not create:
             raise LedgerKeysMissing(
                 f"ledger key file {path} is missing: run 'thinkgate ledger init' once "
-                "(or mount the keys from your secret store)"
+                f"(or mount the keys from your secret store; to look elsewhere, "
+                f"{settings.file_hint(name)})"
             )
         maker(path)
         made.append(str(path))

@@ -109,6 +109,7 @@ def _plan(request: SimRequest) -> list[Script]:
             empty_reasoning=request.sim.empty_reasoning,
             tool=tool if tool is None or index == 0 else tool.again(),
             continuing=request.continuing,
+            question=request.question,
         )
         for index in range(request.n)
     ]

@@ -13,7 +13,8 @@ Rules (vLLM 0.32 behaviour where it has one):
   How stops end a choice: ``gateway.sim.stops``; what they do to a separated stream:
   ``gateway.sim.deltas`` (vLLM #51641).
 - ``n`` >= 1; choice ``i`` uses seed ``seed + i``. The seed is the request's ``seed``, else
-  ``sim.seed``, else a stable hash of the message text (same prompt, same output).
+  ``sim.seed``, else a stable hash of the message text (same prompt, same output). What the
+  model says is about the last user message (``question``; ``gateway.sim.prose``).
 - The extra ``sim`` object scripts the simulator for tests; every field is optional:
   ``chunks`` (strings, each one ``content`` token, or ``[channel, text]`` pairs that set the
   channel explicitly), ``mode``, ``seed``, ``ttft_ms``, ``itl_ms``, ``stall_ms``, ``fail``
@@ -117,6 +118,7 @@ class SimRequest:
     tool: ToolPlan | None = None
     body: dict[str, Any] = field(default_factory=dict)  # the request as received
     continuing: bool = False  # continues an assistant turn whose reasoning is closed
+    question: str = ""  # the last user message: what the model's text is about
 
 
 def error_body(message: str, error_type: str, param: str | None, code: int) -> bytes:
@@ -150,6 +152,7 @@ def parse_chat_request(body: bytes, config: SimConfig) -> SimRequest:
         tool=_tool(data, sim),
         body=data,
         continuing=_continuing(data, config.formats.get(model, "deepseek_r1"), sim),
+        question=_question(data["messages"]),
     )
 
 
@@ -273,6 +276,14 @@ def _prompt_text(messages: object) -> str:
     if not isinstance(messages, list) or not messages:
         raise _bad("Field required: 'messages' must be a non-empty list", "messages")
     return "\n".join(_content_text(message) for message in messages)
+
+
+def _question(messages: list[Any]) -> str:
+    """The last user message's text (the prompt text was checked by ``_prompt_text``)."""
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return _content_text(message)
+    return ""
 
 
 def _content_text(message: object) -> str:

@@ -7,8 +7,9 @@ token counts, the finish reason and where the ``</think>`` tag starts.
 Rules:
 
 - Determinism: everything is drawn from one ``random.Random(seed)``: first the texts (an R1-style
-  reasoning monologue and an answer, from small built-in word lists), then the tokenisation. The
-  same seed always gives the same pieces; the process-global ``random`` is never touched.
+  reasoning monologue and an answer about the ``question``, ``gateway.sim.prose``), then the
+  tokenisation. The same seed and question always give the same pieces; the process-global
+  ``random`` is never touched.
 - Modes (how the raw model output reaches the client, per vLLM 0.32)::
 
     template   content: reasoning + "\\n</think>\\n\\n" + answer    (R1: the template opened it)
@@ -71,6 +72,7 @@ from gateway.sim.pieces import (
     SimMode,
     find_tag,
 )
+from gateway.sim.prose import Composition, compose_text
 from gateway.sim.reasoning import separate
 from gateway.sim.stops import end_generation
 
@@ -91,58 +93,7 @@ __all__ = [
     "derive_seed",
 ]
 
-_TOPICS = (
-    "prime numbers",
-    "the speed of light",
-    "binary search",
-    "photosynthesis",
-    "the Pythagorean theorem",
-    "compound interest",
-    "the boiling point of water",
-    "TCP handshakes",
-    "black holes",
-    "sorting a list",
-)
-_STEPS = (
-    "I should recall the basic definition",
-    "the key quantity here is the rate of change",
-    "we can break the problem into smaller parts",
-    "the simplest case is worth checking by hand",
-    "the units have to match on both sides",
-    "compare the two values: if a < b, keep a",
-    "there are about 3 cases to consider",
-    "an example with 12 items makes it concrete",
-    "the textbook formula applies directly",
-    "the edge case with zero needs care",
-)
-_CONNECTORS = ("Then,", "Also,", "Next,", "Hmm,", "Alternatively,", "Now,")
-_DOUBTS = (
-    "is that right? Let me double-check",
-    "maybe I misread the question",
-    "that seems too simple, but it holds",
-    "the sign could be wrong here",
-)
-_CONCLUSIONS = (
-    "straightforward once the definition is clear",
-    "that it follows from the basic rule",
-    "about 42 in the usual units",
-    "a short chain of simple steps",
-)
-_ANSWER_TAILS = (
-    "The key idea is to start from the definition.",
-    "A quick example confirms it.",
-    "In practice this is usually enough.",
-    "Let me know if you want more detail.",
-)
 _WORD = re.compile(r" ?\w+| ?[^\w\s]+|\s+")
-
-
-@dataclass(frozen=True, slots=True)
-class Composition:
-    """The untokenised texts a seed produces."""
-
-    reasoning: str
-    answer: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +123,10 @@ def derive_seed(text: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-def compose(seed: int) -> Composition:
-    """The reasoning and answer texts for ``seed`` (the first draws ``build_script`` makes)."""
-    return _compose(random.Random(seed))
+def compose(seed: int, question: str = "") -> Composition:
+    """The reasoning and answer texts for ``seed`` and ``question`` (the first draws
+    ``build_script`` makes; ``gateway.sim.prose``)."""
+    return compose_text(random.Random(seed), question)
 
 
 def build_script(
@@ -190,6 +142,7 @@ def build_script(
     empty_reasoning: bool = False,
     tool: ToolPlan | None = None,
     continuing: bool = False,
+    question: str = "",
 ) -> Script:
     """Plan one choice: scripted ``chunks`` verbatim, else text generated from ``seed``;
     then end it at a stop string or ``max_tokens`` and, in ``separated`` mode, parse it.
@@ -201,7 +154,7 @@ def build_script(
         planned, tool = list(chunks), None  # scripted: the chunks are all there is
     else:
         rng = random.Random(seed)
-        text = _compose(rng)
+        text = compose_text(rng, question)
         if tool is not None:
             text = Composition(text.reasoning, "")
         if not thinking:
@@ -264,21 +217,6 @@ def _unthinking(
     finish = _finish(ending.finish_reason, ending.stop_reason, tool)
     return Script(ending.pieces, prompt_tokens, finish, ending.stop_reason, None, close,
                   tool.call if tool else None)  # fmt: skip
-
-
-def _compose(rng: random.Random) -> Composition:
-    topic = rng.choice(_TOPICS)
-    conclusion = rng.choice(_CONCLUSIONS)
-    steps = [f"{rng.choice(_CONNECTORS)} {rng.choice(_STEPS)}." for _ in range(rng.randint(2, 8))]
-    paragraph_break = "\n\n" if rng.random() < 0.5 else " "
-    reasoning = (
-        f"Okay, the user asks about {topic}. Let me think. First, {rng.choice(_STEPS)}. "
-        + " ".join(steps)
-        + f"{paragraph_break}Wait, {rng.choice(_DOUBTS)}. So the answer is {conclusion}."
-    )
-    tails = " ".join(rng.choice(_ANSWER_TAILS) for _ in range(rng.randint(1, 3)))
-    answer = f"{topic[0].upper()}{topic[1:]}: in short, it is {conclusion}. {tails}"
-    return Composition(reasoning, answer)
 
 
 def _render(

@@ -31,7 +31,6 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from sqlalchemy.engine import make_url
 
-from gateway.cli.demo import DEMO_FILE
 from gateway.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -408,7 +407,8 @@ def written_paths() -> dict[str, PurePosixPath]:
     url = make_url(env.get("THINKGATE_DATABASE_URL", Settings.model_fields["database_url"].default))
     if url.get_backend_name() == "sqlite" and url.database:
         paths["database_url"] = in_image(url.database)
-    paths["demo keys"] = in_image(str(DEMO_FILE))
+    home = env.get("THINKGATE_HOME", str(Settings.model_fields["home"].default))
+    paths["demo keys"] = in_image(str(Path(home) / "demo-keys.json"))
     return paths
 
 

@@ -38,7 +38,7 @@ async def test_a_whole_completion_splits_the_reasoning_the_prompt_opened(
     recorded: tuple[Stack, RecordingSink], key: str
 ) -> None:
     stack, sink = recorded
-    expected = compose(derive_seed(PROMPT))
+    expected = compose(derive_seed(PROMPT), PROMPT)
     async with sdk(stack, key) as client:
         done = await client.completions.create(model="deepseek-r1", prompt=PROMPT, max_tokens=400)
     choice = done.choices[0]
@@ -62,7 +62,7 @@ async def test_a_streamed_completion_splits_it_the_same_way(
     recorded: tuple[Stack, RecordingSink], key: str
 ) -> None:
     stack, _ = recorded
-    expected = compose(derive_seed(PROMPT))
+    expected = compose(derive_seed(PROMPT), PROMPT)
     async with sdk(stack, key) as client:
         stream = await client.completions.create(
             model="deepseek-r1", prompt=PROMPT, max_tokens=400, stream=True,

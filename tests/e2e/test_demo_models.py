@@ -1,7 +1,7 @@
 """Every model the demo lists behaves as the README says: the simulated models with the formats
 ``--demo`` configures for them (``gateway.app.DEMO_MODELS``); for each, a visible key gets the
 answer in ``content`` (and reasoning only where the model reasons), a hidden key the same
-answer and no reasoning."""
+answer and no reasoning; both are about the question asked."""
 
 from __future__ import annotations
 
@@ -34,5 +34,7 @@ async def test_each_demo_model_answers_in_content_for_every_key(
         reasoning = (message.model_extra or {}).get("reasoning_content")
         assert message.content, (model, key)
         assert bool(reasoning) == (key == "visible" and REASONS[model]), (model, key, reasoning)
+        assert "the sky" in message.content.lower() and "blue" in message.content  # on topic
+        assert not reasoning or "“Why is the sky blue?”" in reasoning
         answers[key] = message.content
     assert answers["visible"] == answers["hidden"]

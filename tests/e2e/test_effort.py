@@ -151,7 +151,7 @@ async def test_a_responses_effort_is_a_budget(
             )
     [reasoning] = [i for i in response.output if i.type == "reasoning"]
     [text] = [c.text for c in reasoning.content or []]
-    assert compose(derive_seed(prompt)).reasoning.startswith(text) and text
+    assert compose(derive_seed(prompt), prompt).reasoning.startswith(text) and text
     continuation = received(stack)[-1]["messages"][-1]
     assert continuation["content"] == f"<think>\n{text}\n</think>\n\n"
     assert response.output_text and response.status == "completed"

@@ -118,7 +118,7 @@ async def test_with_thinking_a_visible_key_gets_it_signed_and_a_hidden_key_redac
 @pytest.mark.parametrize(
     ("extra", "stop_reason", "stop_sequence"),
     [({"max_tokens": 3}, "max_tokens", None),
-     ({"stop_sequences": ["confirms"]}, "stop_sequence", "confirms")],
+     ({"stop_sequences": ["in short"]}, "stop_sequence", "in short")],
 )  # fmt: skip
 async def test_a_cut_message_says_why(
     messages: tuple[Stack, RecordingSink], extra: dict[str, Any], stop_reason: str,
@@ -128,9 +128,9 @@ async def test_a_cut_message_says_why(
     async with sdk(stack, "visible") as client:
         done = await client.messages.create(**{**ask(), **extra})
     assert done.stop_reason == stop_reason and done.stop_sequence == stop_sequence
-    if stop_sequence:  # "confirms" is in the answer, not in the reasoning
+    if stop_sequence:  # "in short" is in the answer, not in the reasoning
         answer = expected("Why?").answer
-        assert text_of(done).strip() == answer[: answer.index("confirms")].strip()
+        assert text_of(done).strip() == answer[: answer.index("in short")].strip()
     else:
         assert 0 < done.usage.output_tokens <= 3
 

@@ -352,7 +352,15 @@ async def test_the_engines_own_kv_usage_makes_the_gateway_admit_less(
             try:
 
                 async def refused() -> bool:
-                    return await stream_status(stack.url, key, max_tokens=2000) == 429
+                    # a refusal is immediate; an admitted request waits in the full engine's
+                    # queue for its first byte (its headers), which is "not refused (yet)"
+                    try:
+                        status = await asyncio.wait_for(
+                            stream_status(stack.url, key, max_tokens=2000), timeout=1.0
+                        )
+                    except TimeoutError:
+                        return False
+                    return status == 429
 
                 # nothing else went through the gateway and the key has no rate limits: only
                 # the engine's own metrics (usage, its queue, preemptions) changed its mind

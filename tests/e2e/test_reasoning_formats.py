@@ -70,9 +70,11 @@ async def test_the_answer_after_an_empty_reasoning_reaches_every_key(
     reasoning, content, _ = await ask(
         stack, key, "deepseek-r1-parsed", stream=stream, extra_body=sim
     )
-    assert (reasoning, content) == (None, compose(SEED).answer)
+    assert (reasoning, content) == (None, compose(SEED, MESSAGES[-1]["content"]).answer)
     (record,) = await sink.wait_for(1)
-    assert record.content == (compose(SEED).answer,) and record.reasoning == ("",)
+    assert record.content == (
+        compose(SEED, MESSAGES[-1]["content"]).answer,
+    ) and record.reasoning == ("",)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
@@ -81,7 +83,7 @@ async def test_a_separating_engine_with_reasoning_still_separates(
 ) -> None:
     stack, _ = formats
     reasoning, content, _ = await ask(stack, "visible", "deepseek-r1-parsed", stream=stream)
-    text = compose(SEED)
+    text = compose(SEED, MESSAGES[-1]["content"])
     assert (reasoning, content) == (text.reasoning, text.answer)
 
 
@@ -102,7 +104,7 @@ async def test_thinking_off_is_all_answer_and_the_record_says_so(
     stack, sink = formats
     extra = {"extra_body": {"chat_template_kwargs": switch}}
     reasoning, content, raw = await ask(stack, key, model, stream=stream, **extra)
-    assert (reasoning, content) == (None, compose(SEED).answer)
+    assert (reasoning, content) == (None, compose(SEED, MESSAGES[-1]["content"]).answer)
     assert '"reasoning":"' not in raw and '"reasoning_content":"' not in raw
     (record,) = await sink.wait_for(1)
     assert record.thinking is False and record.reasoning == ("",)
@@ -128,7 +130,7 @@ async def test_reasoning_effort_none_switches_a_hybrid_off_but_not_r1(
     reasoning, content, _ = await ask(
         hybrid, "hidden", "deepseek-r1-parsed", stream=True, reasoning_effort="none"
     )
-    assert (reasoning, content) == (None, compose(SEED).answer)
+    assert (reasoning, content) == (None, compose(SEED, MESSAGES[-1]["content"]).answer)
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
@@ -140,7 +142,7 @@ async def test_other_families_markers_are_split_by_thinkgate(
     formats: tuple[Stack, RecordingSink], model: str, opening: str, stream: bool
 ) -> None:
     stack, _ = formats
-    text = compose(SEED)
+    text = compose(SEED, MESSAGES[-1]["content"])
     shown = await ask(stack, "visible", model, stream=stream)
     # the marker goes, the newline after it stays: thinkgate never trims whitespace
     expected = opening.removeprefix("<think>") + text.reasoning + "\n"

@@ -17,8 +17,9 @@ from tests.openai_errors import assert_openai_error
 
 
 def expected(*texts: str) -> Composition:
-    """What the simulator answers to these message texts (its seed is their hash)."""
-    return compose(derive_seed("\n".join(texts)))
+    """What the simulator answers to these message texts (its seed is their hash; it talks
+    about the last, the user's question)."""
+    return compose(derive_seed("\n".join(texts)), texts[-1])
 
 
 @pytest.fixture

@@ -137,6 +137,10 @@ async def start_demo(cwd: Path, port: int) -> tuple[asyncio.subprocess.Process, 
         if b"Application startup complete" in line:
             break
     assert b"demo simulator (the upstream) on http://127.0.0.1:" in logged  # doctor can find it
+    # uvicorn's start-up lines once, the gateway's: the embedded simulator's would repeat
+    # them with the same PID and no label
+    assert logged.count(b"Started server process") == 1, logged
+    assert logged.count(b"Application startup complete") == 1, logged
     assert logged.startswith(b"{")  # not a terminal: JSON lines
     match = re.search(r"client key .*: (sk-tg-\S+)", printed)
     assert match, printed

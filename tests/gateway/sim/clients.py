@@ -23,6 +23,11 @@ def chat(model: str = "deepseek-r1", **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": PROMPT}], **extra}
 
 
+def question(body: dict[str, Any]) -> str:
+    """The last user message of a chat body: what the simulated model talks about."""
+    return next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+
+
 @contextlib.asynccontextmanager
 async def in_process(config: SimConfig | None = None) -> AsyncIterator[Client]:
     app = create_sim_app(config or SimConfig())

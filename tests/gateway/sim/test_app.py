@@ -59,7 +59,7 @@ async def test_whole_response_in_template_mode_keeps_the_raw_text() -> None:
     assert body["object"] == "chat.completion"
     assert body["model"] == "deepseek-r1"
     (choice,) = body["choices"]
-    text = compose(11)
+    text = compose(11, PROMPT)
     assert choice["message"] == {
         "role": "assistant",
         "content": f"{text.reasoning}\n{CLOSE_TAG}\n\n{text.answer}",
@@ -71,7 +71,7 @@ async def test_whole_response_in_template_mode_keeps_the_raw_text() -> None:
     }
     assert (choice["index"], choice["logprobs"], choice["finish_reason"]) == (0, None, "stop")
     assert (choice["stop_reason"], choice["token_ids"]) == (None, None)
-    script = build_script("template", 11, prompt_tokens=len(PROMPT) // 4)
+    script = build_script("template", 11, prompt_tokens=len(PROMPT) // 4, question=PROMPT)
     assert body["usage"] == {
         "prompt_tokens": len(PROMPT) // 4,
         "completion_tokens": script.completion_tokens,
@@ -84,12 +84,15 @@ async def test_whole_response_in_template_mode_keeps_the_raw_text() -> None:
 
 @pytest.mark.asyncio
 async def test_whole_response_in_separated_mode_splits_reasoning() -> None:
-    parsed = chat("deepseek-r1-parsed", seed=1)  # seed 1: the tag is one token
+    parsed = chat("deepseek-r1-parsed", seed=2)  # seed 2: the tag is one token
     async with in_process() as (client, _):
         body = (await client.post("/v1/chat/completions", json=parsed)).json()
         cut = await client.post("/v1/chat/completions", json={**parsed, "max_tokens": 5})
     message = body["choices"][0]["message"]
-    assert (message["reasoning"], message["content"]) == (compose(1).reasoning, compose(1).answer)
+    assert (message["reasoning"], message["content"]) == (
+        compose(2, PROMPT).reasoning,
+        compose(2, PROMPT).answer,
+    )
     # vLLM 0.32's bug when the template opened the think block: it counts none
     assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}
     (choice,) = cut.json()["choices"]
@@ -111,7 +114,7 @@ async def test_same_prompt_same_output_and_seeds_per_choice() -> None:
     assert contents == [choice["message"]["content"] for choice in again["choices"]]
     assert contents[0] != contents[1]
     for index, choice in enumerate(seeded["choices"]):
-        script = build_script("template", 4 + index, prompt_tokens=1)
+        script = build_script("template", 4 + index, prompt_tokens=1, question=PROMPT)
         assert choice["message"]["content"] == script.text("content")
 
 
@@ -224,7 +227,7 @@ async def test_stream_shape_usage_and_done() -> None:
     assert first["prompt_token_ids"] is None
     assert all(chunk["usage"] is None for chunk in chunks[:-1])
     assert {chunk["id"] for chunk in chunks} == {first["id"]}
-    script = build_script("template", 2, prompt_tokens=len(PROMPT) // 4)
+    script = build_script("template", 2, prompt_tokens=len(PROMPT) // 4, question=PROMPT)
     pieces = chunks[1:-2]
     assert [c["choices"][0]["delta"] for c in pieces] == [
         {"content": piece.text} for piece in script.pieces

@@ -9,7 +9,15 @@ import orjson
 import pytest
 
 from gateway.sim.script import compose
-from tests.gateway.sim.clients import chat, choices, deltas, in_process, stream_chunks
+from tests.gateway.sim.clients import (
+    PROMPT,
+    chat,
+    choices,
+    deltas,
+    in_process,
+    question,
+    stream_chunks,
+)
 
 WEATHER = {
     "type": "object",
@@ -105,7 +113,7 @@ async def test_a_whole_response_carries_the_call_in_the_message(
 )
 async def test_no_call_means_an_answer_in_text(extra: dict[str, Any], stream_it: bool) -> None:
     body = chat("deepseek-v3", tools=TOOLS, seed=5, **extra)
-    answer = compose(5).answer
+    answer = compose(5, question(body)).answer
     if stream_it:
         chunks = await stream(body)
         assert tool_chunks(chunks) == []
@@ -194,7 +202,7 @@ async def test_merged_argument_pieces_still_count_as_tokens() -> None:
     [
         ("deepseek-r1", {}, "content", "{r}\n</think>\n\n"),
         ("qwq-32b", {}, "content", "<think>\n{r}\n</think>\n\n"),
-        ("deepseek-r1-parsed", {}, "reasoning", "{r}"),  # seed 0: vLLM's parser ate the tag
+        ("deepseek-r1-parsed", {}, "reasoning", "{r}"),  # seed 2: vLLM's parser ate the tag
         ("deepseek-r1-parsed", {"chat_template_kwargs": {"thinking": False}}, "reasoning", ""),
     ],
     ids=["template", "tags", "separated", "separated-thinking-off"],
@@ -202,14 +210,14 @@ async def test_merged_argument_pieces_still_count_as_tokens() -> None:
 async def test_reasoning_comes_before_the_call(
     model: str, extra: dict[str, Any], field: str, before: str
 ) -> None:
-    chunks = await stream(chat(model, tools=TOOLS, seed=0, **extra))
+    chunks = await stream(chat(model, tools=TOOLS, seed=2, **extra))
     sent = choices(chunks)[1:]  # after the role chunk
     is_tool = ["tool_calls" in c["delta"] for c in sent]
     first_tool = is_tool.index(True)
     last_tool = len(is_tool) - 1 - is_tool[::-1].index(True)
     assert all(is_tool[first_tool : last_tool + 1]), "the call is one run of deltas"
     assert [c["finish_reason"] for c in sent[last_tool + 1 :]] == ["tool_calls"]
-    assert deltas(chunks, field) == before.format(r=compose(0).reasoning)
+    assert deltas(chunks, field) == before.format(r=compose(2, PROMPT).reasoning)
     other = "reasoning" if field == "content" else "content"
     assert deltas(chunks, other) == ""
     assert orjson.loads(arguments(chunks)) == WEATHER_ARGS

@@ -11,10 +11,10 @@ import pytest
 from gateway.sim.deltas import Delta
 from gateway.sim.script import CLOSE_TAG, SimMode, build_script, compose
 from gateway.sim.wire import ChunkEncoder, SimUsage
-from tests.gateway.sim.clients import chat, choices, deltas, in_process, stream_chunks
+from tests.gateway.sim.clients import PROMPT, chat, choices, deltas, in_process, stream_chunks
 
 USAGE = {"include_usage": True}
-PARSED_SEED, SPELLED_SEED = 1, 0  # separated mode: the tag is one token / spelled
+PARSED_SEED, SPELLED_SEED = 2, 0  # separated mode: the tag is one token / spelled
 NULLS = {"refusal": None, "annotations": None, "audio": None, "function_call": None}
 
 
@@ -100,9 +100,9 @@ async def test_whole_response_reasoning_field_with_the_parser() -> None:
     message = (await whole(chat("deepseek-r1-parsed", seed=PARSED_SEED)))["choices"][0]["message"]
     assert message == {
         "role": "assistant",
-        "content": compose(PARSED_SEED).answer,
+        "content": compose(PARSED_SEED, PROMPT).answer,
         **NULLS,
-        "reasoning": compose(PARSED_SEED).reasoning,
+        "reasoning": compose(PARSED_SEED, PROMPT).reasoning,
     }
 
 
@@ -121,7 +121,7 @@ async def test_usage_without_a_parser(model: str) -> None:
 async def test_usage_with_the_parser_reports_zero_reasoning_tokens() -> None:
     """vLLM 0.32's bug when the template opened the think block; the gateway works around it."""
     body = chat("deepseek-r1-parsed", seed=PARSED_SEED)
-    script = build_script("separated", PARSED_SEED, prompt_tokens=5)
+    script = build_script("separated", PARSED_SEED, prompt_tokens=5, question=PROMPT)
     for usage in (
         (await streamed({**body, "stream_options": USAGE}))[-1]["usage"],
         (await whole(body))["usage"],
@@ -149,7 +149,7 @@ async def test_reasoning_tokens_override_in_both_paths(stream: bool) -> None:
 
 
 async def test_spelled_tag_leaves_the_answer_in_reasoning() -> None:
-    text = compose(SPELLED_SEED)
+    text = compose(SPELLED_SEED, PROMPT)
     body = chat("deepseek-r1-parsed", seed=SPELLED_SEED)
     chunks = await streamed(body)
     assert deltas(chunks, "reasoning") == text.reasoning + CLOSE_TAG + text.answer
@@ -163,8 +163,8 @@ async def test_spelled_tag_leaves_the_answer_in_reasoning() -> None:
 
 async def test_one_token_tag_sends_no_delta() -> None:
     chunks = await streamed(chat("deepseek-r1-parsed", seed=PARSED_SEED))
-    assert deltas(chunks, "reasoning") == compose(PARSED_SEED).reasoning
-    assert deltas(chunks, "content") == compose(PARSED_SEED).answer
+    assert deltas(chunks, "reasoning") == compose(PARSED_SEED, PROMPT).reasoning
+    assert deltas(chunks, "content") == compose(PARSED_SEED, PROMPT).answer
     assert all("think>" not in orjson.dumps(c["delta"]).decode() for c in choices(chunks))
 
 
@@ -189,7 +189,7 @@ async def test_scripted_spelled_tag_is_reasoning_too() -> None:
     ("stop", "tail"), [(["Xy"], ">"), (["Xyz", "Q"], "k>"), ("Xyzabc", "hink>")]
 )
 async def test_stop_strings_garble_the_separated_stream_only(stop: Any, tail: str) -> None:
-    text = compose(PARSED_SEED)
+    text = compose(PARSED_SEED, PROMPT)
     body = chat("deepseek-r1-parsed", seed=PARSED_SEED, stop=stop)
     chunks = await streamed(body)
     assert deltas(chunks, "reasoning") == text.reasoning[: -len(tail)]
@@ -203,8 +203,8 @@ async def test_stop_strings_garble_the_separated_stream_only(stop: Any, tail: st
 @pytest.mark.parametrize("body", [{"stop": ["X"]}, {"stop": []}, {"stop": None}, {}])
 async def test_one_character_or_no_stop_changes_nothing(body: dict[str, Any]) -> None:
     chunks = await streamed(chat("deepseek-r1-parsed", seed=PARSED_SEED, **body))
-    assert deltas(chunks, "reasoning") == compose(PARSED_SEED).reasoning
-    assert deltas(chunks, "content") == compose(PARSED_SEED).answer
+    assert deltas(chunks, "reasoning") == compose(PARSED_SEED, PROMPT).reasoning
+    assert deltas(chunks, "content") == compose(PARSED_SEED, PROMPT).answer
 
 
 async def test_no_garbling_without_a_parser_or_with_a_spelled_tag() -> None:
@@ -214,7 +214,7 @@ async def test_no_garbling_without_a_parser_or_with_a_spelled_tag() -> None:
         == (await whole(template))["choices"][0]["message"]["content"]
     )
     spelled = chat("deepseek-r1-parsed", seed=SPELLED_SEED, stop=["Xyz"])
-    text = compose(SPELLED_SEED)
+    text = compose(SPELLED_SEED, PROMPT)
     assert deltas(await streamed(spelled), "reasoning") == text.reasoning + CLOSE_TAG + text.answer
 
 
@@ -239,7 +239,7 @@ async def test_a_stop_string_truncates_the_output(stream: bool) -> None:
 async def test_stops_apply_to_the_reasoning_too() -> None:
     body = chat("deepseek-r1-parsed", seed=PARSED_SEED, stop="Let me think")
     message = (await whole(body))["choices"][0]["message"]
-    assert message["reasoning"] == compose(PARSED_SEED).reasoning.split("Let me think")[0]
+    assert message["reasoning"] == compose(PARSED_SEED, PROMPT).reasoning.split("Let me think")[0]
     assert message["content"] is None
 
 
@@ -256,7 +256,7 @@ async def test_merge_sends_several_tokens_per_delta(model: str) -> None:
     assert merged[-1]["usage"] == one[-1]["usage"]
     assert len(merged) < len(one) / 2
     mode: SimMode = "separated" if model == "deepseek-r1-parsed" else "template"
-    script = build_script(mode, PARSED_SEED, prompt_tokens=5)
+    script = build_script(mode, PARSED_SEED, prompt_tokens=5, question=PROMPT)
     (first,) = choices(merged)[1]["delta"].values()
     assert first == "".join(piece.text for piece in script.pieces[:3])
 
@@ -302,7 +302,7 @@ def test_encoder_bytes_are_compact_json() -> None:
 async def test_each_model_writes_its_formats_markers(
     model: str, opening: str | None, close: str
 ) -> None:
-    text = compose(7)
+    text = compose(7, PROMPT)
     message = (await whole(chat(model, seed=7)))["choices"][0]["message"]
     assert message["content"] == (opening or "") + text.reasoning + close + text.answer
     assert message["reasoning"] is None
@@ -322,15 +322,15 @@ async def test_an_empty_reasoning_behind_a_separating_engine_sends_content_only(
     chunks = await streamed({**body, "stream_options": USAGE})
     sent = [c["delta"] for c in choices(chunks)]
     assert all("reasoning" not in d for d in sent)
-    assert "".join(d.get("content") or "" for d in sent) == compose(7).answer
+    assert "".join(d.get("content") or "" for d in sent) == compose(7, PROMPT).answer
     message = (await whole(body))["choices"][0]["message"]
-    assert (message["reasoning"], message["content"]) == (None, compose(7).answer)
+    assert (message["reasoning"], message["content"]) == (None, compose(7, PROMPT).answer)
 
 
 async def test_an_empty_reasoning_in_the_text_is_a_lone_close_marker() -> None:
     body = chat("deepseek-r1", seed=7, sim={"empty_reasoning": True})
     message = (await whole(body))["choices"][0]["message"]
-    assert message["content"] == "</think>\n\n" + compose(7).answer
+    assert message["content"] == "</think>\n\n" + compose(7, PROMPT).answer
 
 
 @pytest.mark.parametrize(
@@ -344,7 +344,7 @@ async def test_an_empty_reasoning_in_the_text_is_a_lone_close_marker() -> None:
 async def test_thinking_off_is_the_answer_alone_and_an_r1_parser_calls_it_reasoning(
     switch: dict[str, Any],
 ) -> None:
-    answer = compose(7).answer
+    answer = compose(7, PROMPT).answer
     raw = (await whole(chat("deepseek-r1", seed=7, **switch)))["choices"][0]["message"]
     assert (raw["content"], raw["reasoning"]) == (answer, None)
     parsed = (await whole(chat("deepseek-r1-parsed", seed=7, **switch)))["choices"][0]
