@@ -25,6 +25,7 @@ from audit import migrate as audit_migrate
 from audit.crypto import ReloadingKeyProvider
 from audit.datakeys import DataKeys
 from audit.ledger import Ledger
+from gateway import console
 from gateway.admission.budget import KVAdmission, open_admission
 from gateway.admission.limiter import Limiter
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
@@ -110,6 +111,8 @@ def create_app(
     health.add_routes(app)
     admin.add_routes(app)
     auditor.add_routes(app)
+    if settings.console_enabled:
+        console.add_routes(app)
     lanes = {("POST", "/v1/chat/completions"): chat.chat_completions}
     return FrontDoor(app, lanes, settings.max_header_bytes)
 

@@ -210,6 +210,8 @@ class Settings(BaseSettings):
     default_max_tokens: int = 4096
     ratelimit_fail: Literal["open", "closed"] = "open"
     admission_queue_max: int = Field(1024, ge=0)
+    # The auditor console (GET /console/, gateway.console); off removes its routes.
+    console_enabled: bool = True
     tenants: Mapping[str, TenantPolicy] = Field(default_factory=dict)
     keys: Mapping[str, KeyPolicy] = Field(default_factory=dict)
 
@@ -261,12 +263,13 @@ class Settings(BaseSettings):
         """The database, key files and spool not set otherwise live in ``home``."""
         if not isinstance(data, dict):
             return data
-        home = Path(data.get("home") or "./var")
+        given = str(data.get("home") or "./var")
+        home = Path(given)
         for name, file in _HOME_FILES.items():
             if data.get(name) in (None, ""):
                 data[name] = home / file
-        if data.get("database_url") in (None, ""):
-            data["database_url"] = f"sqlite+aiosqlite:///{home / 'thinkgate.db'}"
+        if data.get("database_url") in (None, ""):  # as written: ./var stays ./var
+            data["database_url"] = f"sqlite+aiosqlite:///{given.rstrip('/')}/thinkgate.db"
         return data
 
     def file_hint(self, name: str) -> str:

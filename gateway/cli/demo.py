@@ -97,6 +97,8 @@ def snippet(settings: Settings, secrets: dict[str, str]) -> str:
 thinkgate demo: built-in simulator upstream, SQLite under {settings.home}/, in-process limiter.
   client key  (reasoning visible): {secrets["client"]}
   auditor key:                     {secrets["auditor"]}
+  auditor console:                 http://{settings.host}:{settings.port}/console/ (paste the \
+auditor key)
 
 In another shell (pip install openai):
 

@@ -390,7 +390,7 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
     from gateway.cli.ledger import export_to
 
     settings = Settings()
-    if missing := _missing_keys(settings):
+    if missing := _missing_keys(settings, "signing_key_file"):  # no decryption key needed
         return missing
     where = Filter(tenant=args.tenant, since=args.since, until=args.until)
     if args.output is None:
@@ -428,16 +428,18 @@ def cmd_ledger_public_key(args: argparse.Namespace) -> int:
     from gateway.cli.ledger import verifier_key
 
     settings = Settings()
-    if missing := _missing_keys(settings):
+    if missing := _missing_keys(settings, "signing_key_file"):
         return missing
     print(verifier_key(settings))
     return 0
 
 
-def _missing_keys(settings: Settings) -> int:
+def _missing_keys(settings: Settings, *names: str) -> int:
     """0, or (having said which file is missing, where it looked and what makes it) the
-    key-files exit code, for the ledger commands that need both key files."""
-    return _refused(lambda: preflight.check_keys(settings.model_copy(update={"demo": False})))
+    key-files exit code, for the ledger commands that need key files (``names``; all)."""
+    plain = settings.model_copy(update={"demo": False})
+    return _refused(lambda: preflight.check_keys(plain, names or ("ledger_key_file",
+                                                                 "signing_key_file")))  # fmt: skip
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from gateway.db import create_engine
-from gateway.ledger.sink import LedgerKeysMissing, ensure_keys
+from gateway.ledger.sink import KEY_FILES, LedgerKeysMissing, ensure_keys
 from gateway.settings import Settings
 
 CONFIG, KEYS, ADDRESS, DATABASE = 2, 3, 4, 5
@@ -48,9 +48,9 @@ def check_address(host: str, port: int) -> None:
                       "--port, or make run PORT=...)") from None  # fmt: skip
 
 
-def check_keys(settings: Settings) -> None:
+def check_keys(settings: Settings, names: tuple[str, ...] = tuple(KEY_FILES)) -> None:
     try:
-        ensure_keys(settings, create=settings.demo)
+        ensure_keys(settings, create=settings.demo, names=names)
     except LedgerKeysMissing as exc:
         raise Refused(KEYS, str(exc)) from None
 

@@ -106,14 +106,17 @@ def record_body(record: CompletionRecord) -> Body:
     )
 
 
-def ensure_keys(settings: Settings, *, create: bool) -> list[str]:
-    """Create the missing key files when ``create``; else refuse to start without them.
-    Returns the files created."""
+KEY_FILES = {"ledger_key_file": FileKeyProvider.create, "signing_key_file": create_signing_key}
+
+
+def ensure_keys(
+    settings: Settings, *, create: bool, names: tuple[str, ...] = tuple(KEY_FILES)
+) -> list[str]:
+    """Create the missing key files (``names``: settings of ``KEY_FILES``) when ``create``;
+    else refuse to start without them. Returns the files created."""
     made = []
-    for name, maker in (
-        ("ledger_key_file", FileKeyProvider.create),
-        ("signing_key_file", create_signing_key),
-    ):
+    for name in names:
+        maker = KEY_FILES[name]
         path: Path = getattr(settings, name)
         if path.exists():
             continue

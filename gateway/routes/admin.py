@@ -2,6 +2,7 @@
 
 ``POST /admin/v1/keys`` returns the secret once, in ``key``; only its hash is stored.
 ``DELETE /admin/v1/keys/{key_id}`` revokes (the row stays, for the record).
+``GET /admin/v1/tenants`` lists the configured tenant and key policies (read-only).
 """
 
 from __future__ import annotations
@@ -75,6 +76,18 @@ async def revoke_key(request: Request) -> Response:
     return Response(orjson.dumps({"id": key_id, "revoked": True}), media_type="application/json")
 
 
+async def list_tenants(request: Request) -> Response:
+    """The tenants' policies (operator configuration: ``tenants`` in the settings) and the
+    per-key policies (``keys``), read-only."""
+    state = await _admin(request)
+    tenants = [{"tenant": name, **policy.model_dump()}
+               for name, policy in sorted(state.settings.tenants.items())]  # fmt: skip
+    key_policies = {key_id: policy.model_dump(exclude_none=True)
+                    for key_id, policy in sorted(state.settings.keys.items())}  # fmt: skip
+    body = {"object": "list", "data": tenants, "key_policies": key_policies}
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
 async def _admin(request: Request) -> AppState:
     state: AppState = request.app.state.tg
     await authenticate(state.keys, request.headers.get("authorization"), "admin")
@@ -87,3 +100,4 @@ def add_routes(app: FastAPI) -> None:
     app.add_api_route(
         "/admin/v1/keys/{key_id}", revoke_key, methods=["DELETE"], response_model=None
     )
+    app.add_api_route("/admin/v1/tenants", list_tenants, methods=["GET"], response_model=None)

@@ -5,6 +5,9 @@ tenants. Asking for another tenant explicitly is a 403; a record of another tena
 index is a 404, as if it did not exist. Checkpoints, the public key and proofs carry only sizes
 and hashes, so every auditor gets them.
 
+``records/{index}/raw`` gives one record's stored header and ciphertext bytes, so a single
+leaf can be recomputed without an export (the console does it in the browser).
+
 Every decrypted read (``records/{index}``) is first appended to the ledger as an ``access``
 record (who, which index, when, under which request id) and only served once that record is as
 durable as ``AUDIT_MODE`` makes any record: there are no unrecorded reads.
@@ -47,6 +50,7 @@ def add_routes(app: FastAPI) -> None:
     for path, handler in (
         ("/audit/v1/records", list_records),
         ("/audit/v1/records/{index}", read_record),
+        ("/audit/v1/records/{index}/raw", raw_record),
         ("/audit/v1/checkpoint", checkpoint),
         ("/audit/v1/public-key", public_key),
         ("/audit/v1/proof/inclusion", inclusion),
@@ -126,7 +130,25 @@ async def read_record(request: Request) -> Response:
     if record is None or key.tenant not in (ALL_TENANTS, tenant):
         raise NotFound(f"No record {index}.", code="record_not_found")
     await ledger.append(_access_facts(request, key, index, str(tenant)), Body())
-    return _json(_opened_json(record))
+    # the access record this read appended: its request id finds it in ``records``
+    return _json({**_opened_json(record), "access_request_id": request.state.request_id})
+
+
+async def raw_record(request: Request) -> Response:
+    """The exact stored bytes of one record (base64): the header and the ciphertext, from
+    which anyone recomputes the leaf ``SHA-256(0x00 || len(header) || header || ciphertext)``
+    (4-byte big-endian length). No decryption, so no access record."""
+    ledger, key = await _auditor(request)
+    index = _int(request.path_params, "index", low=0)
+    only = store.Filter(after=index - 1 if index else None, up_to=index + 1)
+    listed = await ledger.find(only, 1)
+    tenant = listed[0].header.get("tenant") if listed else None
+    if not listed or key.tenant not in (ALL_TENANTS, tenant):
+        raise NotFound(f"No record {index}.", code="record_not_found")
+    sealed = await ledger.sealed(index)
+    return _json({"index": index, "header": _b64(sealed.header),
+                  "ciphertext": _b64(sealed.ciphertext),
+                  "leaf_hash": _b64(listed[0].leaf_hash)})  # fmt: skip
 
 
 def _access_facts(request: Request, key: KeyInfo, index: int, tenant: str) -> Facts:

@@ -122,5 +122,6 @@ def test_ledger_commands_without_key_files_say_which_and_where(
     err = capsys.readouterr().err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert code == preflight.KEYS
-    assert "var/ledger-keys.json is missing: run 'thinkgate ledger init'" in err
+    missing = "signing-key.pem" if argv[1] in ("export", "public-key") else "ledger-keys.json"
+    assert f"var/{missing} is missing: run 'thinkgate ledger init'" in err
     assert f"THINKGATE_HOME (now var in {home})" in err
