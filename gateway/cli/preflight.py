@@ -49,8 +49,12 @@ def check_address(host: str, port: int) -> None:
 
 
 def check_keys(settings: Settings, names: tuple[str, ...] = tuple(KEY_FILES)) -> None:
+    """The key files exist; ``--demo`` makes missing ones at start-up instead (and warns that
+    it did, which it could not if they were made here)."""
+    if settings.demo:
+        return
     try:
-        ensure_keys(settings, create=settings.demo, names=names)
+        ensure_keys(settings, create=False, names=names)
     except LedgerKeysMissing as exc:
         raise Refused(KEYS, str(exc)) from None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hashlib
 import json
 import sqlite3
 from collections.abc import AsyncIterator, Iterator
@@ -717,3 +718,43 @@ async def test_no_key_secret_is_ever_recorded(stack_factory: Any, tmp_path: Path
 def database_bytes(directory: Path) -> bytes:
     """The SQLite database and its WAL, as raw bytes."""
     return b"".join(p.read_bytes() for p in sorted(directory.glob("gw.db*")))
+
+
+async def test_the_raw_bytes_of_one_record_recompute_its_leaf_within_the_tenant(
+    stack_factory: Any, tmp_path: Path
+) -> None:
+    stack = await stack_factory()
+    other = await new_key(tmp_path, "other", "client", "visible")
+    acme_id, _, _ = await sdk_whole(stack, stack.keys["visible"], max_tokens=20)
+    other_id, _, _ = await sdk_whole(stack, other, max_tokens=20)
+    async with audit_client(stack) as acme:
+        row = await only_record(acme, acme_id)
+        raw = await get_json(acme, f"/records/{row['index']}/raw")
+        header, ciphertext = base64.b64decode(raw["header"]), base64.b64decode(raw["ciphertext"])
+        leaf = hashlib.sha256(b"\x00" + len(header).to_bytes(4, "big") + header + ciphertext)
+        assert base64.b64encode(leaf.digest()).decode() == raw["leaf_hash"] == row["leaf_hash"]
+        assert orjson.loads(header) == row["header"]  # the listing's header is these bytes
+        assert await listed(acme, kind="access") == []  # no decryption, no access record
+        everyone = await new_key(tmp_path, "*", "auditor")
+        async with audit_client(stack, everyone) as star:
+            other_index = (await only_record(star, other_id))["index"]
+        hidden = assert_error(await acme.get(f"/records/{other_index}/raw"), 404)
+        missing = assert_error(await acme.get("/records/99999/raw"), 404)
+        assert hidden["code"] == missing["code"] == "record_not_found"
+        opened = await get_json(acme, f"/records/{row['index']}")
+        (access,) = await listed(acme, kind="access")
+        assert access["request_id"] == opened["access_request_id"]
+
+
+async def test_admins_read_the_configured_tenant_policies(stack_factory: Any) -> None:
+    stack = await stack_factory(tenants={"acme": {"rpm": 600, "weight": 3}},
+                                keys={"3f2a9c0b1d4e": {"priority": "critical"}})  # fmt: skip
+    async with httpx.AsyncClient(base_url=stack.root) as client:
+        admin = {"authorization": f"Bearer {stack.keys['admin']}"}
+        body = (await client.get("/admin/v1/tenants", headers=admin)).json()
+        auditor = {"authorization": f"Bearer {stack.keys['auditor']}"}
+        refused = await client.get("/admin/v1/tenants", headers=auditor)
+    assert body["data"] == [{"tenant": "acme", "rpm": 600, "tpm": 0, "weight": 3,
+                             "priority": "standard"}]  # fmt: skip
+    assert body["key_policies"] == {"3f2a9c0b1d4e": {"priority": "critical"}}
+    assert_error(refused, 403)

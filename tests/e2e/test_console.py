@@ -72,10 +72,12 @@ def settings_of(tmp_path: Path) -> Settings:
 
 
 async def shot(page: Page, tmp_path: Path, name: str) -> None:
-    await page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
+    """A full-page screenshot; a secret on the page is painted over (no key in a picture)."""
+    hide = {"mask": [page.locator("#new-secret")], "full_page": True}
+    await page.screenshot(path=str(tmp_path / f"{name}.png"), **hide)  # type: ignore[arg-type]
     if target := os.environ.get("THINKGATE_SCREENSHOTS"):
         await asyncio.to_thread(Path(target).mkdir, parents=True, exist_ok=True)
-        await page.screenshot(path=str(Path(target) / f"{name}.png"), full_page=True)
+        await page.screenshot(path=str(Path(target) / f"{name}.png"), **hide)  # type: ignore[arg-type]
 
 
 async def sign_in(browser: Browser, stack: Stack, key: str = "auditor", **context: Any) -> Page:

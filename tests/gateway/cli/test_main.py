@@ -109,7 +109,9 @@ def free_port() -> int:
     return port
 
 
-async def start_demo(cwd: Path, port: int) -> tuple[asyncio.subprocess.Process, str]:
+async def start_demo(
+    cwd: Path, port: int, *, first: bool = True
+) -> tuple[asyncio.subprocess.Process, str]:
     """Start ``serve --demo``; return the process and the printed client key once it serves."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("THINKGATE_")}
     proc = await asyncio.create_subprocess_exec(
@@ -141,6 +143,12 @@ async def start_demo(cwd: Path, port: int) -> tuple[asyncio.subprocess.Process, 
     # them with the same PID and no label
     assert logged.count(b"Started server process") == 1, logged
     assert logged.count(b"Application startup complete") == 1, logged
+    # the keys it made, once, each warned about in words that fit it
+    made = [b"created the checkpoint signing key var/signing-key.pem (demo): keep it, or later "
+            b"checkpoints are signed by another key than auditors pinned",
+            b"created the ledger encryption key file var/ledger-keys.json (demo): keep it, or "
+            b"records become unreadable"]  # fmt: skip
+    assert [m in logged for m in made] == [first, first], logged
     assert logged.startswith(b"{")  # not a terminal: JSON lines
     match = re.search(r"client key .*: (sk-tg-\S+)", printed)
     assert match, printed
@@ -199,7 +207,7 @@ async def test_demo_serves_the_readme_snippet_and_keeps_its_keys(tmp_path: Path)
         assert k3 == ("plan", "Hi")
     finally:
         assert await stop(proc) == 0
-    proc, key_again = await start_demo(tmp_path, port)
+    proc, key_again = await start_demo(tmp_path, port, first=False)
     assert await stop(proc) == 0
     assert key_again == key
     assert oct((tmp_path / "var" / "demo-keys.json").stat().st_mode & 0o777) == "0o600"
