@@ -56,6 +56,7 @@ def add_routes(app: FastAPI) -> None:
         ("/audit/v1/proof/inclusion", inclusion),
         ("/audit/v1/proof/consistency", consistency),
         ("/audit/v1/export", export_records),
+        ("/audit/v1/me", me),
     ):
         app.add_api_route(path, handler, methods=["GET"], response_model=None)
 
@@ -94,6 +95,13 @@ def _given(request: Request) -> dict[str, str]:
     """The query's parameters with a value: an empty one (``?tenant=&since=``, as a form or a
     template leaves it) means no filter, as if it were not there."""
     return {name: value for name, value in request.query_params.items() if value != ""}
+
+
+async def me(request: Request) -> Response:
+    """The calling auditor key: its id and tenant (``*``: every tenant), what the console
+    needs to offer a tenant filter only where it can be used."""
+    _, key = await _auditor(request)
+    return _json({"key_id": key.key_id, "tenant": key.tenant, "role": key.role})
 
 
 async def list_records(request: Request) -> Response:

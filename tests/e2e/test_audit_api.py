@@ -744,6 +744,8 @@ async def test_the_raw_bytes_of_one_record_recompute_its_leaf_within_the_tenant(
         opened = await get_json(acme, f"/records/{row['index']}")
         (access,) = await listed(acme, kind="access")
         assert access["request_id"] == opened["access_request_id"]
+        me = await get_json(acme, "/me")
+        assert me == {"key_id": key_id(stack.keys["auditor"]), "tenant": "acme", "role": "auditor"}
 
 
 async def test_admins_read_the_configured_tenant_policies(stack_factory: Any) -> None:

@@ -29,6 +29,7 @@ from gateway.cli.ledger import shred
 from gateway.console import CSP
 from gateway.settings import Settings
 from tests.e2e.conftest import Stack, ledger_files
+from tests.e2e.test_audit_api import new_key
 
 CHROMIUM = Path("/usr/bin/chromium")
 ORIGIN = "thinkgate.local/ledger"
@@ -392,3 +393,21 @@ async def test_a_client_key_cannot_sign_in(console: Stack, browser: Browser) -> 
     page = await sign_in(browser, console, key="visible")
     await expect(page.locator("[role=alert]")).to_contain_text("needs a key with the role")
     assert await page.evaluate("sessionStorage.getItem('thinkgate.key')") is None
+
+
+async def test_only_an_all_tenants_auditor_gets_a_tenant_filter(
+    console: Stack, browser: Browser, tmp_path: Path
+) -> None:
+    page = await sign_in(browser, console)
+    await all_badges(page, "verified", 3)
+    await expect(page.get_by_label("Tenant", exact=True)).to_have_count(0)  # acme's own only
+    await expect(page.locator("#nav")).to_contain_text("tenant acme")
+    console.keys["star"] = await new_key(tmp_path, "*", "auditor")
+    star = await sign_in(browser, console, key="star")
+    await all_badges(star, "verified", 3)
+    await star.get_by_label("Tenant", exact=True).fill("globex")
+    await star.get_by_role("button", name="Apply").click()
+    await expect(star.locator(".empty")).to_have_text("No records match these filters.")
+    await star.get_by_label("Tenant", exact=True).fill("acme")
+    await star.get_by_role("button", name="Apply").click()
+    await all_badges(star, "verified", 3)

@@ -10,6 +10,7 @@ const main = document.getElementById("main");
 const nav = document.getElementById("nav");
 const status = document.getElementById("status");
 const ROLE = "thinkgate.role";
+const TENANT = "thinkgate.tenant"; // an auditor key's tenant; "*" sees every tenant
 const PAGE = 50;
 const STATUSES = ["ok", "error", "invalid", "cancelled", "rate_limited"];
 const RANGES = { "": "Any time", "1h": "Last hour", "24h": "Last 24 hours", "7d": "Last 7 days",
@@ -73,7 +74,8 @@ function signIn(message) {
 
 async function roleOf(key) {
   try {
-    await call("/audit/v1/public-key", { accept: "text", key });
+    const me = await call("/audit/v1/me", { key });
+    sessionStorage.setItem(TENANT, me.tenant);
     return "auditor";
   } catch (error) {
     if (!(error instanceof ApiError) || error.status !== 403) throw error;
@@ -97,6 +99,7 @@ async function start(key, expected) {
 function signOut() {
   session.key = null;
   sessionStorage.removeItem(ROLE);
+  sessionStorage.removeItem(TENANT);
   location.hash = "";
   signIn();
 }
@@ -110,6 +113,7 @@ function navigation(role, path) {
     links.map(([to, label]) => h("a", { href: `#${to}`, "aria-current": path === to ? "page" : null },
                                  label)),
     h("span", { class: "spacer" }),
+    role === "auditor" ? h("span", { class: "help" }, `tenant ${sessionStorage.getItem(TENANT)}`) : null,
     role === "auditor" ? checkpointBadge() : null,
     h("button", { type: "button", class: "link", onclick: signOut }, "Sign out"));
 }
@@ -153,7 +157,7 @@ function filterForm(params, path, fields) {
   const text = (name, label, list) =>
     field(name, label, h("input", { id: `f-${name}`, name, value: params.get(name) || "",
                                     list: list || null, autocomplete: "off" }));
-  if (fields.includes("tenant")) text("tenant", "Tenant");
+  if (fields.includes("tenant") && sessionStorage.getItem(TENANT) === "*") text("tenant", "Tenant");
   if (fields.includes("model")) text("model", "Model");
   if (fields.includes("status")) text("status", "Status", "statuses");
   if (fields.includes("key_id")) text("key_id", "Key id");
