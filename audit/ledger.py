@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from audit import crypto, merkle, migrate, store
+from audit import crypto, merkle, migrate, store, tiles
 from audit.crypto import KeyProvider
 from audit.datakeys import DataKeys
 from audit.errors import AuditError
-from audit.note import NoteSigner
+from audit.note import NoteSigner, parse_checkpoint
 from audit.record import Body, Facts, Seal, Sealed, encode_header, parse_header
 from audit.sequencer import Sequencer
 from audit.spool import Spool
@@ -90,11 +90,40 @@ class LedgerReader:
                 return await store.latest_checkpoint(conn)
             return await store.checkpoint_at(conn, size)
 
+    async def checkpoints(self, size: int, limit: int) -> list[tuple[int, float, str]]:
+        """``(size, created_at, note)`` of stored checkpoints of ``size`` or more, smallest
+        first (every commit stores one, so ``size`` itself is there unless it was never a
+        tree size: a commit appended several records at once)."""
+        async with self._engine.connect() as conn:
+            return await store.checkpoints_from(conn, size, limit)
+
+    async def tile(self, ref: tiles.TileRef) -> tuple[str, bytes] | None:
+        """The latest checkpoint and ``ref``'s bytes, read in one transaction so that they
+        agree; ``None`` if the log has no checkpoint yet or that tree lacks the tile.
+        ``tiles.EntryTooLarge`` if an entry of a bundle does not fit the format."""
+        async with self._engine.connect() as conn, conn.begin():
+            note = await store.latest_checkpoint(conn)
+            if note is None:
+                return None
+            size = parse_checkpoint(note.split("\n\n", 1)[0] + "\n").size
+            if not ref.exists_in(size):
+                return None
+            if ref.level is None:
+                data = tiles.bundle(await store.leaf_data(conn, ref.start, ref.width))
+            else:
+                found = await store.level_hashes(conn, ref.nodes_level(), ref.start, ref.width)
+                if len(found) != ref.width:
+                    return None
+                data = b"".join(found)
+        return note, data
+
     async def inclusion(self, index: int, tree_size: int) -> Inclusion:
         plan = _plan(lambda: merkle.inclusion_plan(index, tree_size))
         leaf = merkle.NodeID(0, index)
         async with self._engine.connect() as conn:  # one query, O(log n) primary-key reads
             found = await store.node_hashes(conn, {leaf, *merkle.plan_nodes(plan)})
+            if len(found) < len(set(merkle.plan_nodes(plan)) | {leaf}):
+                await self._check_size(conn, tree_size)  # say so, rather than a missing node
         # The leaf and its path cover the whole tree of ``tree_size``: a size beyond the
         # ledger lacks the node over its last leaf, so no separate size check is needed.
         if leaf not in found:

@@ -40,6 +40,44 @@ async def node_hashes(conn: AsyncConnection, ids: Iterable[NodeID]) -> dict[Node
     return {NodeID(r.level, r.idx): bytes(r.hash) for r in result}
 
 
+async def level_hashes(conn: AsyncConnection, level: int, start: int, count: int) -> list[bytes]:
+    """The stored node hashes at ``level`` with indexes ``start`` to ``start + count - 1``, in
+    order (fewer if they are not all stored)."""
+    query = (
+        select(nodes.c.hash)
+        .where(nodes.c.level == level, nodes.c.idx >= start, nodes.c.idx < start + count)
+        .order_by(nodes.c.idx)
+    )
+    return [bytes(h) for h in (await conn.execute(query)).scalars()]
+
+
+async def leaf_data(conn: AsyncConnection, start: int, count: int) -> list[tuple[int, bytes]]:
+    """``(index, len(header) || header || ciphertext)`` of entries ``start`` to
+    ``start + count - 1`` (``audit.record.Sealed.leaf_data``)."""
+    query = (
+        select(entries.c.idx, entries.c.header, entries.c.ciphertext)
+        .where(entries.c.idx >= start, entries.c.idx < start + count)
+        .order_by(entries.c.idx)
+    )
+    rows = await conn.execute(query)
+    return [(int(r.idx), len(r.header).to_bytes(4, "big") + bytes(r.header) + bytes(r.ciphertext))
+            for r in rows]  # fmt: skip
+
+
+async def checkpoints_from(
+    conn: AsyncConnection, size: int, limit: int
+) -> list[tuple[int, float, str]]:
+    """``(size, created_at, note)`` of the stored checkpoints of ``size`` or larger, smallest
+    first, at most ``limit``."""
+    query = (
+        select(checkpoints.c.size, checkpoints.c.created_at, checkpoints.c.note)
+        .where(checkpoints.c.size >= size)
+        .order_by(checkpoints.c.size)
+        .limit(limit)
+    )
+    return [(int(r.size), float(r.created_at), str(r.note)) for r in await conn.execute(query)]
+
+
 async def latest_checkpoint(conn: AsyncConnection) -> str | None:
     query = select(checkpoints.c.note).order_by(checkpoints.c.size.desc()).limit(1)
     return (await conn.execute(query)).scalar()

@@ -48,6 +48,7 @@ from gateway.routes import (
     messages,
     models,
     responses,
+    tlog,
 )
 from gateway.routes.health import metrics_app
 from gateway.routes.state import AppState
@@ -111,6 +112,7 @@ def create_app(
     health.add_routes(app)
     admin.add_routes(app)
     auditor.add_routes(app)
+    tlog.add_routes(app)
     if settings.console_enabled:
         console.add_routes(app)
     lanes = {("POST", "/v1/chat/completions"): chat.chat_completions}

@@ -190,6 +190,12 @@ class NotFound(ClientError):
     code = "not_found"
 
 
+class Conflict(ClientError):
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
 class RateLimited(ClientError):
     status = 429
     type = "rate_limit_error"

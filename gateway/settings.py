@@ -210,6 +210,9 @@ class Settings(BaseSettings):
     default_max_tokens: int = 4096
     ratelimit_fail: Literal["open", "closed"] = "open"
     admission_queue_max: int = Field(1024, ge=0)
+    # Entry bundles of the tlog-tiles API (gateway.routes.tlog) to anyone, not only to
+    # auditors of tenant '*' (they hold every tenant's record headers).
+    tlog_public_entries: bool = False
     # The auditor console (GET /console/, gateway.console); off removes its routes.
     console_enabled: bool = True
     tenants: Mapping[str, TenantPolicy] = Field(default_factory=dict)

@@ -52,6 +52,7 @@ def add_routes(app: FastAPI) -> None:
         ("/audit/v1/records/{index}", read_record),
         ("/audit/v1/records/{index}/raw", raw_record),
         ("/audit/v1/checkpoint", checkpoint),
+        ("/audit/v1/checkpoints", checkpoints),
         ("/audit/v1/public-key", public_key),
         ("/audit/v1/proof/inclusion", inclusion),
         ("/audit/v1/proof/consistency", consistency),
@@ -180,16 +181,42 @@ def _opened_json(record: Opened) -> dict[str, Any]:
 
 
 async def checkpoint(request: Request) -> Response:
+    """The latest checkpoint; with ``size=N`` the one for that size, or the smallest stored
+    above it (its size is line 2 of the note, and ``x-checkpoint-size``)."""
     ledger, _ = await _auditor(request)
+    if "size" in _given(request):
+        size = _int(_given(request), "size", low=1)
+        found = await ledger.checkpoints(size, 1)
+        if not found:
+            raise NotFound(f"No checkpoint of size {size} or more yet.", code="no_checkpoint")
+        at, _, sized = found[0]
+        return Response(sized, media_type="text/plain; charset=utf-8",
+                        headers={"x-checkpoint-size": str(at)})  # fmt: skip
     note = await ledger.checkpoint()
     if note is None:
         raise NotFound("The ledger is empty: no checkpoint yet.", code="no_checkpoint")
     return Response(note, media_type="text/plain; charset=utf-8")
 
 
-async def public_key(request: Request) -> Response:
+async def checkpoints(request: Request) -> Response:
+    """Every stored checkpoint from ``size`` (default 1) on, smallest first: ``{"data":
+    [{"size", "created_at", "note"}], "next_size"}`` (``limit`` ≤ 1000, default 100;
+    ``next_size`` continues the listing, null at the end)."""
     ledger, _ = await _auditor(request)
-    return Response(ledger.verifier_key() + "\n", media_type="text/plain; charset=utf-8")
+    q = _given(request)
+    size = _int(q, "size", default=1, low=1)
+    limit = _int(q, "limit", default=100, low=1, high=MAX_PAGE)
+    found = await ledger.checkpoints(size, limit + 1)
+    more = len(found) > limit
+    data = [{"size": s, "created_at": at, "note": note} for s, at, note in found[:limit]]
+    return _json({"object": "list", "data": data,
+                  "next_size": found[limit][0] if more else None})  # fmt: skip
+
+
+async def public_key(request: Request) -> Response:
+    """The verifier key, with no trailing newline (strict base64 decoders refuse one)."""
+    ledger, _ = await _auditor(request)
+    return Response(ledger.verifier_key(), media_type="text/plain; charset=utf-8")
 
 
 async def inclusion(request: Request) -> Response:
