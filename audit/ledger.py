@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from audit import crypto, merkle, migrate, store, tiles
+from audit import crypto, merkle, migrate, schema, store, tiles
 from audit.crypto import KeyProvider
 from audit.datakeys import DataKeys
 from audit.errors import AuditError
@@ -85,17 +86,32 @@ class LedgerReader:
         return Sealed(row[0], row[1])
 
     async def checkpoint(self, size: int | None = None) -> str | None:
+        """The latest checkpoint (or the one of ``size``), with the witnesses' cosignature
+        lines stored for it appended to its signatures."""
         async with self._engine.connect() as conn:
             if size is None:
-                return await store.latest_checkpoint(conn)
-            return await store.checkpoint_at(conn, size)
+                note = await store.latest_checkpoint(conn)
+            else:
+                note = await store.checkpoint_at(conn, size)
+            return None if note is None else await _cosigned(conn, note)
 
     async def checkpoints(self, size: int, limit: int) -> list[tuple[int, float, str]]:
         """``(size, created_at, note)`` of stored checkpoints of ``size`` or more, smallest
         first (every commit stores one, so ``size`` itself is there unless it was never a
         tree size: a commit appended several records at once)."""
         async with self._engine.connect() as conn:
-            return await store.checkpoints_from(conn, size, limit)
+            found = await store.checkpoints_from(conn, size, limit)
+            return [(s, at, await _cosigned(conn, note)) for s, at, note in found]
+
+    async def add_cosignature(self, size: int, witness: str, line: str) -> None:
+        """Keep a witness's (verified) cosignature of the checkpoint of ``size``; a second one
+        by the same witness for that size is ignored."""
+        row = {"size": size, "witness": witness, "line": line, "created_at": time.time()}
+        try:
+            async with self._engine.begin() as conn:
+                await conn.execute(schema.cosignatures.insert().values(**row))
+        except IntegrityError:
+            pass
 
     async def tile(self, ref: tiles.TileRef) -> tuple[str, bytes] | None:
         """The latest checkpoint and ``ref``'s bytes, read in one transaction so that they
@@ -141,6 +157,11 @@ class LedgerReader:
         current = await store.tree_size(conn)
         if size > current:
             raise ProofUnavailable(f"the ledger has {current} records, fewer than {size}")
+
+
+async def _cosigned(conn: Any, note: str) -> str:
+    size = parse_checkpoint(note.split("\n\n", 1)[0] + "\n").size
+    return note + "".join(await store.cosignature_lines(conn, size))
 
 
 class Ledger(LedgerReader):

@@ -81,6 +81,18 @@ checkpoints = Table(
     Column("created_at", Float, nullable=False),
 )
 
+# Witness cosignatures of checkpoints (C2SP tlog-cosignature lines), one per witness and size;
+# added by migration 0002 (not part of 0001's create_all).
+cosignature_metadata = MetaData()
+cosignatures = Table(
+    "ledger_cosignatures",
+    cosignature_metadata,
+    Column("size", BigInteger, primary_key=True, autoincrement=False),
+    Column("witness", String(256), primary_key=True),
+    Column("line", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
 data_keys = Table(
     "ledger_data_keys",
     ledger_metadata,

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from audit.commit import Statements, node_lookup
 from audit.drivers import DatabaseError
 from audit.merkle import NodeID
-from audit.schema import checkpoints, entries, nodes
+from audit.schema import checkpoints, cosignatures, entries, nodes
 
 # What "the database is away" looks like: SQLAlchemy wraps driver errors; the commit drivers
 # raise sqlite3's own and DatabaseError (asyncpg's); a refused or reset connection surfaces as
@@ -76,6 +76,13 @@ async def checkpoints_from(
         .limit(limit)
     )
     return [(int(r.size), float(r.created_at), str(r.note)) for r in await conn.execute(query)]
+
+
+async def cosignature_lines(conn: AsyncConnection, size: int) -> list[str]:
+    """The witnesses' cosignature lines stored for the checkpoint of ``size``, by witness."""
+    query = (select(cosignatures.c.line).where(cosignatures.c.size == size)
+             .order_by(cosignatures.c.witness))  # fmt: skip
+    return [str(line) for line in (await conn.execute(query)).scalars()]
 
 
 async def latest_checkpoint(conn: AsyncConnection) -> str | None:

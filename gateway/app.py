@@ -14,6 +14,7 @@ import logging
 import signal
 from collections.abc import AsyncIterator
 
+import httpx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -39,6 +40,7 @@ from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RouteError
 from gateway.ledger.record import RecordSink
 from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
+from gateway.ledger.witnessing import Witnessing
 from gateway.routes import (
     admin,
     auditor,
@@ -177,6 +179,11 @@ async def _start(
                   upstreams.probe_forever()]  # fmt: skip
     if stored is not None:
         background.append(stored.purge_forever())
+    if ledger is not None and settings.witnesses:
+        witness_client = httpx.AsyncClient(timeout=10)
+        stack.push_async_callback(witness_client.aclose)
+        background.append(Witnessing(ledger, settings.witnesses, settings.witness_interval_s,
+                                     witness_client).run())  # fmt: skip
     for work in background:
         task = asyncio.create_task(work)
         stack.push_async_callback(_cancel, task)

@@ -157,6 +157,26 @@ _HOME_FILES = {
 }
 
 
+class WitnessConfig(BaseModel):
+    """A C2SP tlog-witness the ledger submits its checkpoints to: its submission URL prefix
+    and its cosigner verifier key (``<name>+<id>+<key>``, type 0x04)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    url: str = Field(pattern=r"^https?://")
+    key: str
+
+    @field_validator("key")
+    @classmethod
+    def _cosigner_key(cls, value: str) -> str:
+        from audit.witness import CosignerKey, WitnessError
+
+        try:
+            CosignerKey.parse(value)
+        except WitnessError as exc:
+            raise ValueError(str(exc)) from None
+        return value.strip()
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="THINKGATE_", frozen=True, extra="ignore")
 
@@ -210,6 +230,10 @@ class Settings(BaseSettings):
     default_max_tokens: int = 4096
     ratelimit_fail: Literal["open", "closed"] = "open"
     admission_queue_max: int = Field(1024, ge=0)
+    # Witnesses (gateway.ledger.witnessing): each new checkpoint is sent to them and their
+    # cosignatures are served with it; how often the latest checkpoint is looked at.
+    witnesses: tuple[WitnessConfig, ...] = ()
+    witness_interval_s: float = Field(1.0, gt=0)
     # Entry bundles of the tlog-tiles API (gateway.routes.tlog) to anyone, not only to
     # auditors of tenant '*' (they hold every tenant's record headers).
     tlog_public_entries: bool = False

@@ -12,6 +12,8 @@ from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+import orjson
+
 from audit.crypto import FileKeyProvider
 from audit.export import check_export, export_lines
 from audit.ledger import Ledger, LedgerReader
@@ -19,6 +21,7 @@ from audit.migrate import upgrade
 from audit.note import NoteError, NoteSigner, NoteVerifier, load_signing_key
 from audit.store import Filter
 from audit.verify import Report, verify
+from audit.witness import CosignerKey, Policy, WitnessError
 from gateway.db import create_engine, upgrade_schema
 from gateway.ledger.sink import ensure_keys, open_ledger
 from gateway.settings import Settings
@@ -154,3 +157,43 @@ def progress_bar(enabled: bool) -> Iterator[Progress]:
     with Bar(transient=True) as bar:
         task = bar.add_task("verifying", total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def load_policy(paths: list[Path], quorum: int | None) -> Policy | None:
+    """The witness policy of ``--witness-key`` files and ``--quorum`` (default: all of them);
+    ``None`` without keys. ``KeyUnavailable`` naming a file that is not a cosigner key."""
+    if not paths:
+        if quorum:
+            raise KeyUnavailable("--quorum needs --witness-key files")
+        return None
+    keys = []
+    for path in paths:
+        try:
+            keys.append(CosignerKey.parse(path.read_text()))
+        except OSError as exc:
+            raise KeyUnavailable(f"cannot read the witness key file {path}: "
+                                 f"{exc.strerror}") from None  # fmt: skip
+        except WitnessError as exc:
+            raise KeyUnavailable(f"{path}: {exc}") from None
+    wanted = len(keys) if quorum is None else quorum
+    if not 1 <= wanted <= len(keys):
+        raise KeyUnavailable(f"--quorum must be 1 to {len(keys)} (the witness keys given)")
+    return Policy(tuple(keys), wanted)
+
+
+def export_checkpoint(export: Path) -> str:
+    """The checkpoint (with its cosignatures) an export was proven against: its first line."""
+    with export.open("rb") as lines:
+        note: str = orjson.loads(lines.readline())["checkpoint"]
+    return note
+
+
+async def latest_checkpoint(settings: Settings) -> str:
+    engine = create_engine(settings.database_url)
+    try:
+        note = await LedgerReader(engine).checkpoint()
+    finally:
+        await engine.dispose()
+    if note is None:
+        raise KeyUnavailable("the ledger has no checkpoint yet")
+    return note

@@ -21,8 +21,8 @@ from gateway.settings import Settings
 
 _DESCRIPTION = (
     "thinkgate: the gateway for self-hosted reasoning models. Commands: serve, sim, keys, "
-    "ledger, capacity, doctor, bench; 'thinkgate COMMAND --help' for one. Settings come from "
-    "THINKGATE_* variables or the YAML file THINKGATE_CONFIG names (see the README)."
+    "ledger, capacity, doctor, bench, witness; 'thinkgate COMMAND --help' for one. Settings "
+    "come from THINKGATE_* variables or the YAML file THINKGATE_CONFIG names (see the README)."
 )
 
 
@@ -117,7 +117,56 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--api-key", default=None, help="default: $THINKGATE_BENCH_KEY")
     bench.add_argument("--max-tokens", type=int, default=256)
     bench.set_defaults(func=cmd_bench)
+
+    witness = sub.add_parser("witness", help="run a C2SP tlog-witness for thinkgate logs")
+    witness.add_argument("--name", required=True,
+                         help="its cosigner name, e.g. witness.example/w1")  # fmt: skip
+    witness.add_argument("--key-file", type=Path, required=True,
+                         help="its Ed25519 key (PEM); made, 0600, if missing")  # fmt: skip
+    witness.add_argument("--log-key", action="append", type=Path, required=True,
+                         metavar="FILE",
+                         help="a followed log's verifier key file, repeatable")  # fmt: skip
+    witness.add_argument("--state", type=Path, required=True, help="its SQLite state file")
+    witness.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    witness.add_argument("--port", type=int, default=8090, help="port")
+    witness.set_defaults(func=cmd_witness)
     return parser
+
+
+def cmd_witness(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from audit.note import NoteVerifier, create_signing_key, load_signing_key
+    from audit.witness import Cosigner
+    from gateway.cli.ledger import KeyUnavailable, verifier_file
+    from gateway.witness import WitnessState, create_witness_app
+
+    refused = _refused(lambda: preflight.check_address(args.host, args.port))
+    if refused:
+        return refused
+    try:
+        logs: dict[str, NoteVerifier] = {}
+        for path in args.log_key:
+            verifier = verifier_file(path)
+            logs[verifier.name] = verifier
+    except KeyUnavailable as exc:
+        print(f"thinkgate witness: {exc}", file=sys.stderr)
+        return 2
+    if not args.key_file.exists():
+        create_signing_key(args.key_file)
+        print(f"thinkgate witness: created its key {args.key_file}: keep it (verifiers pin it)",
+              file=sys.stderr)  # fmt: skip
+    cosigner = Cosigner(args.name, load_signing_key(args.key_file))
+    state = WitnessState(args.state)
+    print(f"thinkgate witness {args.name} on http://{args.host}:{args.port}/add-checkpoint; "
+          f"its verifier key: {cosigner.verifier_key}; follows: {', '.join(logs)}",
+          flush=True)  # fmt: skip
+    try:
+        uvicorn.run(create_witness_app(cosigner, logs, state), host=args.host, port=args.port,
+                    log_level="warning")  # fmt: skip
+    finally:
+        state.close()
+    return 0
 
 
 def _ledger_parser(sub: Any) -> None:
@@ -131,6 +180,10 @@ def _ledger_parser(sub: Any) -> None:
         "--public-key", type=Path, default=None,
         help="verifier key file (default: derived from SIGNING_KEY_FILE)",
     )  # fmt: skip
+    verify.add_argument("--witness-key", action="append", type=Path, default=[], metavar="FILE",
+                        help="a trusted witness's cosigner key file, repeatable")  # fmt: skip
+    verify.add_argument("--quorum", type=int, default=None,
+                        help="cosignatures required (default: every --witness-key)")  # fmt: skip
     verify.set_defaults(func=cmd_ledger_verify)
     export = ledger.add_parser("export", help="records with inclusion proofs, as JSON lines")
     export.add_argument("--tenant", default=None)
@@ -360,18 +413,30 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
     from audit.export import ExportInvalid
     from audit.store import DB_ERRORS
     from audit.verify import LedgerCorrupt
+    from audit.witness import WitnessError
     from gateway.cli import ledger as ledgercli
 
     try:
+        policy = ledgercli.load_policy(args.witness_key, args.quorum)
         if args.export is not None:
             verifier = ledgercli.load_verifier(Settings(), args.public_key)
             size, count = ledgercli.verify_export(args.export, verifier)
             print(f"export OK: {count} records included in the signed tree of size {size}")
+            if policy is not None:
+                names = policy.check(ledgercli.export_checkpoint(args.export))
+                print(f"cosigned by {len(names)} of the trusted witnesses: {', '.join(names)}")
             return 0
         settings = Settings()
         verifier = ledgercli.load_verifier(settings, args.public_key)
         with ledgercli.progress_bar(sys.stderr.isatty()) as progress:
             report = asyncio.run(ledgercli.verify_database(settings, verifier, progress))
+        if policy is not None:
+            names = policy.check(asyncio.run(ledgercli.latest_checkpoint(settings)))
+            print(f"the latest checkpoint is cosigned by {len(names)} of the trusted "
+                  f"witnesses: {', '.join(names)}")  # fmt: skip
+    except WitnessError as exc:
+        print(f"ledger verification FAILED: {exc}", file=sys.stderr)
+        return 1
     except ledgercli.KeyUnavailable as exc:
         print(str(exc), file=sys.stderr)
         return 2
