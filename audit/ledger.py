@@ -95,6 +95,15 @@ class LedgerReader:
                 note = await store.checkpoint_at(conn, size)
             return None if note is None else await _cosigned(conn, note)
 
+    async def timestamps(self, sizes: list[int]) -> dict[int, bytes]:
+        """The stored RFC 3161 replies of those checkpoints (``audit.timestamps``)."""
+        async with self._engine.connect() as conn:
+            return await store.timestamp_replies(conn, sizes)
+
+    async def all_timestamps(self) -> list[tuple[int, bytes, str]]:
+        async with self._engine.connect() as conn:
+            return await store.all_timestamps(conn)
+
     async def checkpoints(self, size: int, limit: int) -> list[tuple[int, float, str]]:
         """``(size, created_at, note)`` of stored checkpoints of ``size`` or more, smallest
         first (every commit stores one, so ``size`` itself is there unless it was never a
@@ -102,6 +111,15 @@ class LedgerReader:
         async with self._engine.connect() as conn:
             found = await store.checkpoints_from(conn, size, limit)
             return [(s, at, await _cosigned(conn, note)) for s, at, note in found]
+
+    async def add_timestamp(self, size: int, reply: bytes) -> None:
+        """Keep a (checked) RFC 3161 reply for the checkpoint of ``size``; once per size."""
+        row = {"size": size, "reply": reply, "created_at": time.time()}
+        try:
+            async with self._engine.begin() as conn:
+                await conn.execute(schema.timestamps.insert().values(**row))
+        except IntegrityError:
+            pass
 
     async def add_cosignature(self, size: int, witness: str, line: str) -> None:
         """Keep a witness's (verified) cosignature of the checkpoint of ``size``; a second one

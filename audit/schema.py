@@ -93,6 +93,15 @@ cosignatures = Table(
     Column("created_at", Float, nullable=False),
 )
 
+# RFC 3161 timestamps of checkpoints (the TSA's whole TimeStampResp, DER); migration 0002.
+timestamps = Table(
+    "ledger_timestamps",
+    cosignature_metadata,
+    Column("size", BigInteger, primary_key=True, autoincrement=False),
+    Column("reply", LargeBinary, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
 data_keys = Table(
     "ledger_data_keys",
     ledger_metadata,

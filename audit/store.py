@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from audit.commit import Statements, node_lookup
 from audit.drivers import DatabaseError
 from audit.merkle import NodeID
-from audit.schema import checkpoints, cosignatures, entries, nodes
+from audit.schema import checkpoints, cosignatures, entries, nodes, timestamps
 
 # What "the database is away" looks like: SQLAlchemy wraps driver errors; the commit drivers
 # raise sqlite3's own and DatabaseError (asyncpg's); a refused or reset connection surfaces as
@@ -83,6 +83,23 @@ async def cosignature_lines(conn: AsyncConnection, size: int) -> list[str]:
     query = (select(cosignatures.c.line).where(cosignatures.c.size == size)
              .order_by(cosignatures.c.witness))  # fmt: skip
     return [str(line) for line in (await conn.execute(query)).scalars()]
+
+
+async def timestamp_replies(conn: AsyncConnection, sizes: Iterable[int]) -> dict[int, bytes]:
+    """The stored RFC 3161 replies of the checkpoints of ``sizes``."""
+    wanted = sorted(set(sizes))
+    if not wanted:
+        return {}
+    query = select(timestamps.c.size, timestamps.c.reply).where(timestamps.c.size.in_(wanted))
+    return {int(r.size): bytes(r.reply) for r in await conn.execute(query)}
+
+
+async def all_timestamps(conn: AsyncConnection) -> list[tuple[int, bytes, str]]:
+    """``(size, reply, checkpoint note)`` of every stamped checkpoint, by size."""
+    query = (select(timestamps.c.size, timestamps.c.reply, checkpoints.c.note)
+             .join(checkpoints, checkpoints.c.size == timestamps.c.size)
+             .order_by(timestamps.c.size))  # fmt: skip
+    return [(int(r.size), bytes(r.reply), str(r.note)) for r in await conn.execute(query)]
 
 
 async def latest_checkpoint(conn: AsyncConnection) -> str | None:

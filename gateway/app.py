@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from audit import migrate as audit_migrate
+from audit import timestamps as audit_timestamps
 from audit.crypto import ReloadingKeyProvider
 from audit.datakeys import DataKeys
 from audit.ledger import Ledger
@@ -40,6 +41,7 @@ from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RouteError
 from gateway.ledger.record import RecordSink
 from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
+from gateway.ledger.timestamping import Timestamping
 from gateway.ledger.witnessing import Witnessing
 from gateway.routes import (
     admin,
@@ -179,6 +181,13 @@ async def _start(
                   upstreams.probe_forever()]  # fmt: skip
     if stored is not None:
         background.append(stored.purge_forever())
+    if ledger is not None and settings.tsa_url:
+        roots = (audit_timestamps.load_roots(settings.tsa_roots_file.read_bytes())
+                 if settings.tsa_roots_file else [])  # fmt: skip
+        tsa_client = httpx.AsyncClient(timeout=10)
+        stack.push_async_callback(tsa_client.aclose)
+        background.append(Timestamping(ledger, settings.tsa_url, roots, settings.tsa_interval_s,
+                                       tsa_client).run())  # fmt: skip
     if ledger is not None and settings.witnesses:
         witness_client = httpx.AsyncClient(timeout=10)
         stack.push_async_callback(witness_client.aclose)

@@ -234,6 +234,12 @@ class Settings(BaseSettings):
     # cosignatures are served with it; how often the latest checkpoint is looked at.
     witnesses: tuple[WitnessConfig, ...] = ()
     witness_interval_s: float = Field(1.0, gt=0)
+    # RFC 3161 timestamps of checkpoints (gateway.ledger.timestamping): the Time-Stamp
+    # Authority's URL, the PEM roots its stamps must chain to (checked before keeping one),
+    # and how often the latest checkpoint is looked at. No URL: no timestamps.
+    tsa_url: str = ""
+    tsa_roots_file: Path | None = None
+    tsa_interval_s: float = Field(5.0, gt=0)
     # Entry bundles of the tlog-tiles API (gateway.routes.tlog) to anyone, not only to
     # auditors of tenant '*' (they hold every tenant's record headers).
     tlog_public_entries: bool = False

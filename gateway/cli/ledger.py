@@ -7,6 +7,7 @@ database nor any secret. A progress bar (rich) is drawn on stderr when it is a t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import BinaryIO
 
 import orjson
 
+from audit import timestamps
 from audit.crypto import FileKeyProvider
 from audit.export import check_export, export_lines
 from audit.ledger import Ledger, LedgerReader
@@ -197,3 +199,28 @@ async def latest_checkpoint(settings: Settings) -> str:
     if note is None:
         raise KeyUnavailable("the ledger has no checkpoint yet")
     return note
+
+
+async def verify_timestamps(
+    settings: Settings, roots_file: Path
+) -> tuple[int, tuple[int, str] | None]:
+    """Every stored RFC 3161 timestamp checked against its checkpoint and ``roots_file``:
+    ``(count, (size, time) of the latest)``; ``TimestampError`` naming the first bad one."""
+    try:
+        roots = timestamps.load_roots(await asyncio.to_thread(roots_file.read_bytes))
+    except OSError as exc:
+        raise KeyUnavailable(f"cannot read the TSA roots file {roots_file}: "
+                             f"{exc.strerror}") from None  # fmt: skip
+    engine = create_engine(settings.database_url)
+    try:
+        stored = await LedgerReader(engine).all_timestamps()
+    finally:
+        await engine.dispose()
+    last = None
+    for size, reply, note in stored:
+        try:
+            when = timestamps.verify(reply, note.split("\n\n", 1)[0] + "\n", roots)
+        except timestamps.TimestampError as exc:
+            raise timestamps.TimestampError(f"checkpoint {size}: {exc}") from None
+        last = (size, when.isoformat())
+    return len(stored), last

@@ -184,6 +184,9 @@ def _ledger_parser(sub: Any) -> None:
                         help="a trusted witness's cosigner key file, repeatable")  # fmt: skip
     verify.add_argument("--quorum", type=int, default=None,
                         help="cosignatures required (default: every --witness-key)")  # fmt: skip
+    verify.add_argument("--tsa-roots", type=Path, default=None, metavar="PEM",
+                        help="also check every stored RFC 3161 timestamp against "
+                             "these roots")  # fmt: skip
     verify.set_defaults(func=cmd_ledger_verify)
     export = ledger.add_parser("export", help="records with inclusion proofs, as JSON lines")
     export.add_argument("--tenant", default=None)
@@ -412,6 +415,7 @@ def cmd_ledger_init(args: argparse.Namespace) -> int:
 def cmd_ledger_verify(args: argparse.Namespace) -> int:
     from audit.export import ExportInvalid
     from audit.store import DB_ERRORS
+    from audit.timestamps import TimestampError
     from audit.verify import LedgerCorrupt
     from audit.witness import WitnessError
     from gateway.cli import ledger as ledgercli
@@ -434,7 +438,13 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
             names = policy.check(asyncio.run(ledgercli.latest_checkpoint(settings)))
             print(f"the latest checkpoint is cosigned by {len(names)} of the trusted "
                   f"witnesses: {', '.join(names)}")  # fmt: skip
-    except WitnessError as exc:
+        if args.tsa_roots is not None:
+            stamped, last = asyncio.run(ledgercli.verify_timestamps(settings, args.tsa_roots))
+            print(
+                f"{stamped} RFC 3161 timestamps verified"
+                + (f"; the latest dates checkpoint {last[0]} at {last[1]}" if last else "")
+            )
+    except (WitnessError, TimestampError) as exc:
         print(f"ledger verification FAILED: {exc}", file=sys.stderr)
         return 1
     except ledgercli.KeyUnavailable as exc:

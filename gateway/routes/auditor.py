@@ -53,6 +53,7 @@ def add_routes(app: FastAPI) -> None:
         ("/audit/v1/records/{index}/raw", raw_record),
         ("/audit/v1/checkpoint", checkpoint),
         ("/audit/v1/checkpoints", checkpoints),
+        ("/audit/v1/timestamp", timestamp),
         ("/audit/v1/public-key", public_key),
         ("/audit/v1/proof/inclusion", inclusion),
         ("/audit/v1/proof/consistency", consistency),
@@ -208,9 +209,22 @@ async def checkpoints(request: Request) -> Response:
     limit = _int(q, "limit", default=100, low=1, high=MAX_PAGE)
     found = await ledger.checkpoints(size, limit + 1)
     more = len(found) > limit
-    data = [{"size": s, "created_at": at, "note": note} for s, at, note in found[:limit]]
+    stamps = await ledger.timestamps([s for s, _, _ in found[:limit]])
+    data = [{"size": s, "created_at": at, "note": note,
+             "rfc3161": _b64(stamps[s]) if s in stamps else None}
+            for s, at, note in found[:limit]]  # fmt: skip
     return _json({"object": "list", "data": data,
                   "next_size": found[limit][0] if more else None})  # fmt: skip
+
+
+async def timestamp(request: Request) -> Response:
+    """The RFC 3161 TimeStampResp (DER) of the checkpoint of ``size``, 404 if it has none."""
+    ledger, _ = await _auditor(request)
+    size = _int(_given(request), "size", low=1)
+    found = (await ledger.timestamps([size])).get(size)
+    if found is None:
+        raise NotFound(f"The checkpoint of size {size} has no timestamp.", code="no_timestamp")
+    return Response(found, media_type="application/timestamp-reply")
 
 
 async def public_key(request: Request) -> Response:

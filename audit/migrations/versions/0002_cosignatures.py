@@ -1,4 +1,4 @@
-"""Witness cosignatures of checkpoints.
+"""Witness cosignatures and RFC 3161 timestamps of checkpoints.
 
 Revision ID: 0002
 Revises: 0001
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from audit.schema import cosignatures
+from audit.schema import cosignatures, timestamps
 
 revision = "0002"
 down_revision = "0001"
@@ -18,6 +18,7 @@ depends_on = None
 
 def upgrade() -> None:
     cosignatures.create(op.get_bind(), checkfirst=True)
+    timestamps.create(op.get_bind(), checkfirst=True)
 
 
 def downgrade() -> None:
