@@ -15,8 +15,8 @@ Specs: https://c2sp.org/tlog-witness and https://c2sp.org/tlog-cosignature.
   size: ``text/x.tlog.size``); the same size with another root 409 (a fork); a consistency
   proof that does not verify 422 (also a fork, or a broken log). Otherwise it cosigns and the
   caller must store the new size and root atomically with that check.
-* A **policy** (``Policy``): the cosigner keys a verifier trusts and how many of them must have
-  cosigned a checkpoint; ``check`` counts valid cosignatures by distinct trusted keys.
+* A **policy** (``WitnessPolicy``): the cosigner keys a verifier trusts and how many of them
+  must have cosigned a checkpoint; ``check`` counts valid cosignatures by distinct trusted keys.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class CosignerKey:
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
+class WitnessPolicy:
     """Trusted cosigners and how many must cosign."""
 
     keys: tuple[CosignerKey, ...]
@@ -181,7 +181,7 @@ def parse_add_checkpoint(body: bytes) -> AddCheckpoint:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class WitnessAnswer:
     """``status`` 200 with the checkpoint to cosign and record, or an error status with its
     body (a 409's is the witness's size)."""
 
@@ -193,34 +193,34 @@ class Decision:
 
 def decide(
     request: AddCheckpoint, logs: dict[str, NoteVerifier], latest: tuple[int, bytes] | None
-) -> Decision:
+) -> WitnessAnswer:
     """What a witness answers (rules in the module docstring). ``logs``: origin → the log's
     verifier; ``latest``: the size and root it last cosigned for the request's origin."""
     origin = request.note.split("\n", 1)[0]
     verifier = logs.get(origin)
     if verifier is None:
-        return Decision(404, f"unknown log {origin[:80]!r}")
+        return WitnessAnswer(404, f"unknown log {origin[:80]!r}")
     try:
         checkpoint = parse_checkpoint(verifier.open(request.note))
     except NoteError as exc:
-        return Decision(403, f"not signed by the log's key: {exc}")
+        return WitnessAnswer(403, f"not signed by the log's key: {exc}")
     if request.old > checkpoint.size:
-        return Decision(400, "the old size is larger than the checkpoint's")
+        return WitnessAnswer(400, "the old size is larger than the checkpoint's")
     size, root = latest if latest is not None else (0, b"")
     if request.old != size:
-        return Decision(409, f"the witness's latest size is {size}", body=f"{size}\n")
+        return WitnessAnswer(409, f"the witness's latest size is {size}", body=f"{size}\n")
     if checkpoint.size == size and size > 0:
         if checkpoint.root != root:
-            return Decision(409, "another checkpoint of this size was cosigned: a fork",
+            return WitnessAnswer(409, "another checkpoint of this size was cosigned: a fork",
                             body=f"{size}\n")  # fmt: skip
-        return Decision(200, "the same checkpoint again", checkpoint)
+        return WitnessAnswer(200, "the same checkpoint again", checkpoint)
     if size == 0:
         if request.proof:
-            return Decision(422, "the proof from size 0 must be empty")
-        return Decision(200, "the first checkpoint", checkpoint)
+            return WitnessAnswer(422, "the proof from size 0 must be empty")
+        return WitnessAnswer(200, "the first checkpoint", checkpoint)
     try:
         merkle.verify_consistency(size, checkpoint.size, list(request.proof), root,
                                   checkpoint.root)  # fmt: skip
     except merkle.ProofError as exc:
-        return Decision(422, f"the consistency proof does not verify: {exc}")
-    return Decision(200, "consistent", checkpoint)
+        return WitnessAnswer(422, f"the consistency proof does not verify: {exc}")
+    return WitnessAnswer(200, "consistent", checkpoint)

@@ -35,7 +35,7 @@ LAYERS: dict[str, int] = {
     "upstream": 5,
     "admission": 6,
     "exchange": 7,
-    "routes": 8,
+    "routes": 8, "console": 8, "witness": 8,
     "app": 9,
     "cli": 10,
 }  # fmt: skip

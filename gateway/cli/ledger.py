@@ -23,7 +23,7 @@ from audit.migrate import upgrade
 from audit.note import NoteError, NoteSigner, NoteVerifier, load_signing_key
 from audit.store import Filter
 from audit.verify import Report, verify
-from audit.witness import CosignerKey, Policy, WitnessError
+from audit.witness import CosignerKey, WitnessError, WitnessPolicy
 from gateway.db import create_engine, upgrade_schema
 from gateway.ledger.sink import ensure_keys, open_ledger
 from gateway.settings import Settings
@@ -161,7 +161,7 @@ def progress_bar(enabled: bool) -> Iterator[Progress]:
         yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
-def load_policy(paths: list[Path], quorum: int | None) -> Policy | None:
+def load_policy(paths: list[Path], quorum: int | None) -> WitnessPolicy | None:
     """The witness policy of ``--witness-key`` files and ``--quorum`` (default: all of them);
     ``None`` without keys. ``KeyUnavailable`` naming a file that is not a cosigner key."""
     if not paths:
@@ -180,7 +180,7 @@ def load_policy(paths: list[Path], quorum: int | None) -> Policy | None:
     wanted = len(keys) if quorum is None else quorum
     if not 1 <= wanted <= len(keys):
         raise KeyUnavailable(f"--quorum must be 1 to {len(keys)} (the witness keys given)")
-    return Policy(tuple(keys), wanted)
+    return WitnessPolicy(tuple(keys), wanted)
 
 
 def export_checkpoint(export: Path) -> str:

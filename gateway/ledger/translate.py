@@ -22,13 +22,18 @@ from audit.merkle import ProofError
 from audit.note import NoteError
 from audit.record import RecordFormatError
 from audit.spool import SpoolCorrupt
+from audit.tiles import EntryTooLarge, TileError
+from audit.timestamps import TimestampError
 from audit.verify import LedgerCorrupt
+from audit.witness import WitnessError
 from audit.writer import WriterUnavailable
 from gateway.errors import (
+    Conflict,
     GatewayError,
     InvalidRequest,
     LedgerIntegrityError,
     LedgerUnavailable,
+    NotFound,
 )
 
 _Make = Callable[[AuditError, str | None], GatewayError]
@@ -46,6 +51,10 @@ TRANSLATIONS: dict[type[AuditError], _Make] = {
     NoteError: lambda _e, _p: LedgerIntegrityError(_INTEGRITY),
     ExportInvalid: lambda _e, _p: LedgerIntegrityError(_INTEGRITY),
     ProofUnavailable: lambda e, p: InvalidRequest(f"No proof: {e}.", param=p),
+    TileError: lambda e, _p: NotFound(f"No such tile: {e}.", code="tile_not_found"),
+    EntryTooLarge: lambda e, _p: Conflict(str(e), code="entry_too_large"),
+    WitnessError: lambda e, p: InvalidRequest(f"{e}.", param=p),
+    TimestampError: lambda _e, _p: LedgerIntegrityError(_INTEGRITY),
 }
 
 

@@ -14,8 +14,8 @@ from audit.witness import (
     AddCheckpoint,
     Cosigner,
     CosignerKey,
-    Policy,
     WitnessError,
+    WitnessPolicy,
     add_checkpoint_body,
     decide,
     parse_add_checkpoint,
@@ -86,9 +86,9 @@ def test_a_policy_counts_distinct_trusted_cosigners() -> None:
     body = note.split("\n\n")[0] + "\n"
     cosigned = note + w1.cosign(body, 1) + w1.cosign(body, 2) + w3.cosign(body, 3)
     keys = tuple(CosignerKey.parse(w.verifier_key) for w in (w1, w2))
-    assert Policy(keys, 1).check(cosigned) == ["w1"]
+    assert WitnessPolicy(keys, 1).check(cosigned) == ["w1"]
     with pytest.raises(WitnessError, match="1 valid cosignatures of 2 required"):
-        Policy(keys, 2).check(cosigned)  # w1 twice is one; w3 is not trusted
+        WitnessPolicy(keys, 2).check(cosigned)  # w1 twice is one; w3 is not trusted
 
 
 def test_add_checkpoint_bodies_round_trip_and_refuse_junk() -> None:

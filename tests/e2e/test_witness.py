@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.note import Checkpoint, NoteSigner, load_signing_key, parse_checkpoint
-from audit.witness import Cosigner, CosignerKey, Policy, add_checkpoint_body
+from audit.witness import Cosigner, CosignerKey, WitnessPolicy, add_checkpoint_body
 from gateway.cli.main import main
 from tests.e2e.conftest import Stack, ledger_files
 from tests.e2e.test_tlog import auth
@@ -86,7 +86,7 @@ async def complete(stack: Stack, count: int) -> None:
             )
 
 
-async def cosigned_by(stack: Stack, policy: Policy) -> str | None:
+async def cosigned_by(stack: Stack, policy: WitnessPolicy) -> str | None:
     async with httpx.AsyncClient(base_url=stack.root) as client:
         note = (await client.get("/tlog/checkpoint")).text
     try:
@@ -116,7 +116,7 @@ async def test_two_witnesses_cosign_and_a_two_of_two_policy_verifies(
     stack, witnesses = witnessed
     keys = tuple(CosignerKey.parse(c.verifier_key) for _, c in witnesses)
     await complete(stack, 3)
-    note = await eventually(lambda: cosigned_by(stack, Policy(keys, 2)))
+    note = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2)))
     size = parse_checkpoint(note.split("\n\n")[0] + "\n").size
     assert size >= 1
     async with httpx.AsyncClient(base_url=stack.root) as client:
@@ -144,7 +144,7 @@ async def test_a_fork_is_refused_by_a_witness_that_saw_the_other(
     stack, witnesses = witnessed
     keys = tuple(CosignerKey.parse(c.verifier_key) for _, c in witnesses)
     await complete(stack, 2)
-    note = await eventually(lambda: cosigned_by(stack, Policy(keys, 2)))
+    note = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2)))
     real = parse_checkpoint(note.split("\n\n")[0] + "\n")
     # the operator, holding the log's key, signs another history of the same size
     signer = NoteSigner(ORIGIN, load_signing_key(tmp_path / "signing-key.pem"))
@@ -163,7 +163,7 @@ async def test_a_fork_is_refused_by_a_witness_that_saw_the_other(
             assert fresh.status_code == 409  # it knows a size: "old 0" is stale
     # and the real log goes on being cosigned
     await complete(stack, 2)
-    later = await eventually(lambda: cosigned_by(stack, Policy(keys, 2)))
+    later = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2)))
     assert parse_checkpoint(later.split("\n\n")[0] + "\n").size > real.size
 
 
@@ -173,7 +173,7 @@ async def test_a_witness_moved_ahead_by_another_replica_is_caught_up(
     stack, witnesses = witnessed
     keys = tuple(CosignerKey.parse(c.verifier_key) for _, c in witnesses)
     await complete(stack, 1)
-    first = await eventually(lambda: cosigned_by(stack, Policy(keys, 2)))
+    first = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2)))
     size = parse_checkpoint(first.split("\n\n")[0] + "\n").size
     await complete(stack, 3)
     async with httpx.AsyncClient(base_url=stack.root) as client:
@@ -190,5 +190,5 @@ async def test_a_witness_moved_ahead_by_another_replica_is_caught_up(
         moved = await client.post(f"{witnesses[0][0]}/add-checkpoint", content=body)
     assert moved.status_code in (200, 409)  # 409: the gateway got there first
     await complete(stack, 1)
-    last = await eventually(lambda: cosigned_by(stack, Policy(keys, 2)))
+    last = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2)))
     assert parse_checkpoint(last.split("\n\n")[0] + "\n").size > middle["size"]
