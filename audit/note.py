@@ -183,6 +183,13 @@ def load_signing_key(path: Path) -> Ed25519PrivateKey:
     return key
 
 
+def default_origin(key: Ed25519PrivateKey) -> str:
+    """A log name unique to the signing key: ``thinkgate/`` and 12 hex digits of the SHA-256
+    of its public key (every replica mounting the key gets the same one)."""
+    public = key.public_key().public_bytes_raw()
+    return f"thinkgate/{hashlib.sha256(public).hexdigest()[:12]}"
+
+
 def create_signing_key(path: Path) -> None:
     """A new Ed25519 key in ``path`` (mode 0600 from creation); ``FileExistsError`` if present."""
     pem = Ed25519PrivateKey.generate().private_bytes(

@@ -102,6 +102,11 @@ async def all_timestamps(conn: AsyncConnection) -> list[tuple[int, bytes, str]]:
     return [(int(r.size), bytes(r.reply), str(r.note)) for r in await conn.execute(query)]
 
 
+async def first_checkpoint(conn: AsyncConnection) -> str | None:
+    query = select(checkpoints.c.note).order_by(checkpoints.c.size).limit(1)
+    return (await conn.execute(query)).scalar()
+
+
 async def latest_checkpoint(conn: AsyncConnection) -> str | None:
     query = select(checkpoints.c.note).order_by(checkpoints.c.size.desc()).limit(1)
     return (await conn.execute(query)).scalar()

@@ -221,7 +221,9 @@ class Settings(BaseSettings):
     audit_fail: Literal["closed", "open"] = "closed"
     # The log's name: the first line of every checkpoint and the signing key's name (C2SP
     # tlog-checkpoint "origin"); no spaces or '+'. Set it to something unique to the deployment.
-    audit_origin: str = Field("thinkgate.local/ledger", pattern=r"^[^\s+]+$")
+    # Empty: the log's own (gateway.ledger.sink.log_origin): that of its stored checkpoints, or,
+    # for a new log, ``thinkgate/<12 hex>`` derived from the signing key ``ledger init`` made.
+    audit_origin: str = Field("", pattern=r"^[^\s+]*$")
     audit_spool_file: Path = Path("./var/ledger-spool.log")
     audit_batch_max: int = Field(1024, ge=1, le=10_000)
     kv_capacity_tokens: int | None = None

@@ -435,8 +435,10 @@ async def _checkpoint(conn: AsyncConnection, note: str, settings: Settings) -> C
     """The newest checkpoint: signed by our key, and its root is the stored tree's root."""
     from gateway.cli.ledger import KeyUnavailable, load_verifier
 
+    named = settings.model_copy(update={"audit_origin": settings.audit_origin
+                                        or note.split("\n", 1)[0]})  # fmt: skip
     try:
-        checkpoint = parse_checkpoint(load_verifier(settings, None).open(note))
+        checkpoint = parse_checkpoint(load_verifier(named, None).open(note))
     except KeyUnavailable as exc:
         return Check("ledger checkpoint", "warn", str(exc))
     except NoteError as exc:

@@ -25,7 +25,7 @@ from audit.store import Filter
 from audit.verify import Report, verify
 from audit.witness import CosignerKey, WitnessError, WitnessPolicy
 from gateway.db import create_engine, upgrade_schema
-from gateway.ledger.sink import ensure_keys, open_ledger
+from gateway.ledger.sink import ensure_keys, open_ledger, resolved
 from gateway.settings import Settings
 
 Progress = Callable[[int, int], None]
@@ -46,8 +46,18 @@ async def init(settings: Settings) -> list[str]:
     return made
 
 
+async def with_origin(settings: Settings) -> Settings:
+    """``settings`` naming the log as it names itself (``gateway.ledger.sink.log_origin``)."""
+    engine = create_engine(settings.database_url)
+    try:
+        return await resolved(settings, engine)
+    finally:
+        await engine.dispose()
+
+
 def verifier_key(settings: Settings) -> str:
-    """The public ``<name>+<id>+<key>`` string auditors pin; the private key stays here."""
+    """The public ``<name>+<id>+<key>`` string auditors pin; the private key stays here.
+    ``settings.audit_origin`` must be resolved (``with_origin``)."""
     signer = NoteSigner(settings.audit_origin, load_signing_key(settings.signing_key_file))
     return signer.verifier_key()
 
@@ -76,6 +86,15 @@ async def verify_database(settings: Settings, verifier: NoteVerifier, progress: 
         return await verify(engine, verifier, settings.audit_origin, progress)
     finally:
         await engine.dispose()
+
+
+def export_origin(export: Path) -> str:
+    """The origin line of an export's checkpoint (``""`` if it cannot be read: the export's
+    own check then says what is wrong)."""
+    try:
+        return export_checkpoint(export).split("\n", 1)[0]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def verify_export(export: Path, verifier: NoteVerifier) -> tuple[int, int]:

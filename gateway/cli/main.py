@@ -422,15 +422,18 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
 
     try:
         policy = ledgercli.load_policy(args.witness_key, args.quorum)
-        if args.export is not None:
-            verifier = ledgercli.load_verifier(Settings(), args.public_key)
+        if args.export is not None:  # no database: a derived key is named as the export says
+            named = Settings().model_copy(
+                update={"audit_origin": ledgercli.export_origin(args.export)}
+            )
+            verifier = ledgercli.load_verifier(named, args.public_key)
             size, count = ledgercli.verify_export(args.export, verifier)
             print(f"export OK: {count} records included in the signed tree of size {size}")
             if policy is not None:
                 names = policy.check(ledgercli.export_checkpoint(args.export))
                 print(f"cosigned by {len(names)} of the trusted witnesses: {', '.join(names)}")
             return 0
-        settings = Settings()
+        settings = asyncio.run(ledgercli.with_origin(Settings()))
         verifier = ledgercli.load_verifier(settings, args.public_key)
         with ledgercli.progress_bar(sys.stderr.isatty()) as progress:
             report = asyncio.run(ledgercli.verify_database(settings, verifier, progress))
@@ -500,12 +503,12 @@ def cmd_ledger_rotate(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger_public_key(args: argparse.Namespace) -> int:
-    from gateway.cli.ledger import verifier_key
+    from gateway.cli.ledger import verifier_key, with_origin
 
     settings = Settings()
     if missing := _missing_keys(settings, "signing_key_file"):
         return missing
-    print(verifier_key(settings))
+    print(verifier_key(asyncio.run(with_origin(settings))))
     return 0
 
 

@@ -20,10 +20,12 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from audit import migrate as audit_migrate
+from audit import store
 from audit.crypto import FileKeyProvider, KeyFileError, ReloadingKeyProvider
 from audit.datakeys import KeysUnavailable
 from audit.ledger import Ledger
-from audit.note import NoteSigner, create_signing_key, load_signing_key
+from audit.note import NoteSigner, create_signing_key, default_origin, load_signing_key
 from audit.record import Body, Facts, captured
 from audit.writer import WriterUnavailable
 from gateway.ledger.record import CompletionRecord
@@ -131,14 +133,34 @@ def ensure_keys(
     return made
 
 
+async def log_origin(settings: Settings, engine: AsyncEngine) -> str:
+    """The log's name: ``AUDIT_ORIGIN`` if set; else the origin its stored checkpoints carry
+    (a log keeps its name); else, for a new log, the one its signing key implies
+    (``audit.note.default_origin``): unique per deployment, the same on every replica."""
+    if settings.audit_origin:
+        return settings.audit_origin
+    await audit_migrate.upgrade(engine)
+    async with engine.connect() as conn:
+        first = await store.first_checkpoint(conn)
+    if first is not None:
+        return first.split("\n", 1)[0]
+    return default_origin(load_signing_key(settings.signing_key_file))
+
+
+async def resolved(settings: Settings, engine: AsyncEngine) -> Settings:
+    """``settings`` with ``audit_origin`` set to the log's name (``log_origin``)."""
+    return settings.model_copy(update={"audit_origin": await log_origin(settings, engine)})
+
+
 async def open_ledger(settings: Settings, engine: AsyncEngine) -> Ledger:
+    origin = await log_origin(settings, engine)
     provider = ReloadingKeyProvider(settings.ledger_key_file)
-    signer = NoteSigner(settings.audit_origin, load_signing_key(settings.signing_key_file))
+    signer = NoteSigner(origin, load_signing_key(settings.signing_key_file))
     return await Ledger.open(
         engine,
         provider,
         signer,
-        origin=settings.audit_origin,
+        origin=origin,
         spool_path=settings.audit_spool_file,
         mode=settings.audit_mode,
         max_batch=settings.audit_batch_max,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from starlette.types import ASGIApp
 
+from audit.note import default_origin, load_signing_key
 from gateway.app import create_app
 from gateway.cli.keys import open_store
 from gateway.edge.servers import BackgroundServer
@@ -44,6 +45,11 @@ async def make_keys(settings: Settings) -> dict[str, str]:
         }
         await store.revoke(made["revoked"][1].key_id)
     return {name: new.secret for name, (new, _info) in made.items()}
+
+
+def log_origin(directory: Path) -> str:
+    """The name of the log whose signing key is in ``directory`` (a new log's default)."""
+    return default_origin(load_signing_key(directory / "signing-key.pem"))
 
 
 def ledger_files(directory: Path) -> dict[str, Path]:

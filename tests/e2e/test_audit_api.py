@@ -31,12 +31,11 @@ from gateway.auth.keys import split_key
 from gateway.cli.keys import open_store
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import Stack, log_origin
 from tests.openai_errors import assert_openai_error
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Why is the sky blue?"}]
 MODEL = "deepseek-r1"
-ORIGIN = "thinkgate.local/ledger"
 LISTED_FIELDS = {"index", "request_id", "tenant", "key_id", "model", "status", "leaf_hash"}
 
 
@@ -287,15 +286,17 @@ async def ordering_of_done_and_record(
 # -- 2. checkpoints and proofs -------------------------------------------------------------
 
 
-async def test_checkpoints_are_signed_and_proofs_verify(stack_factory: Any) -> None:
+async def test_checkpoints_are_signed_and_proofs_verify(stack_factory: Any, tmp_path: Path) -> None:
     stack = await stack_factory()
+    origin = log_origin(tmp_path)  # unique to the deployment's signing key
+    assert origin.startswith("thinkgate/") and len(origin) == len("thinkgate/") + 12
     first_id, _, _ = await sdk_whole(stack, stack.keys["visible"], max_tokens=40)
     async with audit_client(stack) as audit:
         verifier = await served_verifier(audit)
-        assert verifier.name == ORIGIN
+        assert verifier.name == origin
         first = await signed_head(audit, verifier)
-        assert first.origin == ORIGIN and first.size >= 1
-        stranger = NoteSigner(ORIGIN, Ed25519PrivateKey.generate()).verifier_key()
+        assert first.origin == origin and first.size >= 1
+        stranger = NoteSigner(origin, Ed25519PrivateKey.generate()).verifier_key()
         with pytest.raises(NoteError):
             NoteVerifier(stranger).open((await audit.get("/checkpoint")).text)
 

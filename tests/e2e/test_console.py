@@ -28,11 +28,10 @@ from audit.note import NoteSigner, NoteVerifier, load_signing_key
 from gateway.cli.ledger import shred
 from gateway.console import CSP
 from gateway.settings import Settings
-from tests.e2e.conftest import Stack, ledger_files
+from tests.e2e.conftest import Stack, ledger_files, log_origin
 from tests.e2e.test_audit_api import new_key
 
 CHROMIUM = Path("/usr/bin/chromium")
-ORIGIN = "thinkgate.local/ledger"
 HOSTILE = (
     '<script>window.__pwned = 1</script> <img src=x onerror="window.__pwned = 2"> '
     '[click me](javascript:window.__pwned=3) <a href="javascript:window.__pwned=4">link</a>'
@@ -278,8 +277,9 @@ async def test_a_checkpoint_that_does_not_extend_the_pinned_one_is_caught(
             model="deepseek-r1", max_tokens=20, messages=[{"role": "user", "content": "Hi"}]
         )  # the real tree grows to 4
     size = 4 if fork == "rewritten" else 2
-    signer = NoteSigner(ORIGIN, load_signing_key(tmp_path / "signing-key.pem"))
-    forged = signer.sign(f"{ORIGIN}\n{size}\n{base64.b64encode(bytes(32)).decode()}\n")
+    origin = log_origin(tmp_path)
+    signer = NoteSigner(origin, load_signing_key(tmp_path / "signing-key.pem"))
+    forged = signer.sign(f"{origin}\n{size}\n{base64.b64encode(bytes(32)).decode()}\n")
 
     async def serve_forged(route: Route) -> None:
         await route.fulfill(status=200, body=forged, content_type="text/plain; charset=utf-8")

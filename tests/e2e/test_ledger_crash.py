@@ -21,7 +21,7 @@ from audit.verify import verify
 from gateway.cli.ledger import verifier_key
 from gateway.db import create_engine
 from gateway.edge.servers import BackgroundServer
-from gateway.ledger.sink import ensure_keys
+from gateway.ledger.sink import ensure_keys, resolved
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys
@@ -99,7 +99,8 @@ async def test_spooled_records_survive_kill_9_and_are_replayed(
     assert await stored_request_ids(postgres_url) == acknowledged  # all, once, in order
     engine = create_engine(postgres_url)
     try:
-        report = await verify(engine, NoteVerifier(verifier_key(settings)), settings.audit_origin)
+        named = await resolved(settings, engine)  # the log's own name
+        report = await verify(engine, NoteVerifier(verifier_key(named)), named.audit_origin)
     finally:
         await engine.dispose()
     assert report.size == len(acknowledged)

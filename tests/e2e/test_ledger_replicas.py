@@ -15,7 +15,7 @@ from audit.verify import verify
 from gateway.cli.ledger import verifier_key
 from gateway.db import create_engine
 from gateway.edge.servers import BackgroundServer
-from gateway.ledger.sink import ensure_keys
+from gateway.ledger.sink import ensure_keys, resolved
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys
@@ -56,8 +56,9 @@ async def test_two_replicas_share_one_ledger(tmp_path: Path, postgres_url: str) 
         async with engine.connect() as conn:
             query = select(entries.c.idx, entries.c.request_id, entries.c.writer)
             rows = (await conn.execute(query.order_by(entries.c.idx))).all()
-        verifier = NoteVerifier(verifier_key(settings))
-        report = await verify(engine, verifier, settings.audit_origin)
+        named = await resolved(settings, engine)  # the log's own name
+        verifier = NoteVerifier(verifier_key(named))
+        report = await verify(engine, verifier, named.audit_origin)
     finally:
         await engine.dispose()
     assert [r.idx for r in rows] == list(range(2 * PER_REPLICA))

@@ -24,10 +24,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from audit.note import Checkpoint, NoteSigner, load_signing_key, parse_checkpoint
 from audit.witness import Cosigner, CosignerKey, WitnessPolicy, add_checkpoint_body
 from gateway.cli.main import main
-from tests.e2e.conftest import Stack, ledger_files
+from tests.e2e.conftest import Stack, ledger_files, log_origin
 from tests.e2e.test_tlog import auth
-
-ORIGIN = "thinkgate.local/ledger"
 
 
 @contextlib.asynccontextmanager
@@ -39,7 +37,8 @@ async def witness(tmp_path: Path, name: str) -> AsyncIterator[tuple[str, Cosigne
     (home / "key.pem").write_bytes(key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption()))  # fmt: skip
-    log_key = NoteSigner(ORIGIN, load_signing_key(tmp_path / "signing-key.pem")).verifier_key()
+    signing_key = load_signing_key(tmp_path / "signing-key.pem")
+    log_key = NoteSigner(log_origin(tmp_path), signing_key).verifier_key()
     (home / "log.pub").write_text(log_key)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -147,9 +146,10 @@ async def test_a_fork_is_refused_by_a_witness_that_saw_the_other(
     note = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2)))
     real = parse_checkpoint(note.split("\n\n")[0] + "\n")
     # the operator, holding the log's key, signs another history of the same size
-    signer = NoteSigner(ORIGIN, load_signing_key(tmp_path / "signing-key.pem"))
-    forged = signer.sign(Checkpoint(ORIGIN, real.size, bytes(32)).body())
-    bigger = signer.sign(Checkpoint(ORIGIN, real.size + 3, bytes(32)).body())
+    origin = log_origin(tmp_path)
+    signer = NoteSigner(origin, load_signing_key(tmp_path / "signing-key.pem"))
+    forged = signer.sign(Checkpoint(origin, real.size, bytes(32)).body())
+    bigger = signer.sign(Checkpoint(origin, real.size + 3, bytes(32)).body())
     async with httpx.AsyncClient() as client:
         for url, _ in witnesses:
             submit = f"{url}/add-checkpoint"

@@ -26,7 +26,13 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from audit.ledger import Opened
-from audit.note import NoteSigner, NoteVerifier, parse_checkpoint
+from audit.note import (
+    NoteSigner,
+    NoteVerifier,
+    default_origin,
+    load_signing_key,
+    parse_checkpoint,
+)
 from audit.record import Body, Facts
 from audit.schema import drop_triggers
 from audit.store import Filter
@@ -34,7 +40,6 @@ from gateway.cli.ledger import opened
 from gateway.cli.main import main
 from gateway.settings import Settings
 
-ORIGIN = "thinkgate.local/ledger"
 THINKGATE = Path(sys.executable).with_name("thinkgate")
 
 
@@ -262,12 +267,14 @@ def test_public_key_prints_the_checkpoint_verifier_key(populated: LedgerDir) -> 
     result = populated.run("public-key")
     assert result.code == 0
     (line,) = result.out.splitlines()
-    assert re.fullmatch(r"thinkgate\.local/ledger\+[0-9a-f]{8}\+[A-Za-z0-9+/]+={0,2}", line), line
+    origin = default_origin(load_signing_key(populated.signing_key))  # made by ledger init
+    assert re.fullmatch(r"thinkgate/[0-9a-f]{12}\+[0-9a-f]{8}\+[A-Za-z0-9+/]+={0,2}", line), line
+    assert line.startswith(f"{origin}+")
     assert base64.b64decode(line.split("+", 2)[2])[0] == 0x01  # Ed25519, per C2SP signed-note
     ((note,),) = populated.fetch("SELECT note FROM ledger_checkpoints ORDER BY size DESC LIMIT 1")
     assert isinstance(note, str)
     head = parse_checkpoint(NoteVerifier(line).open(note))
-    assert (head.origin, head.size) == (ORIGIN, 5)
+    assert (head.origin, head.size) == (origin, 5)
     pem = populated.signing_key.read_text()
     assert pem.splitlines()[1] not in result.out
 
@@ -384,7 +391,8 @@ def test_shred_destroys_one_tenants_bodies_and_the_ledger_still_verifies(
     assert not shred.destroyed  # system records stay readable after any shredding
     verifier = NoteVerifier(populated.run("public-key").out.strip())
     statement = verifier.open(shred.header["statement"])
-    assert re.fullmatch(rf"thinkgate shred\n{re.escape(ORIGIN)}\nacme\n\d+\n", statement)
+    origin = default_origin(load_signing_key(populated.signing_key))
+    assert re.fullmatch(rf"thinkgate shred\n{re.escape(origin)}\nacme\n\d+\n", statement)
     assert populated.fetch(
         "SELECT count(*) FROM ledger_data_keys WHERE tenant = 'acme' AND wrapped IS NOT NULL"
     ) == [(0,)]
