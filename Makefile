@@ -24,8 +24,10 @@ PORT ?= 8080
 run: $(VENV)/.installed-run
 	$(BIN)/thinkgate serve --demo --port $(PORT)
 
+# Two workers (the machine's two cores; tests are mostly waiting on sockets and processes);
+# the real-vLLM tests all go to one of them, so its servers start once.
 test: $(VENV)/.installed-dev $(VLLM_VENV)/.installed
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadgroup
 
 check: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .

@@ -12,9 +12,9 @@ Rules:
   ``blue``). A question with no such word (``"hi"``, an empty prompt) gets a topic from a small
   built-in list instead, drawn from the seed.
 - The reasoning reads like an R1 monologue: it quotes the question (whitespace collapsed, cut
-  at 120 characters), then ``Let me think. First,`` an opening step, two to six further steps,
+  at 120 characters), then ``Let me think. First,`` an opening step, one to four further steps,
   a doubt (``Wait, ...``) and ``So the answer is ...``. The answer is ``<Subject>: in short,
-  <conclusion>.`` (naming the first two subjects) and one to three closing sentences. Those
+  <conclusion>.`` (naming the first two subjects) and one or two closing sentences. Those
   markers are fixed, so tests can cut at them (stop strings, budgets).
 - No sentence repeats: steps, connectors, doubts and closing sentences are drawn without
   replacement, and the subjects they name rotate through the question's.
@@ -133,7 +133,7 @@ def compose_text(rng: random.Random, question: str = "") -> Composition:
         topic = rng.choice(_TOPICS)
         found, asks = [topic], f"the user asks about {topic}."
     names = _Rotation(found)
-    count = rng.randint(2, 6)
+    count = rng.randint(1, 4)
     steps = [
         f"{connector} {names.fill(step)}."
         for connector, step in zip(
@@ -148,7 +148,7 @@ def compose_text(rng: random.Random, question: str = "") -> Composition:
         + f"{paragraph_break}Wait, {names.fill(rng.choice(_DOUBTS))}. "
         + f"So the answer is {conclusion}."
     )
-    closings = " ".join(names.fill(c) for c in rng.sample(_CLOSINGS, rng.randint(1, 3)))
+    closings = " ".join(names.fill(c) for c in rng.sample(_CLOSINGS, rng.randint(1, 2)))
     subject = found[0]
     answer = f"{subject[0].upper()}{subject[1:]}: in short, {_plain(conclusion)}. {closings}"
     return Composition(reasoning, answer)

@@ -73,7 +73,9 @@ def test_a_cosignature_verifies_only_over_what_it_signed() -> None:
 
 
 @pytest.mark.parametrize(
-    "vkey", ["nope", "w+00000000+AQ==", "w+zz+" + "A" * 44, LOG.verifier_key()]
+    "vkey",
+    ["nope", "w+00000000+AQ==", "w+zz+" + "A" * 44, LOG.verifier_key()],
+    ids=["not-a-key", "short", "bad-id", "a-log-key"],
 )
 def test_only_ed25519_cosigner_keys_parse(vkey: str) -> None:
     with pytest.raises(WitnessError):

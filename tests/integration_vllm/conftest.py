@@ -55,11 +55,14 @@ class TinyModel:
     end_think_id: int
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.vllm)
+            # one xdist worker runs them all (--dist loadgroup): the servers start once
+            item.add_marker(pytest.mark.xdist_group("vllm"))
 
 
 def _unavailable(reason: str) -> None:

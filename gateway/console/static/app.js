@@ -3,7 +3,7 @@
 
 import { ApiError, call, query, session } from "./api.js";
 import { h, prose, replace, svg, time } from "./dom.js";
-import { checkpoint, forget, pin, pinnedKey, verifyRecord } from "./trust.js";
+import { checkpoint, forget, pin, pinnedKey, policy, setPolicy, verifyRecord } from "./trust.js";
 import { VerifyError } from "./verify.js";
 
 const main = document.getElementById("main");
@@ -45,12 +45,18 @@ function signIn(message) {
                            spellcheck: "false", "aria-describedby": "key-help" });
   const vkey = h("input", { id: "vkey", type: "text", autocomplete: "off", spellcheck: "false",
                             placeholder: pinnedKey() || "name+id+key", "aria-describedby": "vkey-help" });
+  const rules = policy();
+  const witnesses = h("textarea", { id: "witnesses", rows: 2, spellcheck: "false",
+                                    "aria-describedby": "witnesses-help" },
+                      rules ? rules.keys.join("\n") : "");
+  const quorum = h("input", { id: "quorum", type: "number", min: 1, inputmode: "numeric",
+                              value: rules ? rules.quorum : "" });
   const result = h("div", { "aria-live": "polite" }, message ? problem(message) : null);
   const form = h("form", { class: "card signin", onsubmit: async (event) => {
       event.preventDefault();
       replace(result, h("p", {}, "Signing in…"));
       try {
-        await start(key.value.trim(), vkey.value.trim());
+        await start(key.value.trim(), vkey.value.trim(), witnesses.value, quorum.value);
       } catch (error) {
         session.key = null;
         replace(result, problem(error));
@@ -66,6 +72,14 @@ function signIn(message) {
     h("p", { id: "vkey-help", class: "help" },
       "The key your operator gave you out of band. Left empty, the key the gateway serves is " +
         "pinned on first use and every later checkpoint must be signed by it."),
+    h("label", { for: "witnesses" }, "Witness keys (optional, one per line)"),
+    witnesses,
+    h("label", { for: "quorum" }, "Cosignatures required"),
+    quorum,
+    h("p", { id: "witnesses-help", class: "help" },
+      "With witness keys, records are verified only against checkpoints that many of those " +
+        "witnesses cosigned (default: all of them): a log showing you a history they did not " +
+        "see is caught."),
     h("button", { type: "submit" }, "Sign in"),
     result);
   replace(main, form);
@@ -84,14 +98,15 @@ async function roleOf(key) {
   return "admin";
 }
 
-async function start(key, expected) {
+async function start(key, expected, witnessKeys, quorum) {
   const role = await roleOf(key);
-  session.key = key;
-  sessionStorage.setItem(ROLE, role);
   if (role === "auditor") {
-    const pinned = await pin(expected);
+    const pinned = await pin(expected, key);
+    if (witnessKeys.trim() || !policy()) await setPolicy(witnessKeys, quorum);
     if (pinned.pinnedNow) say(`Pinned the log's verifier key ${pinned.key}`);
   }
+  session.key = key;
+  sessionStorage.setItem(ROLE, role);
   go(role === "admin" ? "keys" : "records");
   route();
 }
@@ -123,7 +138,8 @@ function checkpointBadge() {
   checkpoint({ refresh: true }).then(
     (cp) => {
       badge.className = "badge ok";
-      badge.textContent = `log verified: ${cp.size} records`;
+      badge.textContent = `log verified: ${cp.size} records` +
+        (cp.witnesses ? `, cosigned by ${cp.witnesses.length} witnesses` : "");
       badge.title = `Signed checkpoint of size ${cp.size}, consistent with the last one this browser verified`;
     },
     (error) => {

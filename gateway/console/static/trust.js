@@ -6,8 +6,10 @@
 import { call, query } from "./api.js";
 import {
   VerifyError,
+  cosigners,
   fromBase64,
   leafHash,
+  parseCosignerKey,
   parseVerifierKey,
   toBase64,
   verifyCheckpoint,
@@ -17,6 +19,29 @@ import {
 
 const PINNED = "thinkgate.verifier";
 const SEEN = "thinkgate.checkpoint";
+const POLICY = "thinkgate.witnesses"; // {keys: [cosigner keys], quorum}
+
+// The witness policy: cosigner keys the auditor trusts and how many must have cosigned the
+// checkpoint the page verifies records against. Empty: no witnesses required.
+export function policy() {
+  return JSON.parse(localStorage.getItem(POLICY) || "null");
+}
+
+export async function setPolicy(text, quorum) {
+  const keys = String(text || "").split("\n").map((k) => k.trim()).filter(Boolean);
+  if (!keys.length) {
+    localStorage.removeItem(POLICY);
+    return null;
+  }
+  for (const key of keys) await parseCosignerKey(key); // refuse a bad one now, loudly
+  const wanted = quorum ? Number(quorum) : keys.length;
+  if (!Number.isInteger(wanted) || wanted < 1 || wanted > keys.length) {
+    throw new VerifyError(`the cosignatures required must be 1 to ${keys.length}`);
+  }
+  const chosen = { keys, quorum: wanted };
+  localStorage.setItem(POLICY, JSON.stringify(chosen));
+  return chosen;
+}
 
 export function pinnedKey() {
   return localStorage.getItem(PINNED);
@@ -25,12 +50,13 @@ export function pinnedKey() {
 export function forget() {
   localStorage.removeItem(PINNED);
   localStorage.removeItem(SEEN);
+  localStorage.removeItem(POLICY);
 }
 
 // Pin `expected` (pasted by the auditor) or, the first time, the key the gateway serves.
 // Returns {key, pinnedNow}. A served key other than the pinned one is an error.
-export async function pin(expected) {
-  const served = (await call("/audit/v1/public-key", { accept: "text" })).trim();
+export async function pin(expected, key) {
+  const served = (await call("/audit/v1/public-key", { accept: "text", key })).trim();
   const pinned = (expected || "").trim() || pinnedKey();
   if (pinned && pinned !== served) {
     throw new VerifyError(
@@ -62,22 +88,60 @@ async function latest() {
   if (!vkey) throw new VerifyError("no verifier key is pinned: sign in again");
   const verifier = await parseVerifierKey(vkey);
   const note = await call("/audit/v1/checkpoint", { accept: "text" });
-  const cp = await verifyCheckpoint(note, verifier);
+  let cp = await verifyCheckpoint(note, verifier);
+  const rules = policy();
+  if (rules) cp = await witnessed(cp, verifier, rules);
   const seen = JSON.parse(localStorage.getItem(SEEN) || "null");
-  if (seen) {
-    const seenRoot = fromBase64(seen.root);
-    const seenSize = BigInt(seen.size);
-    let hashes = [];
-    if (seenSize > 0n && seenSize < cp.size) {
-      const proof = await call(
-        `/audit/v1/proof/consistency${query({ first: seen.size, second: cp.size.toString() })}`,
-      );
-      hashes = proof.hashes.map(fromBase64);
-    }
-    await verifyConsistency(seenSize, cp.size, seenRoot, cp.root, hashes);
+  if (seen && rules && BigInt(seen.size) > cp.size) {
+    // the witnessed head is older than one verified before (without witnesses): it must be
+    // a prefix of that one; the kept checkpoint stays the larger
+    await consistent(cp.size, cp.root, BigInt(seen.size), fromBase64(seen.root));
+    return cp;
   }
+  if (seen) await consistent(BigInt(seen.size), fromBase64(seen.root), cp.size, cp.root);
   localStorage.setItem(SEEN, JSON.stringify({ size: cp.size.toString(), root: toBase64(cp.root) }));
   return cp;
+}
+
+async function consistent(first, firstRoot, second, secondRoot) {
+  let hashes = [];
+  if (first > 0n && first < second) {
+    const proof = await call(`/audit/v1/proof/consistency${query({
+      first: first.toString(), second: second.toString() })}`);
+    hashes = proof.hashes.map(fromBase64);
+  }
+  await verifyConsistency(first, second, firstRoot, secondRoot, hashes);
+}
+
+// The newest checkpoint that carries the policy's quorum of cosignatures: the latest one if
+// it does, else the newest such among the stored ones (witnesses cosign a moment after the
+// log signs). Records past it show as not yet signed.
+async function witnessed(latest, verifier, rules) {
+  const witnesses = await Promise.all(rules.keys.map(parseCosignerKey));
+  const enough = async (candidate) => {
+    const names = await cosigners(candidate.text, witnesses);
+    return names.length >= rules.quorum ? { ...candidate, witnesses: names } : null;
+  };
+  const direct = await enough(latest);
+  if (direct) return direct;
+  const seen = JSON.parse(localStorage.getItem(SEEN) || "null");
+  let size = seen ? seen.size : "1";
+  let best = null;
+  while (size) {
+    const page = await call(`/audit/v1/checkpoints${query({ size, limit: 1000 })}`);
+    for (const stored of page.data) {
+      const checked = await enough(await verifyCheckpoint(stored.note, verifier));
+      if (checked) best = checked;
+    }
+    size = page.next_size;
+  }
+  if (!best) {
+    throw new VerifyError(
+      `no checkpoint carries ${rules.quorum} cosignatures of the trusted witnesses ` +
+        `(${witnesses.map((w) => w.name).join(", ")})`,
+    );
+  }
+  return best;
 }
 
 export function kept() {

@@ -213,3 +213,50 @@ export async function verifyCheckpoint(note, verifier) {
   if (root.length !== 32) throw new VerifyError("the checkpoint's root is not a SHA-256 hash");
   return { origin: body[0], size: BigInt(body[1]), root, text: note };
 }
+
+// A witness's cosigner key: <name>+<key ID>+<base64(0x04 || 32-byte Ed25519 key)> (C2SP
+// tlog-cosignature, cosignature/v1).
+export async function parseCosignerKey(text) {
+  const vkey = String(text).trim();
+  const first = vkey.indexOf("+");
+  const second = vkey.indexOf("+", first + 1);
+  const [name, idHex, encoded] = [vkey.slice(0, first), vkey.slice(first + 1, second),
+                                  vkey.slice(second + 1)];
+  if (first < 1 || second < 0 || !/^[0-9a-f]{8}$/i.test(idHex)) {
+    throw new VerifyError(`not a witness key: ${vkey.slice(0, 40)}`);
+  }
+  const typed = fromBase64(encoded);
+  if (typed.length !== 33 || typed[0] !== 4) {
+    throw new VerifyError(`not an Ed25519 cosignature/v1 key: ${name}`);
+  }
+  const id = (await sha256(concat(encoder.encode(name + "\n"), typed))).slice(0, 4);
+  if (toHex(id) !== idHex.toLowerCase()) {
+    throw new VerifyError(`the witness key's ID does not match its key: ${name}`);
+  }
+  const key = await subtle().importKey("raw", typed.slice(1), { name: "Ed25519" }, false,
+                                       ["verify"]);
+  return { text: vkey, name, id, key };
+}
+
+// The names of the trusted witnesses whose valid cosignature the (log-verified) note carries.
+export async function cosigners(note, witnesses) {
+  const split = note.lastIndexOf("\n\n");
+  const body = note.slice(0, split + 1);
+  const lines = note.slice(split + 2).split("\n").filter(Boolean);
+  const found = [];
+  for (const witness of witnesses) {
+    for (const line of lines) {
+      const match = /^\u2014 (\S+) ([A-Za-z0-9+/=]+)$/.exec(line);
+      if (!match || match[1] !== witness.name) continue;
+      const raw = fromBase64(match[2]);
+      if (raw.length !== 76 || !equal(raw.slice(0, 4), witness.id)) continue;
+      const time = new DataView(raw.buffer, raw.byteOffset + 4, 8).getBigUint64(0, false);
+      const message = encoder.encode(`cosignature/v1\ntime ${time}\n${body}`);
+      if (await subtle().verify({ name: "Ed25519" }, witness.key, raw.slice(12), message)) {
+        found.push(witness.name);
+        break;
+      }
+    }
+  }
+  return found;
+}

@@ -13,7 +13,9 @@ import httpx
 import orjson
 import uvicorn
 
-from gateway.sim import SimConfig, SimState, create_sim_app
+from gateway.sim import SimConfig, SimState, build_script, create_sim_app
+from gateway.sim.pieces import ScriptedCall
+from gateway.sim.script import ToolPlan
 
 PROMPT = "What is a prime number?"
 Client = tuple[httpx.AsyncClient, SimState]
@@ -21,6 +23,21 @@ Client = tuple[httpx.AsyncClient, SimState]
 
 def chat(model: str = "deepseek-r1", **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": PROMPT}], **extra}
+
+
+def tag_seed(one_token: bool, tool: bool = False) -> int:
+    """The first seed whose close tag, for ``PROMPT`` in separated mode, is one token (which
+    vLLM's parser swallows) or spelled over several (which it cannot): found, not hard-coded,
+    so a change of the simulator's prose cannot silently change what a test covers."""
+    plan = ToolPlan(ScriptedCall("x", "get_weather"), '{"city": "sim", "days": 1}')
+    for seed in range(1000):
+        script = build_script("separated", seed, prompt_tokens=5, question=PROMPT,
+                              tool=plan if tool else None)  # fmt: skip
+        assert script.tag_at is not None
+        whole = script.pieces[script.tag_at].text == ""  # the parser consumed the one token
+        if whole == one_token:
+            return seed
+    raise AssertionError("no such seed")
 
 
 def question(body: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ from tests.gateway.sim.clients import (
     read_events,
     served,
     stream_chunks,
+    tag_seed,
 )
 
 # --- in-process: wire shapes and validation ------------------------------------------------
@@ -84,14 +85,15 @@ async def test_whole_response_in_template_mode_keeps_the_raw_text() -> None:
 
 @pytest.mark.asyncio
 async def test_whole_response_in_separated_mode_splits_reasoning() -> None:
-    parsed = chat("deepseek-r1-parsed", seed=2)  # seed 2: the tag is one token
+    seed = tag_seed(one_token=True)
+    parsed = chat("deepseek-r1-parsed", seed=seed)
     async with in_process() as (client, _):
         body = (await client.post("/v1/chat/completions", json=parsed)).json()
         cut = await client.post("/v1/chat/completions", json={**parsed, "max_tokens": 5})
     message = body["choices"][0]["message"]
     assert (message["reasoning"], message["content"]) == (
-        compose(2, PROMPT).reasoning,
-        compose(2, PROMPT).answer,
+        compose(seed, PROMPT).reasoning,
+        compose(seed, PROMPT).answer,
     )
     # vLLM 0.32's bug when the template opened the think block: it counts none
     assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 0}

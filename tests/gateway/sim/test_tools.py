@@ -17,6 +17,7 @@ from tests.gateway.sim.clients import (
     in_process,
     question,
     stream_chunks,
+    tag_seed,
 )
 
 WEATHER = {
@@ -202,7 +203,7 @@ async def test_merged_argument_pieces_still_count_as_tokens() -> None:
     [
         ("deepseek-r1", {}, "content", "{r}\n</think>\n\n"),
         ("qwq-32b", {}, "content", "<think>\n{r}\n</think>\n\n"),
-        ("deepseek-r1-parsed", {}, "reasoning", "{r}"),  # seed 2: vLLM's parser ate the tag
+        ("deepseek-r1-parsed", {}, "reasoning", "{r}"),  # vLLM's parser ate the one-token tag
         ("deepseek-r1-parsed", {"chat_template_kwargs": {"thinking": False}}, "reasoning", ""),
     ],
     ids=["template", "tags", "separated", "separated-thinking-off"],
@@ -210,14 +211,15 @@ async def test_merged_argument_pieces_still_count_as_tokens() -> None:
 async def test_reasoning_comes_before_the_call(
     model: str, extra: dict[str, Any], field: str, before: str
 ) -> None:
-    chunks = await stream(chat(model, tools=TOOLS, seed=2, **extra))
+    seed = tag_seed(one_token=True, tool=True)
+    chunks = await stream(chat(model, tools=TOOLS, seed=seed, **extra))
     sent = choices(chunks)[1:]  # after the role chunk
     is_tool = ["tool_calls" in c["delta"] for c in sent]
     first_tool = is_tool.index(True)
     last_tool = len(is_tool) - 1 - is_tool[::-1].index(True)
     assert all(is_tool[first_tool : last_tool + 1]), "the call is one run of deltas"
     assert [c["finish_reason"] for c in sent[last_tool + 1 :]] == ["tool_calls"]
-    assert deltas(chunks, field) == before.format(r=compose(2, PROMPT).reasoning)
+    assert deltas(chunks, field) == before.format(r=compose(seed, PROMPT).reasoning)
     other = "reasoning" if field == "content" else "content"
     assert deltas(chunks, other) == ""
     assert orjson.loads(arguments(chunks)) == WEATHER_ARGS

@@ -11,10 +11,18 @@ import pytest
 from gateway.sim.deltas import Delta
 from gateway.sim.script import CLOSE_TAG, SimMode, build_script, compose
 from gateway.sim.wire import ChunkEncoder, SimUsage
-from tests.gateway.sim.clients import PROMPT, chat, choices, deltas, in_process, stream_chunks
+from tests.gateway.sim.clients import (
+    PROMPT,
+    chat,
+    choices,
+    deltas,
+    in_process,
+    stream_chunks,
+    tag_seed,
+)
 
 USAGE = {"include_usage": True}
-PARSED_SEED, SPELLED_SEED = 2, 0  # separated mode: the tag is one token / spelled
+PARSED_SEED, SPELLED_SEED = tag_seed(one_token=True), tag_seed(one_token=False)
 NULLS = {"refusal": None, "annotations": None, "audio": None, "function_call": None}
 
 
