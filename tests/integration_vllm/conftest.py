@@ -61,8 +61,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.vllm)
-            # one xdist worker runs them all (--dist loadgroup): the servers start once
+            # one xdist worker runs them all (--dist loadgroup): the servers start once, in
+            # the first test's setup, which may take minutes while the other worker runs
             item.add_marker(pytest.mark.xdist_group("vllm"))
+            item.add_marker(pytest.mark.timeout(600))
 
 
 def _unavailable(reason: str) -> None:
