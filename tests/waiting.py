@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 async def eventually(
-    condition: Callable[[], bool | Awaitable[bool]], within_s: float = 15.0, every: float = 0.01
-) -> None:
-    """Return once ``condition()`` (sync or async) holds; ``TimeoutError`` after ``within_s``."""
+    condition: Callable[[], Any], within_s: float = 15.0, every: float = 0.01
+) -> Any:
+    """Return ``condition()``'s first truthy result (sync or async); ``TimeoutError`` after
+    ``within_s``."""
     async with asyncio.timeout(within_s):
         while True:
             result = condition()
-            if await result if inspect.isawaitable(result) else result:
-                return
+            value = await result if inspect.isawaitable(result) else result
+            if value:
+                return value
             await asyncio.sleep(every)

@@ -30,6 +30,7 @@ from gateway.cli.main import main
 from gateway.edge.servers import BackgroundServer
 from tests.e2e.conftest import Stack
 from tests.e2e.test_tlog import auth
+from tests.waiting import eventually
 
 CONFIG = """[ tsa ]
 default_tsa = tsa_config
@@ -148,14 +149,6 @@ async def stamped(stack: Stack) -> list[dict[str, Any]]:
         listed = await client.get("/audit/v1/checkpoints", headers=auth(stack))
     data: list[dict[str, Any]] = listed.json()["data"]
     return [c for c in data if c["rfc3161"]]
-
-
-async def eventually(check: Any, within_s: float = 20.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while not (result := await check()):
-        assert asyncio.get_running_loop().time() < deadline, "not within the deadline"
-        await asyncio.sleep(0.1)
-    return result
 
 
 async def test_checkpoints_get_timestamps_that_openssl_and_python_verify(

@@ -95,8 +95,12 @@ async def leaves(client: httpx.AsyncClient, stack: Stack, indexes: list[int]) ->
     return out
 
 
-async def follow(tlogfollow: Path, stack: Stack, tmp_path: Path, lines: list[str]) -> str:
-    async with httpx.AsyncClient(base_url=stack.root) as client:  # no key: all public
+async def run_follower(
+    tlogfollow: Path, stack: Stack, tmp_path: Path, lines: list[str]
+) -> tuple[int | None, str, str]:
+    """The Go follower's exit code, stdout and stderr, given the log's URL, its public key
+    (fetched with no credentials: all public) and ``lines`` to prove."""
+    async with httpx.AsyncClient(base_url=stack.root) as client:
         key = await client.get("/tlog/public-key")
     (tmp_path / "log.pub").write_text(key.text)
     proc = await asyncio.create_subprocess_exec(
@@ -105,8 +109,13 @@ async def follow(tlogfollow: Path, stack: Stack, tmp_path: Path, lines: list[str
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate("\n".join(lines).encode()), timeout=60)
-    assert proc.returncode == 0, err.decode()
-    return out.decode().strip()
+    return proc.returncode, out.decode().strip(), err.decode()
+
+
+async def follow(tlogfollow: Path, stack: Stack, tmp_path: Path, lines: list[str]) -> str:
+    code, out, err = await run_follower(tlogfollow, stack, tmp_path, lines)
+    assert code == 0, err
+    return out
 
 
 async def test_a_go_monitor_follows_the_log_from_tiles_alone(
@@ -127,16 +136,8 @@ async def test_a_go_monitor_refuses_a_wrong_leaf(
     async with httpx.AsyncClient(base_url=log.root) as client:
         (line,) = await leaves(client, log, [300])
     wrong = line.replace("300 ", "301 ")  # record 300's leaf claimed for 301
-    async with httpx.AsyncClient(base_url=log.root) as client:
-        key = await client.get("/tlog/public-key")
-    (tmp_path / "log.pub").write_text(key.text)
-    proc = await asyncio.create_subprocess_exec(
-        str(tlogfollow), f"{log.root}/tlog", str(tmp_path / "log.pub"),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    _, err = await asyncio.wait_for(proc.communicate(wrong.encode()), timeout=60)
-    assert proc.returncode == 1 and b"record 301" in err
+    code, _, err = await run_follower(tlogfollow, log, tmp_path, [wrong])
+    assert code == 1 and "record 301" in err
 
 
 async def test_tiles_are_the_stored_nodes_in_the_specs_layout(log: Stack) -> None:

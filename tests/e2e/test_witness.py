@@ -26,6 +26,7 @@ from audit.witness import Cosigner, CosignerKey, WitnessPolicy, add_checkpoint_b
 from gateway.cli.main import main
 from tests.e2e.conftest import Stack, ledger_files, log_origin
 from tests.e2e.test_tlog import auth
+from tests.waiting import eventually
 
 
 @contextlib.asynccontextmanager
@@ -64,16 +65,6 @@ async def witness(tmp_path: Path, name: str) -> AsyncIterator[tuple[str, Cosigne
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), timeout=15)
-
-
-async def eventually(check: Any, within_s: float = 20.0) -> Any:
-    deadline = asyncio.get_running_loop().time() + within_s
-    while True:
-        result = await check()
-        if result:
-            return result
-        assert asyncio.get_running_loop().time() < deadline, "not within the deadline"
-        await asyncio.sleep(0.1)
 
 
 async def complete(stack: Stack, count: int) -> None:

@@ -64,7 +64,7 @@ async def gateway(
             "tiny-minimax": {"reasoning_parser": "minimax_m2"},
         },
         # a non-streamed request waits for its whole answer within this bound: a burst of
-        # twelve on a CPU engine that runs two at a time takes a minute on a busy machine
+        # six on a CPU engine that runs two at a time takes a minute on a busy machine
         first_token_timeout_s=180,
         **ledger_files(tmp_path),  # the tenant keys seal reasoning tokens and stored responses
     )
@@ -296,13 +296,14 @@ async def test_kv_metrics_of_the_real_server_parse(
     assert snap.block_size and snap.kv_capacity_tokens
     assert snap.kv_capacity_tokens % snap.block_size == 0 and snap.kv_capacity_tokens >= 4096
     assert snap.kv_usage is not None and 0 <= snap.kv_usage <= 1
-    # --max-num-seqs 2: with twelve concurrent requests, ten wait at first, for seconds
-    body = {"model": "tiny-r1", "messages": QUESTION, "max_tokens": 480}
+    # --max-num-seqs 2: with six concurrent requests, four wait at first, for seconds (small
+    # enough to finish well within the gateway's timeout while another test worker runs)
+    body = {"model": "tiny-r1", "messages": QUESTION, "max_tokens": 240}
     most_waiting, most_used = 0.0, 0.0
     async with gateway.sdk() as sdk, httpx.AsyncClient() as client:
         extra = {"ignore_eos": True}
         calls = asyncio.gather(
-            *(sdk.chat.completions.create(**body, extra_body=extra) for _ in range(12))
+            *(sdk.chat.completions.create(**body, extra_body=extra) for _ in range(6))
         )
         while not calls.done():  # sample the server's own view while the burst runs
             now = parse_engine_metrics((await client.get(f"{server.root}/metrics")).text)
