@@ -15,7 +15,6 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import httpx
@@ -24,6 +23,7 @@ from cryptography import x509
 from audit import timestamps
 from audit.ledger import Ledger
 from audit.note import parse_checkpoint
+from gateway.ledger.periodic import every
 
 log = logging.getLogger("thinkgate.timestamps")
 
@@ -38,12 +38,7 @@ class Timestamping:
         self._client = client
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.round()
-            except Exception:  # one bad round must not end stamping
-                log.exception("timestamping round failed")
-            await asyncio.sleep(self._interval)
+        await every(self._interval, self.round, "timestamping")
 
     async def round(self) -> None:
         note = await self._ledger.checkpoint()

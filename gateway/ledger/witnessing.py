@@ -25,6 +25,7 @@ import httpx
 from audit.ledger import Ledger
 from audit.note import parse_checkpoint
 from audit.witness import CosignerKey, add_checkpoint_body
+from gateway.ledger.periodic import every
 from gateway.settings import WitnessConfig
 
 log = logging.getLogger("thinkgate.witness")
@@ -43,12 +44,7 @@ class Witnessing:
         self._refused: set[tuple[str, int]] = set()
 
     async def run(self) -> None:
-        while True:
-            try:
-                await self.round()
-            except Exception:  # one bad round must not end witnessing
-                log.exception("witnessing round failed")
-            await asyncio.sleep(self._interval)
+        await every(self._interval, self.round, "witnessing")
 
     async def round(self) -> None:
         note = await self._ledger.checkpoint()

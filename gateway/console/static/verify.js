@@ -75,6 +75,15 @@ export async function leafHash(header, ciphertext) {
   return sha256(concat(LEAF, length, header, ciphertext));
 }
 
+// RFC 9162's "right-shift both until LSB(fn) is set or fn is 0".
+function shiftToOdd(fn, sn) {
+  while ((fn & 1n) === 0n && fn !== 0n) {
+    fn >>= 1n;
+    sn >>= 1n;
+  }
+  return [fn, sn];
+}
+
 function node(left, right) {
   return sha256(concat(NODE, left, right));
 }
@@ -89,12 +98,7 @@ export async function verifyInclusion(index, size, leaf, proof, root) {
     if (sn === 0n) throw new VerifyError("the inclusion proof is longer than the tree allows");
     if ((fn & 1n) === 1n || fn === sn) {
       r = await node(p, r);
-      if ((fn & 1n) === 0n) {
-        while ((fn & 1n) === 0n && fn !== 0n) {
-          fn >>= 1n;
-          sn >>= 1n;
-        }
-      }
+      if ((fn & 1n) === 0n) [fn, sn] = shiftToOdd(fn, sn);
     } else {
       r = await node(r, p);
     }
@@ -136,12 +140,7 @@ export async function verifyConsistency(first, second, firstRoot, secondRoot, pr
     if ((fn & 1n) === 1n || fn === sn) {
       fr = await node(c, fr);
       sr = await node(c, sr);
-      if ((fn & 1n) === 0n) {
-        while ((fn & 1n) === 0n && fn !== 0n) {
-          fn >>= 1n;
-          sn >>= 1n;
-        }
-      }
+      if ((fn & 1n) === 0n) [fn, sn] = shiftToOdd(fn, sn);
     } else {
       sr = await node(sr, c);
     }
