@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -93,6 +93,18 @@ class LedgerReader:
                 note = await store.latest_checkpoint(conn)
             else:
                 note = await store.checkpoint_at(conn, size)
+            return None if note is None else await _cosigned(conn, note)
+
+    async def published(
+        self, witnesses: Collection[str] = (), quorum: int = 0, stamped: bool = False
+    ) -> str | None:
+        """The newest checkpoint that carries cosignatures by ``quorum`` of ``witnesses`` and,
+        if ``stamped``, a trusted timestamp, with its cosignatures; with neither asked, the
+        latest checkpoint. ``None`` if none qualifies yet."""
+        if not quorum and not stamped:
+            return await self.checkpoint()
+        async with self._engine.connect() as conn:
+            note = await store.published_checkpoint(conn, witnesses, quorum, stamped)
             return None if note is None else await _cosigned(conn, note)
 
     async def timestamps(self, sizes: list[int]) -> dict[int, bytes]:

@@ -112,6 +112,26 @@ async def latest_checkpoint(conn: AsyncConnection) -> str | None:
     return (await conn.execute(query)).scalar()
 
 
+async def published_checkpoint(
+    conn: AsyncConnection, witnesses: Iterable[str], quorum: int, stamped: bool
+) -> str | None:
+    """The newest checkpoint with cosignatures by ``quorum`` of ``witnesses`` (by name; the
+    lines were verified before they were stored) and, if ``stamped``, an RFC 3161 timestamp."""
+    query = select(checkpoints.c.note)
+    if quorum:
+        cosigned = (
+            select(cosignatures.c.size)
+            .where(cosignatures.c.witness.in_(sorted(set(witnesses))))
+            .group_by(cosignatures.c.size)
+            .having(func.count() >= quorum)
+        )
+        query = query.where(checkpoints.c.size.in_(cosigned))
+    if stamped:
+        query = query.where(checkpoints.c.size.in_(select(timestamps.c.size)))
+    query = query.order_by(checkpoints.c.size.desc()).limit(1)
+    return (await conn.execute(query)).scalar()
+
+
 async def checkpoint_at(conn: AsyncConnection, size: int) -> str | None:
     query = select(checkpoints.c.note).where(checkpoints.c.size == size)
     return (await conn.execute(query)).scalar()

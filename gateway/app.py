@@ -191,8 +191,9 @@ async def _start(
     if ledger is not None and settings.witnesses:
         witness_client = httpx.AsyncClient(timeout=10)
         stack.push_async_callback(witness_client.aclose)
-        background.append(Witnessing(ledger, settings.witnesses, settings.witness_interval_s,
-                                     witness_client).run())  # fmt: skip
+        witnessing = Witnessing(ledger, settings.witnesses, settings.witness_interval_s,
+                                witness_client, stamped=bool(settings.tsa_url))  # fmt: skip
+        background.append(witnessing.run())
     for work in background:
         task = asyncio.create_task(work)
         stack.push_async_callback(_cancel, task)

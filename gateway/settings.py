@@ -236,6 +236,9 @@ class Settings(BaseSettings):
     # cosignatures are served with it; how often the latest checkpoint is looked at.
     witnesses: tuple[WitnessConfig, ...] = ()
     witness_interval_s: float = Field(1.0, gt=0)
+    # How many of them must cosign a checkpoint before /tlog/checkpoint publishes it (unset:
+    # all of them).
+    witness_quorum: int | None = Field(None, ge=1)
     # RFC 3161 timestamps of checkpoints (gateway.ledger.timestamping): the Time-Stamp
     # Authority's URL, the PEM roots its stamps must chain to (checked before keeping one),
     # and how often the latest checkpoint is looked at. No URL: no timestamps.
@@ -317,6 +320,21 @@ class Settings(BaseSettings):
     def demo_keys_file(self) -> Path:
         """Where ``--demo`` keeps its demo secrets (``gateway.cli.demo``)."""
         return self.home / "demo-keys.json"
+
+    @model_validator(mode="after")
+    def _quorum_of_witnesses(self) -> Settings:
+        if self.witness_quorum is not None and self.witness_quorum > len(self.witnesses):
+            raise ValueError(f"WITNESS_QUORUM is {self.witness_quorum}, but WITNESSES names "
+                             f"{len(self.witnesses)}")  # fmt: skip
+        return self
+
+    @property
+    def publish_policy(self) -> tuple[tuple[str, ...], int, bool]:
+        """What a checkpoint needs before ``/tlog/checkpoint`` publishes it: cosignatures by
+        ``quorum`` of these witness names, and a timestamp if a TSA is configured."""
+        names = tuple(w.key.split("+", 1)[0] for w in self.witnesses)
+        quorum = len(names) if self.witness_quorum is None else self.witness_quorum
+        return names, quorum, bool(self.tsa_url)
 
     @model_validator(mode="after")
     def _resolve_reasoning(self) -> Settings:

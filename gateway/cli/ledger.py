@@ -209,14 +209,19 @@ def export_checkpoint(export: Path) -> str:
     return note
 
 
-async def latest_checkpoint(settings: Settings) -> str:
+async def witnessed_checkpoint(settings: Settings, policy: WitnessPolicy) -> str:
+    """The newest checkpoint stored with cosignatures by ``policy.quorum`` of its witnesses
+    (by name; ``policy.check`` then verifies them). ``WitnessError`` if none has them yet:
+    witnesses cosign a moment after a commit, so the latest may not be the one."""
+    names = [key.name for key in policy.keys]
     engine = create_engine(settings.database_url)
     try:
-        note = await LedgerReader(engine).checkpoint()
+        note = await LedgerReader(engine).published(names, policy.quorum)
     finally:
         await engine.dispose()
     if note is None:
-        raise KeyUnavailable("the ledger has no checkpoint yet")
+        raise WitnessError(f"no checkpoint carries cosignatures by {policy.quorum} of "
+                           f"{', '.join(names)}")  # fmt: skip
     return note
 
 

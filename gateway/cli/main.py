@@ -438,9 +438,11 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
         with ledgercli.progress_bar(sys.stderr.isatty()) as progress:
             report = asyncio.run(ledgercli.verify_database(settings, verifier, progress))
         if policy is not None:
-            names = policy.check(asyncio.run(ledgercli.latest_checkpoint(settings)))
-            print(f"the latest checkpoint is cosigned by {len(names)} of the trusted "
-                  f"witnesses: {', '.join(names)}")  # fmt: skip
+            note = asyncio.run(ledgercli.witnessed_checkpoint(settings, policy))
+            names = policy.check(note)
+            witnessed = note.split("\n", 2)[1]
+            print(f"the checkpoint of size {witnessed} (of {report.size} records) is cosigned by "
+                  f"{len(names)} of the trusted witnesses: {', '.join(names)}")  # fmt: skip
         if args.tsa_roots is not None:
             stamped, last = asyncio.run(ledgercli.verify_timestamps(settings, args.tsa_roots))
             print(

@@ -11,6 +11,9 @@ Rules:
   retried for that checkpoint.
 - A cosignature is kept only if it verifies under that witness's configured key, over exactly
   this checkpoint (``CosignerKey.timestamp``); anything else is dropped and logged.
+- With a TSA configured, the checkpoint submitted is the latest one already stamped, so that
+  what the witnesses cosign carries a trusted time too: ``/tlog/checkpoint`` publishes only
+  checkpoints that have both (``Settings.publish_policy``).
 - Witnesses being away never blocks a completion or a checkpoint: the records are sealed and
   signed as always, and the cosignatures come when the witness answers again.
 """
@@ -35,8 +38,10 @@ class Witnessing:
     """Submits checkpoints to witnesses; ``run`` until cancelled."""
 
     def __init__(self, ledger: Ledger, witnesses: tuple[WitnessConfig, ...],
-                 interval_s: float, client: httpx.AsyncClient) -> None:  # fmt: skip
+                 interval_s: float, client: httpx.AsyncClient, *,
+                 stamped: bool = False) -> None:  # fmt: skip
         self._ledger = ledger
+        self._stamped = stamped
         self._witnesses = [(w.url.rstrip("/"), CosignerKey.parse(w.key)) for w in witnesses]
         self._interval = interval_s
         self._client = client
@@ -47,7 +52,7 @@ class Witnessing:
         await every(self._interval, self.round, "witnessing")
 
     async def round(self) -> None:
-        note = await self._ledger.checkpoint()
+        note = await self._ledger.published(stamped=self._stamped)
         if note is None:
             return
         signed = note.split("\n\n", 1)

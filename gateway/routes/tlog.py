@@ -1,7 +1,10 @@
 """The log's public read API, C2SP tlog-tiles (``audit.tiles``), under ``/tlog/``.
 
-- ``GET /tlog/checkpoint``: the latest signed checkpoint, to anyone (it holds a size and a
-  hash: what a witness or a monitor needs to follow the log).
+- ``GET /tlog/checkpoint``: the latest *published* checkpoint, to anyone (it holds a size and
+  a hash: what a witness or a monitor needs to follow the log). Published: with witnesses
+  configured, cosigned by ``WITNESS_QUORUM`` of them; with a TSA, stamped; with neither, the
+  latest signed. So every checkpoint a follower sees carries what the deployment promises;
+  the commits between two published ones stay in ``/audit/v1/checkpoints`` for auditors.
 - ``GET /tlog/public-key``: the verifier key of the log's checkpoints (``<name>+<id>+<key>``),
   to anyone; a follower should still pin it from the operator, out of band.
 - ``GET /tlog/tile/<L>/<N>[.p/<W>]``: hash tiles, to anyone (hashes only).
@@ -49,9 +52,12 @@ def _state(request: Request) -> AppState:
 async def checkpoint(request: Request) -> Response:
     state = _state(request)
     assert state.ledger is not None
-    note = await state.ledger.checkpoint()
+    names, quorum, stamped = state.settings.publish_policy
+    note = await state.ledger.published(names, quorum, stamped)
     if note is None:
-        raise NotFound("The ledger is empty: no checkpoint yet.", code="no_checkpoint")
+        wanted = [f"cosigned by {quorum} witnesses"] * bool(quorum) + ["timestamped"] * stamped
+        why = f" (one {' and '.join(wanted)})" if wanted else ": the ledger is empty"
+        raise NotFound(f"No checkpoint published yet{why}.", code="no_checkpoint")
     return Response(note, media_type=TEXT, headers={"cache-control": "no-cache"})
 
 

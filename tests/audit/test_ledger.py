@@ -147,6 +147,31 @@ async def test_latest_checkpoint_signs_the_root_of_the_records(ledger: Ledger) -
         stranger.open(await ledger.checkpoint() or "")
 
 
+async def test_the_published_checkpoint_is_the_newest_with_the_quorum_and_a_stamp(
+    ledger: Ledger,
+) -> None:
+    await append_records(ledger, 6)
+    assert await ledger.published() == await ledger.checkpoint()  # nothing asked: the latest
+    assert await ledger.published(["w1"], 1) is None
+    for size, witness in ((2, "w1"), (2, "w2"), (4, "w1"), (5, "w2"), (5, "w3")):
+        await ledger.add_cosignature(size, witness, f"\u2014 {witness} c2l6ZQ{size}\n")
+    await ledger.add_timestamp(2, b"stamp")
+    await ledger.add_timestamp(4, b"stamp")
+
+    def size_of(note: str | None) -> int | None:
+        return None if note is None else parse_checkpoint(note.split("\n\n")[0] + "\n").size
+
+    assert size_of(await ledger.published(["w1", "w2"], 1)) == 5
+    assert size_of(await ledger.published(["w1", "w2"], 2)) == 2
+    assert size_of(await ledger.published(["w1"], 1)) == 4
+    assert size_of(await ledger.published(["w3", "w4"], 1)) == 5  # only configured names count
+    assert await ledger.published(["w4"], 1) is None
+    assert size_of(await ledger.published(["w1", "w2"], 1, stamped=True)) == 4
+    assert size_of(await ledger.published(stamped=True)) == 4
+    published = await ledger.published(["w1", "w2"], 2)
+    assert published is not None and published.endswith("\u2014 w1 c2l6ZQ2\n\u2014 w2 c2l6ZQ2\n")
+
+
 async def test_inclusion_proofs_verify_at_several_sizes(ledger: Ledger) -> None:
     await append_records(ledger, N)
     leaves = await leaf_hashes(ledger, N)

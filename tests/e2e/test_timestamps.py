@@ -219,3 +219,43 @@ async def test_without_a_tsa_nothing_changes(stack_factory: Any) -> None:
     async with httpx.AsyncClient(base_url=stack.root) as client:
         data = (await client.get("/audit/v1/checkpoints", headers=auth(stack))).json()["data"]
     assert data and all(c["rfc3161"] is None for c in data)
+
+
+async def test_with_a_tsa_and_a_witness_what_is_published_carries_both(
+    stack_factory: Any, tsa: tuple[Tsa, str], tmp_path: Path
+) -> None:
+    from audit.witness import CosignerKey, WitnessPolicy
+    from gateway.ledger.sink import ensure_keys
+    from gateway.settings import Settings
+    from tests.e2e.conftest import ledger_files
+    from tests.e2e.test_witness import witness
+
+    service, url = tsa
+    ensure_keys(Settings(**ledger_files(tmp_path)), create=True)
+    async with witness(tmp_path, "w1") as (witness_url, w1):
+        stack = await stack_factory(
+            tsa_url=url, tsa_roots_file=service.dir / "ca.pem", tsa_interval_s=0.1,
+            witnesses=[{"url": witness_url, "key": w1.verifier_key}], witness_interval_s=0.05,
+        )  # fmt: skip
+        for _ in range(3):
+            await complete(stack)
+        policy = WitnessPolicy((CosignerKey.parse(w1.verifier_key),), 1)
+
+        async def published() -> str | None:
+            async with httpx.AsyncClient(base_url=stack.root) as client:
+                answer = await client.get("/tlog/checkpoint")
+            return answer.text if answer.status_code == 200 else None
+
+        note = await eventually(published)
+        policy.check(note)
+        size = int(note.split("\n")[1])
+        async with httpx.AsyncClient(base_url=stack.root) as client:
+            reply = await client.get("/audit/v1/timestamp", headers=auth(stack),
+                                     params={"size": size})  # fmt: skip
+            listed = (await client.get("/audit/v1/checkpoints", headers=auth(stack))).json()
+    body = note.split("\n\n", 1)[0] + "\n"
+    timestamps.verify(reply.content, body, timestamps.load_roots((service.dir / "ca.pem")
+                                                                 .read_bytes()))  # fmt: skip
+    # the witness was only ever shown stamped checkpoints
+    cosigned = [c for c in listed["data"] if w1.name in c["note"]]
+    assert cosigned and all(c["rfc3161"] for c in cosigned)

@@ -76,14 +76,14 @@ async def complete(stack: Stack, count: int) -> None:
             )
 
 
-async def cosigned_by(stack: Stack, policy: WitnessPolicy) -> str | None:
+async def cosigned_by(stack: Stack, policy: WitnessPolicy, above: int = 0) -> str | None:
+    """The published checkpoint if it is larger than ``above`` and ``policy`` accepts it."""
     async with httpx.AsyncClient(base_url=stack.root) as client:
-        note = (await client.get("/tlog/checkpoint")).text
-    try:
-        policy.check(note)
-    except ValueError:
+        answer = await client.get("/tlog/checkpoint")
+    if answer.status_code != 200 or int(answer.text.split("\n")[1]) <= above:
         return None
-    return note
+    policy.check(answer.text)  # what is published must pass, never just "not yet"
+    return answer.text
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ async def test_two_witnesses_cosign_and_a_two_of_two_policy_verifies(
     stack, witnesses = witnessed
     keys = tuple(CosignerKey.parse(c.verifier_key) for _, c in witnesses)
     await complete(stack, 3)
-    note = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2)))
+    note = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2), above=2))
     size = parse_checkpoint(note.split("\n\n")[0] + "\n").size
     assert size >= 1
     async with httpx.AsyncClient(base_url=stack.root) as client:
@@ -134,7 +134,7 @@ async def test_a_fork_is_refused_by_a_witness_that_saw_the_other(
     stack, witnesses = witnessed
     keys = tuple(CosignerKey.parse(c.verifier_key) for _, c in witnesses)
     await complete(stack, 2)
-    note = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2)))
+    note = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2), above=1))
     real = parse_checkpoint(note.split("\n\n")[0] + "\n")
     # the operator, holding the log's key, signs another history of the same size
     origin = log_origin(tmp_path)
@@ -154,8 +154,8 @@ async def test_a_fork_is_refused_by_a_witness_that_saw_the_other(
             assert fresh.status_code == 409  # it knows a size: "old 0" is stale
     # and the real log goes on being cosigned
     await complete(stack, 2)
-    later = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2)))
-    assert parse_checkpoint(later.split("\n\n")[0] + "\n").size > real.size
+    later = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2), real.size + 1))
+    assert parse_checkpoint(later.split("\n\n")[0] + "\n").size == real.size + 2
 
 
 async def test_a_witness_moved_ahead_by_another_replica_is_caught_up(
@@ -181,5 +181,92 @@ async def test_a_witness_moved_ahead_by_another_replica_is_caught_up(
         moved = await client.post(f"{witnesses[0][0]}/add-checkpoint", content=body)
     assert moved.status_code in (200, 409)  # 409: the gateway got there first
     await complete(stack, 1)
-    last = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2)))
-    assert parse_checkpoint(last.split("\n\n")[0] + "\n").size > middle["size"]
+    last = await eventually(lambda: cosigned_by(stack, WitnessPolicy(keys, 2), above=4))
+    assert parse_checkpoint(last.split("\n\n")[0] + "\n").size == 5
+
+
+def unreachable_url() -> str:
+    """A witness that is away: a port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+async def test_the_log_publishes_only_checkpoints_its_quorum_cosigned(
+    stack_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from gateway.ledger.sink import ensure_keys
+    from gateway.settings import Settings
+
+    ensure_keys(Settings(**ledger_files(tmp_path)), create=True)
+    away = Cosigner("witness.test/away", Ed25519PrivateKey.generate())
+    async with witness(tmp_path, "w1") as (url, w1):
+        configured = [{"url": url, "key": w1.verifier_key},
+                      {"url": unreachable_url(), "key": away.verifier_key}]  # fmt: skip
+        stack = await stack_factory(witnesses=configured, witness_quorum=1,
+                                    witness_interval_s=0.05)  # fmt: skip
+        only_w1 = WitnessPolicy((CosignerKey.parse(w1.verifier_key),), 1)
+        served: list[str] = []
+
+        async def follow() -> None:  # a monitor polling while requests are committed
+            async with httpx.AsyncClient(base_url=stack.root) as client:
+                for _ in range(40):
+                    answer = await client.get("/tlog/checkpoint")
+                    if answer.status_code == 200:
+                        served.append(answer.text)
+                    else:
+                        assert answer.json()["error"]["code"] == "no_checkpoint"
+
+        await asyncio.gather(follow(), complete(stack, 4))
+        assert all(only_w1.check(note) for note in served)  # each one carries w1's cosignature
+        await eventually(lambda: cosigned_by(stack, only_w1, above=3))
+    # the operator's check finds that checkpoint in the database
+    monkeypatch.setenv("THINKGATE_DATABASE_URL", f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}")
+    for name, path in ledger_files(tmp_path).items():
+        monkeypatch.setenv(f"THINKGATE_{name.upper()}", str(path))
+    (tmp_path / "w1.key").write_text(w1.verifier_key)
+    (tmp_path / "away.key").write_text(away.verifier_key)
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["ledger", "verify", "--witness-key",
+                                          str(tmp_path / "w1.key")]) == 0  # fmt: skip
+    assert "checkpoint of size 4 (of 4 records) is cosigned by 1" in capsys.readouterr().out
+    assert await asyncio.to_thread(main, ["ledger", "verify", "--witness-key",
+                                          str(tmp_path / "away.key")]) == 1  # fmt: skip
+    assert "no checkpoint carries cosignatures by 1 of witness.test/away" in capsys.readouterr().err
+
+
+async def test_without_the_quorum_nothing_is_published(stack_factory: Any, tmp_path: Path) -> None:
+    from gateway.ledger.sink import ensure_keys
+    from gateway.settings import Settings
+
+    ensure_keys(Settings(**ledger_files(tmp_path)), create=True)
+    away = Cosigner("witness.test/away", Ed25519PrivateKey.generate())
+    async with witness(tmp_path, "w1") as (url, w1):
+        configured = [{"url": url, "key": w1.verifier_key},
+                      {"url": unreachable_url(), "key": away.verifier_key}]  # fmt: skip
+        stack = await stack_factory(witnesses=configured, witness_interval_s=0.05)
+        await complete(stack, 2)
+        only_w1 = WitnessPolicy((CosignerKey.parse(w1.verifier_key),), 1)
+
+        async def cosigned_by_w1() -> str | None:  # the auditor's view carries what there is
+            async with httpx.AsyncClient(base_url=stack.root) as client:
+                note = (await client.get("/audit/v1/checkpoint", headers=auth(stack))).text
+            return note if w1.name in note else None
+
+        only_w1.check(await eventually(cosigned_by_w1))
+        async with httpx.AsyncClient(base_url=stack.root) as client:
+            public = await client.get("/tlog/checkpoint")
+        assert public.status_code == 404
+        error = public.json()["error"]
+        assert error["code"] == "no_checkpoint" and "cosigned by 2 witnesses" in error["message"]
+
+
+def test_a_quorum_larger_than_the_witnesses_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from gateway.settings import Settings
+
+    key = Cosigner("witness.test/w", Ed25519PrivateKey.generate()).verifier_key
+    with pytest.raises(ValidationError, match="WITNESS_QUORUM is 2, but WITNESSES names 1"):
+        Settings(witnesses=[{"url": "http://w.test", "key": key}], witness_quorum=2)

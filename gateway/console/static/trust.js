@@ -114,8 +114,9 @@ async function consistent(first, firstRoot, second, secondRoot) {
 }
 
 // The newest checkpoint that carries the policy's quorum of cosignatures: the latest one if
-// it does, else the newest such among the stored ones (witnesses cosign a moment after the
-// log signs). Records past it show as not yet signed.
+// it does, else the one the log publishes (/tlog/checkpoint: cosigned by the witnesses the
+// gateway is configured with) if it does, else the newest such among the stored ones
+// (witnesses cosign a moment after the log signs). Records past it show as not yet signed.
 async function witnessed(latest, verifier, rules) {
   const witnesses = await Promise.all(rules.keys.map(parseCosignerKey));
   const enough = async (candidate) => {
@@ -124,6 +125,14 @@ async function witnessed(latest, verifier, rules) {
   };
   const direct = await enough(latest);
   if (direct) return direct;
+  const publishedNote = await call("/tlog/checkpoint", { accept: "text" }).catch((error) => {
+    if (error.status === 404) return null; // none published yet: look among the stored ones
+    throw error;
+  });
+  if (publishedNote) {
+    const published = await enough(await verifyCheckpoint(publishedNote, verifier));
+    if (published) return published;
+  }
   const seen = JSON.parse(localStorage.getItem(SEEN) || "null");
   let size = seen ? seen.size : "1";
   let best = null;
