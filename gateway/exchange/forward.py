@@ -212,7 +212,7 @@ async def upstream_output(ex: Exchange, leg: Leg, relay: StreamRelay) -> AsyncIt
     across a continuation: when the relay's reasoning budget is spent, the leg moves on to the
     request that continues the turn. Raises the error that cut the stream short."""
     while True:
-        async for raw in leg.stream:
+        while raw := await leg.stream.read():
             arrived = time.perf_counter()
             out, error = relay_read(relay, leg.parser, raw)
             ex.observe_read(arrived)

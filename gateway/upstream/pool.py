@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 import aiohttp
@@ -61,6 +62,8 @@ def translate(exc: BaseException, *, started: bool) -> UpstreamError:
     """One boundary for httpx/aiohttp/OS errors. ``started``: response headers were received."""
     if isinstance(exc, UpstreamError):
         return exc
+    if isinstance(exc, aiohttp.ConnectionTimeoutError) and not started:
+        return UpstreamConnectError("could not connect to the model server")
     if isinstance(exc, httpx.TimeoutException | asyncio.TimeoutError | TimeoutError):
         if isinstance(exc, httpx.ConnectTimeout) and not started:
             return UpstreamConnectError("could not connect to the model server")
@@ -85,6 +88,18 @@ def create_transport(settings: Settings) -> httpx.AsyncBaseTransport:
     return httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
 
 
+def _aiohttp_session_of(transport: httpx.AsyncBaseTransport) -> aiohttp.ClientSession | None:
+    """The aiohttp session under an ``httpx_aiohttp`` transport (made now: its lazy factory
+    would make it on the first request anyway), ``None`` for any other transport."""
+    from httpx_aiohttp import AiohttpTransport
+
+    if not isinstance(transport, AiohttpTransport):
+        return None
+    if not isinstance(transport.client, aiohttp.ClientSession):
+        transport.client = transport.get_client()
+    return transport.client
+
+
 def _aiohttp_session(settings: Settings) -> aiohttp.ClientSession:
     """The aiohttp session under httpx: no cookies, no proxies from the environment, and a
     16 KiB read buffer per response (aiohttp's default 64 KiB, doubled by its flow control,
@@ -101,22 +116,26 @@ def _aiohttp_session(settings: Settings) -> aiohttp.ClientSession:
 
 @dataclass(slots=True)
 class UpstreamStream:
-    """An upstream response whose status was checked and whose first bytes were read."""
+    """An upstream response whose status was checked and whose first bytes were read.
+
+    ``read()`` gives the body as it arrives (the first bytes, then each read of the
+    connection; ``b""`` at its end), with the libraries' errors translated: one awaitable per
+    read, no iterator layers, on the path every streamed token takes."""
 
     upstream: Upstream
-    response: httpx.Response
     first: bytes
-    _rest: AsyncIterator[bytes] = field(repr=False)
+    _next: Callable[[], Awaitable[bytes]] = field(repr=False)
+    _close: Callable[[], Awaitable[Any]] = field(repr=False)
+    _started: bool = field(default=False, repr=False)
     _closed: bool = field(default=False, repr=False)
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._chunks()
-
-    async def _chunks(self) -> AsyncIterator[bytes]:
-        yield self.first
+    async def read(self) -> bytes:
+        if not self._started:
+            self._started = True
+            if self.first:
+                return self.first
         try:
-            async for chunk in self._rest:
-                yield chunk
+            return await self._next()
         except Exception as exc:
             raise translate(exc, started=True) from exc
 
@@ -126,7 +145,7 @@ class UpstreamStream:
             return
         self._closed = True
         self.upstream.in_flight -= 1
-        await self.response.aclose()
+        await self._close()
 
 
 class UpstreamPool:
@@ -139,6 +158,10 @@ class UpstreamPool:
             self._headers.append((b"authorization", f"Bearer {token}".encode()))
         connect, idle = settings.connect_timeout_s, settings.idle_timeout_s
         self._timeouts = {"connect": connect, "read": idle, "write": idle, "pool": connect}
+        # Streams go straight to aiohttp when the transport is aiohttp's (the default).
+        self._session = _aiohttp_session_of(transport)
+        self._aiohttp_timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=idle,
+                                                      connect=connect)  # fmt: skip
         self.upstreams = [Upstream(u) for u in settings.upstreams]
         self._rr = itertools.count()
         self._catalogue: dict[str, list[Upstream]] = {}
@@ -279,6 +302,8 @@ class UpstreamPool:
     async def _open_stream_once(
         self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers
     ) -> UpstreamStream:
+        if self._session is not None:
+            return await self._open_aiohttp_stream(url, upstream, body, headers)
         upstream.in_flight += 1
         response: httpx.Response | None = None
         try:
@@ -288,16 +313,12 @@ class UpstreamPool:
                     raise UpstreamStatusError.from_body(
                         _json_or_none(await response.aread()), response.status_code
                     )
-                kind = response.headers.get("content-type", "text/event-stream")
-                if "event-stream" not in kind:  # a proxy's HTML page, say: nothing valid came
-                    raise UpstreamProtocolError(
-                        f"the model server answered a stream with {kind.split(';')[0]}"
-                    )
+                _check_event_stream(response.headers.get("content-type"))
                 stream = response.stream
                 assert isinstance(stream, httpx.AsyncByteStream)  # an async transport's
                 rest = aiter(stream)
                 first = await anext(rest, b"")
-            return UpstreamStream(upstream, response, first, rest)
+            return UpstreamStream(upstream, first, partial(_next_bytes, rest), response.aclose)
         except BaseException as exc:
             upstream.in_flight -= 1
             if response is not None:
@@ -305,6 +326,40 @@ class UpstreamPool:
             if isinstance(exc, Exception):
                 raise translate(exc, started=response is not None) from exc
             raise
+
+    async def _open_aiohttp_stream(
+        self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers
+    ) -> UpstreamStream:
+        """The same on aiohttp's own session, without httpx's request and response objects
+        and iterator layers in between (measured in ``bench/RESULTS.md``)."""
+        assert self._session is not None
+        upstream.in_flight += 1
+        response: aiohttp.ClientResponse | None = None
+        try:
+            async with asyncio.timeout(self._settings.first_token_timeout_s):
+                response = await self._session.post(
+                    str(url), data=body, headers=self._aiohttp_headers(headers),
+                    timeout=self._aiohttp_timeout, allow_redirects=False,
+                )  # fmt: skip
+                if response.status >= 400:
+                    raise UpstreamStatusError.from_body(
+                        _json_or_none(await response.read()), response.status
+                    )
+                _check_event_stream(response.headers.get("content-type"))
+                first = await response.content.readany()
+            return UpstreamStream(upstream, first, response.content.readany, _closer(response))
+        except BaseException as exc:
+            upstream.in_flight -= 1
+            if response is not None:
+                response.close()
+            if isinstance(exc, Exception):
+                raise translate(exc, started=response is not None) from exc
+            raise
+
+    def _aiohttp_headers(self, headers: Headers) -> dict[str, str]:
+        merged = {k.decode("latin-1"): v.decode("latin-1") for k, v in self._headers}
+        merged.update((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
+        return merged
 
     async def _complete_once(
         self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers
@@ -336,6 +391,32 @@ class UpstreamPool:
             extensions={"timeout": self._timeouts},
         )
         return await self._transport.handle_async_request(request)
+
+
+async def _next_bytes(chunks: AsyncIterator[bytes]) -> bytes:
+    """The next non-empty chunk, ``b""`` at the end (``UpstreamStream.read``'s contract)."""
+    async for chunk in chunks:
+        if chunk:
+            return chunk
+    return b""
+
+
+def _check_event_stream(kind: str | None) -> None:
+    kind = kind or "text/event-stream"
+    if "event-stream" not in kind:  # a proxy's HTML page, say: nothing valid came
+        raise UpstreamProtocolError(f"the model server answered a stream with {kind.split(';')[0]}")
+
+
+def _closer(response: aiohttp.ClientResponse) -> Callable[[], Awaitable[None]]:
+    """Give the connection back (to the pool if the body was read to its end, else closed)."""
+
+    async def close() -> None:
+        if response.content.at_eof():
+            response.release()
+        else:  # cut short (a disconnect, an error): the connection cannot be reused
+            response.close()
+
+    return close
 
 
 def _json_or_none(raw: bytes) -> Any:

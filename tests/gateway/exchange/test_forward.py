@@ -68,8 +68,11 @@ class FakeStream:
         self.source = source
         self.closed = 0
 
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self.source
+    async def read(self) -> bytes:  # as the real one: the next non-empty read, b"" at the end
+        async for part in self.source:
+            if part:
+                return part
+        return b""
 
     async def aclose(self) -> None:
         self.closed += 1
@@ -148,7 +151,7 @@ async def test_a_keepalive_comment_follows_keepalive_s_of_silence() -> None:
     async def silence() -> AsyncIterator[bytes]:
         while True:
             await asyncio.sleep(0)  # a read that suspends, as a socket's does
-            yield b""
+            yield b": busy\n\n"  # a read that makes nothing for the client (an SSE comment)
 
     s = await open_exchange()
     stream = FakeStream(silence())
