@@ -81,7 +81,9 @@ class State(enum.Enum):
     ANSWER = enum.auto()
 
 
-REASONING_STATES = frozenset({State.OPENING, State.OPENED, State.REASONING, State.FIELD})
+# A tuple, not a set: ``in`` compares by identity, where a set would call ``Enum.__hash__``
+# (Python code on 3.11) on every chunk.
+REASONING_STATES = (State.OPENING, State.OPENED, State.REASONING, State.FIELD)
 
 
 @dataclass(frozen=True, slots=True)

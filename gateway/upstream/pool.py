@@ -126,6 +126,7 @@ class UpstreamStream:
     first: bytes
     _next: Callable[[], Awaitable[bytes]] = field(repr=False)
     _close: Callable[[], Awaitable[Any]] = field(repr=False)
+    _watch: IdleWatch | None = field(default=None, repr=False)
     _started: bool = field(default=False, repr=False)
     _closed: bool = field(default=False, repr=False)
 
@@ -134,10 +135,22 @@ class UpstreamStream:
             self._started = True
             if self.first:
                 return self.first
+        watch = self._watch
+        if watch is None:
+            try:
+                return await self._next()
+            except Exception as exc:
+                raise translate(exc, started=True) from exc
+        watch.waiting()
         try:
-            return await self._next()
+            chunk = await self._next()
         except Exception as exc:
-            raise translate(exc, started=True) from exc
+            raise (_idle() if watch.fired else translate(exc, started=True)) from exc
+        finally:
+            watch.since = None
+        if watch.fired:  # the abort may end the body rather than fail the read
+            raise _idle()
+        return chunk
 
     async def aclose(self) -> None:
         """Idempotent: release the upstream slot and the connection once."""
@@ -145,7 +158,53 @@ class UpstreamStream:
             return
         self._closed = True
         self.upstream.in_flight -= 1
+        if self._watch is not None:
+            self._watch.cancel()
         await self._close()
+
+
+def _idle() -> UpstreamTimeout:
+    return UpstreamTimeout("the model server did not answer in time")
+
+
+class IdleWatch:
+    """``IDLE_TIMEOUT_S`` while a stream waits for its next read, without a timer per read
+    (aiohttp's ``sock_read`` moves one on every read: a measured cost per streamed token).
+    One timer per stream, due ``idle_s`` after the wait it was set for began; when it fires
+    and the current wait is younger, it is set again for that wait; when the wait is as old
+    as ``idle_s``, ``abort`` closes the connection and the read raises ``UpstreamTimeout``.
+    Time spent writing to a slow client is not waiting: only ``read()`` counts."""
+
+    __slots__ = ("_abort", "_idle", "_loop", "_timer", "fired", "since")
+
+    def __init__(self, idle_s: float, abort: Callable[[], None]) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._idle = idle_s
+        self._abort = abort
+        self._timer: asyncio.TimerHandle | None = None
+        self.since: float | None = None  # when the current wait began; None: not waiting
+        self.fired = False
+
+    def waiting(self) -> None:
+        self.since = now = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(now + self._idle, self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        if self.since is None:
+            return  # not waiting now: the next wait sets the timer again
+        due = self.since + self._idle
+        if self._loop.time() >= due:
+            self.fired = True
+            self._abort()
+        else:
+            self._timer = self._loop.call_at(due, self._check)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 class UpstreamPool:
@@ -160,8 +219,9 @@ class UpstreamPool:
         self._timeouts = {"connect": connect, "read": idle, "write": idle, "pool": connect}
         # Streams go straight to aiohttp when the transport is aiohttp's (the default).
         self._session = _aiohttp_session_of(transport)
-        self._aiohttp_timeout = aiohttp.ClientTimeout(sock_connect=connect, sock_read=idle,
-                                                      connect=connect)  # fmt: skip
+        # No sock_read: an IdleWatch per stream keeps IDLE_TIMEOUT_S (the first bytes are
+        # under FIRST_TOKEN_TIMEOUT_S).
+        self._aiohttp_timeout = aiohttp.ClientTimeout(sock_connect=connect, connect=connect)
         self.upstreams = [Upstream(u) for u in settings.upstreams]
         self._rr = itertools.count()
         self._catalogue: dict[str, list[Upstream]] = {}
@@ -347,7 +407,9 @@ class UpstreamPool:
                     )
                 _check_event_stream(response.headers.get("content-type"))
                 first = await response.content.readany()
-            return UpstreamStream(upstream, first, response.content.readany, _closer(response))
+            watch = IdleWatch(self._settings.idle_timeout_s, response.close)
+            return UpstreamStream(upstream, first, response.content.readany, _closer(response),
+                                  watch)  # fmt: skip
         except BaseException as exc:
             upstream.in_flight -= 1
             if response is not None:
