@@ -17,6 +17,7 @@ from typing import Literal
 import psutil
 import uvloop
 
+from bench.client import Api
 from bench.loadgen import LoadResult, LoadSpec, Meter, run_load
 from bench.procs import CpuMeter, ServerProcess
 
@@ -80,7 +81,9 @@ def run_cell(
     return Cell(pacing, concurrency, target, load, meter.cpu_s, meter.system_s, rss)
 
 
-def drive(plan: LoadPlan, url: str, concurrency: int, meter: Meter) -> LoadResult:
+def drive(
+    plan: LoadPlan, url: str, concurrency: int, meter: Meter, api: Api = "chat"
+) -> LoadResult:
     """Run one load on a fresh uvloop event loop (the client must stay lean)."""
     spec = LoadSpec(
         url=url,
@@ -90,6 +93,7 @@ def drive(plan: LoadPlan, url: str, concurrency: int, meter: Meter) -> LoadResul
         duration_s=plan.duration_s,
         max_tokens=plan.max_tokens,
         warmup_s=plan.warmup_s,
+        api=api,
     )
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(run_load(spec, meter))

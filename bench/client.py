@@ -18,6 +18,7 @@ Rules:
   ``response.reasoning_text.delta`` event (non-empty ``delta``), the end is
   ``response.completed``/``response.incomplete``, an error is an ``error`` or
   ``response.failed`` event (its objects carry ``"error": null`` on success).
+- Legacy completions (``api="completions"``): as chat, with the text in ``text``.
 - Anthropic's Messages API (``api="messages"``): a chunk is a ``content_block_delta`` event
   carrying text or thinking (not a ``signature_delta``), the end is ``message_stop``, an error
   an ``error`` event.
@@ -31,7 +32,8 @@ import time
 from typing import Literal, cast
 
 _TEXT_KEYS = (b'"content":"', b'"reasoning_content":"', b'"reasoning":"')
-Api = Literal["chat", "responses", "messages"]
+_COMPLETION_KEYS = (b'"text":"',)
+Api = Literal["chat", "responses", "messages", "completions"]
 _QUOTE = 0x22
 
 
@@ -214,7 +216,7 @@ class Connection(asyncio.Protocol):
             self._saw_done = True
         elif event.startswith(b"event: error") or b'"error":' in event:
             self._fail(f"error event: {event[:300]!r}")
-        elif _carries_text(event):
+        elif _carries_text(event, _COMPLETION_KEYS if self._api == "completions" else _TEXT_KEYS):
             self._chunk(now)
 
     def _responses_event(self, event: bytes, now: float) -> None:
@@ -268,8 +270,8 @@ class Connection(asyncio.Protocol):
         self._mode = _HEAD
 
 
-def _carries_text(event: bytes) -> bool:
-    for key in _TEXT_KEYS:
+def _carries_text(event: bytes, keys: tuple[bytes, ...] = _TEXT_KEYS) -> bool:
+    for key in keys:
         at = event.find(key)
         if at >= 0 and event[at + len(key)] != _QUOTE:
             return True

@@ -34,7 +34,8 @@ from bench.client import Api, Connection, Recorder
 
 _RECONNECT_BACKOFF_S = 0.1  # a refused connection must not turn a worker into a busy loop
 _PROMPTS = 64  # distinct prompts (the simulator seeds its output from the prompt text)
-_PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages"}
+_PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/messages",
+          "completions": "/completions"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +195,8 @@ def _request(spec: LoadSpec, host: str, path: str, n: int) -> bytes:
                      "thinking": {"type": "adaptive"}},
         "chat": {"messages": messages, "max_tokens": spec.max_tokens,
                  "stream_options": {"include_usage": True}},
+        "completions": {"prompt": question, "max_tokens": spec.max_tokens,
+                        "stream_options": {"include_usage": True}},
     }[spec.api]  # fmt: skip
     body = json.dumps(
         {"model": spec.model, "stream": True, **fields}, separators=(",", ":")
