@@ -141,21 +141,24 @@ class Exchange:
             self.metrics.observe_completion(done)
         log_completion(record, overhead_s=self.overhead_s, first_content_at=self.first_content_at)
         used = record.usage.total_tokens if record.usage is not None else 0
-        work: list[Awaitable[Any]] = [
-            self.sink.submit(record),
-            self.gate.settle(self.ticket, used or self.ticket.reserved_tokens),
-        ]
-        if self.after is not None and record.status == "ok":
-            work.append(self.after(record))
-        recorded, failures, *kept = await asyncio.gather(*work, return_exceptions=True)
-        for failure in failures if isinstance(failures, list) else [failures]:
+        # The record (a ledger commit) runs beside the settlement: one task, not a gather's
+        # two; the settlement runs here, and collects its own failures.
+        recording = asyncio.ensure_future(self.sink.submit(record))
+        keeping = (asyncio.ensure_future(self.after(record))
+                   if self.after is not None and record.status == "ok" else None)  # fmt: skip
+        try:
+            failures = await self.gate.settle(self.ticket, used or self.ticket.reserved_tokens)
+        except Exception as exc:
+            failures = [exc]
+        for failure in failures:
             log.warning("settling request %s failed: %s", self.request_id, type(failure).__name__)
-        for failure in kept:  # the record has the exchange, so nothing is lost
-            if isinstance(failure, BaseException):
+        if keeping is not None:
+            try:
+                await keeping
+            except Exception as exc:  # the record has the exchange, so nothing is lost
                 log.warning("keeping request %s failed: %s", self.request_id,
-                            type(failure).__name__)  # fmt: skip
-        if isinstance(recorded, BaseException):
-            raise recorded
+                            type(exc).__name__)  # fmt: skip
+        await recording
 
     def _counted(self, choices: list[ChoiceState]) -> Usage | None:
         """The usage of a stream the engine never reported on (the client left, or it broke

@@ -219,6 +219,7 @@ class UpstreamPool:
         self._timeouts = {"connect": connect, "read": idle, "write": idle, "pool": connect}
         # Streams go straight to aiohttp when the transport is aiohttp's (the default).
         self._session = _aiohttp_session_of(transport)
+        self._base_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self._headers}
         # No sock_read: an IdleWatch per stream keeps IDLE_TIMEOUT_S (the first bytes are
         # under FIRST_TOKEN_TIMEOUT_S).
         self._aiohttp_timeout = aiohttp.ClientTimeout(sock_connect=connect, connect=connect)
@@ -419,7 +420,9 @@ class UpstreamPool:
             raise
 
     def _aiohttp_headers(self, headers: Headers) -> dict[str, str]:
-        merged = {k.decode("latin-1"): v.decode("latin-1") for k, v in self._headers}
+        if not headers:
+            return self._base_headers
+        merged = dict(self._base_headers)
         merged.update((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
         return merged
 
