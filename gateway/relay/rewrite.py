@@ -277,14 +277,16 @@ class StreamRelay(Rewriter):
             if not (state.quiet and state.splitter.idle):
                 return None  # something is held back and must go out first
             if state.separated or state.splitter.state is State.ANSWER:
-                state.take(text, None, final=False)
+                if not state.take_plain(text, reasoning=False):
+                    state.take(text, None, final=False)
                 return encode_data(raw)
             if not state.plain_reasoning(text):
                 return None
         elif field not in _RENAMES or not (state.separated and state.plain_reasoning(text)):
             return None
         out = self._reasoning_out(raw, _DELTA_KEYS[field])
-        if out is not None:  # recorded only when the fast path really takes the chunk
+        if out is not None and not state.take_plain(text, reasoning=True):
+            # recorded only when the fast path really takes the chunk
             if field == "content":
                 state.take(text, None, final=False)
             else:

@@ -115,3 +115,37 @@ def test_held_tokens_count_where_their_text_went(
     state = ChoiceState.start(BUILTIN[name], "text", thinking=True, repair_leak=False)
     feed(state, [("content", t) for t in tokens])
     assert (state.deltas, state.reasoning_deltas) == (len(tokens), reasoning_tokens)
+
+
+PLAIN_STREAMS = {
+    "r1 text": ("text", ["<think>", "\n", "Let", " me", " think", "<", "/think", ">", "\n\n",
+                         "The", " answer", " is", " 4", "."]),
+    "qwen3 text": ("text", ["<think>\n", "a", " b", "</think>", "\n\nc", " d"]),
+    "separated": ("upstream", ["r1", " r2", " <no", " marker>", " r3"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(PLAIN_STREAMS))
+def test_the_plain_fast_path_keeps_and_counts_what_take_does(name: str) -> None:
+    source, texts = PLAIN_STREAMS[name]
+    fmt = BUILTIN["qwen3" if name.startswith("qwen3") else "deepseek_r1"]
+
+    def run(fast: bool) -> tuple[object, ...]:
+        state = ChoiceState.start(fmt, source, thinking=True, repair_leak=False)  # type: ignore[arg-type]
+        taken = 0
+        for text in texts:
+            as_reasoning = source == "upstream"
+            if fast and state.take_plain(
+                text, reasoning=as_reasoning or state.splitter.in_reasoning
+            ):
+                taken += 1
+            elif as_reasoning:
+                state.take(None, text, final=False)
+            else:
+                state.take(text, None, final=False)
+        state.take(None, None, final=True)
+        return (tuple(state.reasoning), tuple(state.content), state.deltas,
+                state.reasoning_deltas, state.reasoning_tokens, taken > 0 or not fast)  # fmt: skip
+
+    slow, fast = run(False), run(True)
+    assert fast == slow  # same text kept, same counts; and the fast path took some deltas
