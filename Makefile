@@ -38,6 +38,14 @@ check: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.compare
 
+# What users run (about 20 minutes): a paced upstream writing one event per write, a bare
+# aiohttp relay as the baseline, thinkgate in the production configuration on SQLite and on
+# PostgreSQL + Redis (127.0.0.1), every endpoint. BEFORE=DIR also measures another source tree
+# (e.g. a git worktree of the previous commit) side by side. Updates bench/RESULTS.md.
+.PHONY: bench-realistic
+bench-realistic: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.realistic $(if $(BEFORE),--before $(BEFORE))
+
 # The ledger: append throughput, strict vs async, proofs and verify at 1,000,000 records
 # (about 15 minutes; PostgreSQL from THINKGATE_TEST_DATABASE_URL). Updates bench/RESULTS.md.
 bench-ledger: $(VENV)/.installed-dev

@@ -7,7 +7,8 @@ token. ``thinkgate sim`` writes several tokens per write at zero delay; this ser
 It speaks just enough OpenAI for the gateway and the relay: ``GET /v1/models``, ``GET
 /health``, ``POST /v1/chat/completions`` and ``POST /v1/completions`` (streamed, HTTP/1.1
 chunked, keep-alive). The model name picks the shape (``MODELS``): reasoning words in
-DeepSeek-R1's ``<think>`` text (the gateway's splitter cuts them), answer words, the delay
+DeepSeek-R1's text (starting at once: its template opens ``<think>`` in the prompt, so the first
+event is a token for every client; the splitter cuts at ``</think>``), answer words, the delay
 between events. Each event is one chunk of the chunked body in one write; with
 ``stream_options.include_usage`` a usage chunk comes before ``[DONE]``.
 
@@ -39,7 +40,7 @@ class Shape:
 MODELS = {
     "bench-flat": Shape(150, 50, 0),  # flat out: as fast as the reader reads
     "bench-paced": Shape(40, 20, 10),  # 100 tokens/s per stream, a realistic engine
-    "bench-short": Shape(0, 3, 0),  # three answer chunks (the tags alone are dropped): per request
+    "bench-short": Shape(0, 3, 0),  # </think> (dropped by the gateway), 3 answer chunks
 }
 
 
@@ -63,8 +64,7 @@ def events(model: str, chat: bool, usage: bool) -> tuple[bytes, ...]:
     out = [event({"delta": {"role": "assistant", "content": ""}, "logprobs": None,
                   "finish_reason": None})] if chat else []  # fmt: skip
     texts: list[str] = []
-    if shape.think:
-        texts.append("<think>\n")
+    if shape.think:  # R1's chat template opens <think> in the prompt: the output starts inside
         texts += [f" thought{i}" for i in range(shape.reasoning_words)]
         texts.append("\n</think>\n\n")
     texts += [f" word{i}" for i in range(shape.answer_words)]

@@ -56,7 +56,7 @@ class CellSpec:
     systems: tuple[str, ...] = ()  # () = every system
 
 
-# The endpoints are compared per request (the same 62 upstream events each): a client of the
+# The endpoints are compared per request (the same 61 upstream tokens each): a client of the
 # legacy completions gets no reasoning, so fewer chunks for the same work.
 ENDPOINT_SYSTEMS = ("thinkgate", "thinkgate@before")
 CHAT_PER_REQUEST = "chat, c=32, 10 ms"
@@ -205,17 +205,19 @@ def render(runs: list[Measured], systems: list[str], rounds: int, measured: str)
         f"{rounds} rounds, system order rotated per round, medians (min–max) over rounds.",
         "",
         "Upstream: `bench.paced` (one SSE event per write; at 10 ms one per read, as vLLM "
-        "sends; 40 reasoning + 20 answer words paced, 150 + 50 flat out). `relay`: "
+        "sends; 40 reasoning + 20 answer words paced, 150 + 50 flat out, each a token; the "
+        "`</think>` event between, which thinkgate drops and a relay passes as a chunk, so "
+        "thinkgate is charged per chunk for 60 of 61, 2 of 4 in the 3-chunk cell). `relay`: "
         "`bench.relay`, nothing parsed. `thinkgate`: `ledger init`, strict ledger on SQLite, "
         "metrics, JSON access log, a visible-reasoning key; `_pg`: PostgreSQL, Redis rate "
         "limits and KV admission. `@before`: the same from the code before this change.",
         "",
-        "Endpoint cells compare CPU per request (the same 62 upstream events) with chat's: "
+        "Endpoint cells compare CPU per request (the same 61 upstream tokens) with chat's: "
         "their `× relay` column is `× chat` of the same system and round.",
         "",
         "| cell | system | chunks/s | × direct | CPU µs per chunk (per request) | × relay | "
-        "TTFT p50 ms | added TTFT p50 ms | RSS MB | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "TTFT p50 ms | added TTFT p50 ms | added TTFT p99 ms | gap p50 ms | RSS MB | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in CELLS:
         here = [r for r in runs if r.cell == cell.name]
@@ -246,13 +248,18 @@ def _row(cell: CellSpec, system: str, mine: list[Measured], here: list[Measured]
     ttft = [r.load.ttft.p50 * 1000 for r in mine]
     added = [(r.load.ttft.p50 - direct[r.round].load.ttft.p50) * 1000 for r in mine
              if r.round in direct]  # fmt: skip
+    added99 = [(r.load.ttft.p99 - direct[r.round].load.ttft.p99) * 1000 for r in mine
+               if r.round in direct]  # fmt: skip
+    gap = [r.load.gap.p50 * 1000 for r in mine]
     rss = [r.rss / 2**20 for r in mine if r.rss is not None]
     errors = sum(r.load.errors for r in mine)
     unit = " /req" if cell.per_request else ""
     return (f"| {cell.name} | {system} | {_span(rate, '{:,.0f}')} | {_span(ratio, '{:.2f}')} | "
             f"{_span(cost, '{:,.1f}')}{unit if cost and system != 'direct' else ''} | "
             f"{_span(vs_relay, '{:.2f}')} | {_span(ttft, '{:.2f}')} | "
-            f"{_span(added, '{:+.2f}') if system != 'direct' else ''} | {_span(rss, '{:.0f}')} | "
+            f"{_span(added, '{:+.2f}') if system != 'direct' else ''} | "
+            f"{_span(added99, '{:+.1f}') if system != 'direct' else ''} | {_span(gap, '{:.2f}')} | "
+            f"{_span(rss, '{:.0f}')} | "
             f"{errors} |")  # fmt: skip
 
 
@@ -322,7 +329,8 @@ def _flat(run: Measured) -> dict[str, object]:
     return {"cell": run.cell, "system": run.system, "round": run.round,
             "chunks": run.load.chunks, "requests": run.load.requests,
             "elapsed_s": run.load.elapsed_s, "errors": run.load.errors,
-            "ttft_p50_s": run.load.ttft.p50, "cpu_s": run.cpu_s, "rss": run.rss}  # fmt: skip
+            "ttft_p50_s": run.load.ttft.p50, "ttft_p99_s": run.load.ttft.p99,
+            "gap_p50_s": run.load.gap.p50, "cpu_s": run.cpu_s, "rss": run.rss}  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
