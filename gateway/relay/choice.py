@@ -50,18 +50,8 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from gateway.relay.formats import NONE, THINK_CLOSE, ReasoningFormat, ReasoningSource
-from gateway.relay.thinksplit import (
-    REASONING_STATES,
-    Reasoning,
-    SplitEvent,
-    State,
-    ThinkSplitter,
-)
+from gateway.relay.thinksplit import REASONING_STATES, Reasoning, SplitEvent, ThinkSplitter
 from gateway.relay.toolcalls import ToolCalls
-
-# Where a reasoning delta that cannot start a marker passes the splitter untouched (the
-# opening states may still move on the first text).
-_PLAIN_REASONING = (State.REASONING, State.FIELD)
 
 
 @cache
@@ -115,23 +105,19 @@ class ChoiceState:
         return splitter.in_reasoning and splitter.idle and not splitter.could_hold(text)
 
     def take_plain(self, text: str, reasoning: bool) -> bool:
-        """``take`` for the fast path's commonest deltas, without the splitter: ``text`` all
-        reasoning (the splitter inside reasoning proper, holding nothing, and no marker can
-        start in ``text``) or all answer (the splitter in the answer, reasoning not in its own
-        field). Then the splitter would hand ``text`` back as it is and change nothing, so
-        this counts and keeps it as ``take`` would; ``False`` (nothing done) otherwise."""
-        splitter = self.splitter
-        if self._pending or not splitter.idle:
+        """``take`` for the fast path's commonest deltas, without the splitter: when the
+        splitter would hand ``text`` back whole as ``reasoning`` (or answer) text and change
+        nothing (``ThinkSplitter.hands_back``), and no delta is held, it is counted and kept
+        as ``take`` would; ``False`` (nothing done) otherwise. An answer delta of a choice
+        whose reasoning comes in its own field takes ``take``'s repairs."""
+        if self._pending or (self.separated and not reasoning):
             return False
-        state = splitter.state
+        if self.splitter.hands_back(text) is not reasoning:
+            return False
         if reasoning:
-            if state not in _PLAIN_REASONING or splitter.could_hold(text):
-                return False
             self.reasoning.append(text)
             self.reasoning_deltas += 1
         else:
-            if state is not State.ANSWER or self.separated:
-                return False
             self.content.append(text)
         self.last_had_reasoning = reasoning
         self.deltas += 1

@@ -188,6 +188,19 @@ class ThinkSplitter:
         """True once the output is in the answer (always true for ``none``)."""
         return self.state is State.ANSWER
 
+    def hands_back(self, text: str) -> bool | None:
+        """Whether ``feed(text)`` would hand non-empty ``text`` back whole as one event and
+        change nothing: ``True`` as reasoning, ``False`` as the answer; ``None`` when it might
+        not (text held, a character that may start a marker, a state the first text leaves)."""
+        if self._held or self._closed:
+            return None
+        if self.state is State.ANSWER:
+            return False
+        row = self._row
+        if row.at_start or row.may_start(text):
+            return None
+        return row.reasoning
+
     def could_hold(self, text: str) -> bool:
         """Whether ``text`` holds a character that may start a marker active now."""
         return self._row.may_start(text)

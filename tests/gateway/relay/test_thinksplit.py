@@ -374,3 +374,27 @@ def test_every_format_holds_back_only_a_proper_prefix_of_an_active_marker(
         held = s._held
         assert len(held) <= longest - 1
         assert held == "" or any(m.startswith(held) and m != held for m in markers)
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN))
+def test_what_hands_back_promises_is_what_feed_does(name: str) -> None:
+    """Across every format and the states a stream passes: when ``hands_back`` answers, feed
+    gives the text back whole on that channel and the state stays; it answers often."""
+    pieces = ["plain", " words", "<", "think>", "\n", "</think>", "\n\n", "x < y", "done", " ",
+              "<tool_call>", "a"]  # fmt: skip
+    answered = 0
+    for start in range(len(pieces)):
+        splitter = ThinkSplitter(BUILTIN[name])
+        for piece in pieces[:start]:
+            splitter.feed(piece)
+        for piece in pieces[start:]:
+            kind = splitter.hands_back(piece)
+            before = (splitter.state, splitter.idle)
+            events = splitter.feed(piece)
+            if kind is not None:
+                answered += 1
+                assert [(type(e).__name__, e.text) for e in events] == [
+                    ("Reasoning" if kind else "Content", piece)
+                ], (name, start, piece)
+                assert (splitter.state, splitter.idle) == before
+    assert answered > 0
