@@ -6,7 +6,7 @@ process and through the gateway, with Redis and without.
 - **micro**: one process on uvloop, the gateway's own objects built as its lifespan builds them:
   ``open_redis`` (the process's one client, auto-pipelined), ``open_limiter`` and
   ``open_admission`` on it, with ``KV_CAPACITY_TOKENS`` 10⁹ (capacity known, never full), one key
-  whose rpm / tpm (10⁷ / 10¹²) are evaluated but never refuse, one upstream, no scraping. An
+  whose rpm / tpm (10⁷ / 2³¹ − 1) are evaluated but never refuse, one upstream, no scraping. An
   *admission* is ``gateway.admission.gate.Gate.admit`` itself (``limiter.admit`` and ``kv.admit``
   at once), a *settlement* ``limiter.settle`` and ``kv.release`` at once, as ``Exchange.finish``
   does them; 1,024 tokens reserved, 600 used, so the refund has something to give back. C workers
@@ -28,7 +28,7 @@ process and through the gateway, with Redis and without.
 - **gateway**: one simulator, gateway processes started in turn against it, off, on, off, on
   (a fresh process each): ``off`` without ``REDIS_URL``, a key without limits and no
   ``KV_CAPACITY_TOKENS`` (the scraper still learns the simulator's capacity, so KV admission
-  runs, in process); ``on`` with ``REDIS_URL``, a key with rpm / tpm 10⁷ / 10¹² and
+  runs, in process); ``on`` with ``REDIS_URL``, a key with rpm / tpm 10⁷ / 2³¹ − 1 and
   ``KV_CAPACITY_TOKENS`` 10⁹. Both record into a ``DiscardSink`` (the ledger has its own
   benchmark; here it would only add noise). Load: 64 workers streaming ``max_tokens`` 8 back
   to back through ``bench.loadgen``, which also times each whole request (written → response
@@ -81,7 +81,8 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
 TOKENS = 1024  # reserved per admission: prompt estimate + max_tokens
 USED = 600  # used: the settlement refunds the rest
 KV_CAPACITY = 10**9
-RPM, TPM = 10**7, 10**12
+# tpm: the CLI's largest (a 32-bit column), still never reached in a cell
+RPM, TPM = 10**7, 2**31 - 1
 ADMISSIONS_TARGET = 5_000.0  # admissions/s at C = 64 against Redis
 ADDED_P99_TARGET_MS = 1.0  # through the gateway at c = 64
 GATEWAY_CONCURRENCY = 64

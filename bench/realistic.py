@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.cells import drive
+from bench.cells import LoadPlan, drive
 from bench.client import Api
 from bench.loadgen import LoadResult
 from bench.procs import CpuMeter, ServerProcess, Workdir, free_port
@@ -174,14 +174,13 @@ def drop_databases() -> None:
             psql(f"DROP DATABASE {database} WITH (FORCE)")
 
 
-def measure(cell: CellSpec, system: System, round_: int, duration: float, warmup: float,
-            upstream: ServerProcess) -> Measured:  # fmt: skip
+def measure(
+    cell: CellSpec, system: System, round_: int, duration: float, warmup: float
+) -> Measured:
     processes = {"client": psutil.Process()}
     if system.server is not None:
         processes["proxy"] = system.server.process
     meter = CpuMeter(processes)
-    from bench.cells import LoadPlan
-
     plan = LoadPlan(system.key, duration, warmup, max_tokens=512, model=cell.model)
     load = drive(plan, system.base_url, cell.concurrency, meter, api=cell.api)
     rss = system.server.process.memory_info().rss if system.server is not None else None
@@ -300,8 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     shift = round_ % len(chosen)
                     for system in chosen[shift:] + chosen[:shift]:
                         quiet(upstream)
-                        run = measure(cell, system, round_, args.duration, args.warmup,
-                                      upstream)  # fmt: skip
+                        run = measure(cell, system, round_, args.duration, args.warmup)
                         runs.append(run)
                         print(f"round {round_} {cell.name:28} {system.name:22} "
                               f"{run.load.chunks_per_s:9,.0f} chunks/s "
