@@ -3,7 +3,10 @@
 - One httpx transport per app (created in the lifespan), HTTP/1.1 keep-alive: aiohttp's
   (``httpx-aiohttp``) by default, httpx's own pool as the alternative; measured in
   ``bench/RESULTS.md``, aiohttp's costs a third of the CPU per streamed chunk.
-- Requests are ``httpx.Request`` objects handed straight to the transport, without
+- Streams (the path every token takes) go straight to the aiohttp session under that
+  transport, with no httpx objects or iterator layers per read; ``UpstreamStream.read()`` is
+  one awaitable per read. With the ``httpx`` transport they go through httpx as below.
+- Other requests are ``httpx.Request`` objects handed straight to the transport, without
   ``httpx.AsyncClient``: the client's per-request work (URL merging, cookie jar, auth and
   redirect flows) was a third of a request's CPU, and a gateway wants none of it. An upstream's
   cookies and redirects are never followed; its body streams as the transport yields it.
@@ -20,8 +23,9 @@
   5xx) is retried once on another upstream serving the model; a 4xx is the caller's and is
   never retried.
 - Timeouts: connect, first token (response headers and first body bytes), idle (between
-  reads). The library exceptions of httpx and aiohttp are translated to ``UpstreamError``
-  in ``translate`` and nowhere else.
+  reads; on aiohttp streams kept by an ``IdleWatch``, one timer per stream, not per read).
+  The library exceptions of httpx and aiohttp are translated to ``UpstreamError`` in
+  ``translate`` and nowhere else.
 """
 
 from __future__ import annotations
