@@ -74,3 +74,18 @@ async def test_the_relay_passes_the_bytes_through_and_checks_its_key(upstream: s
     assert refused.status_code == 401
     assert through.status_code == 200 and through.content == direct.content
     assert through.headers["content-type"] == "text/event-stream"
+
+
+def test_the_counted_workload_runs_the_chunk_path_of_the_tree_it_is_given() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from bench.instructions import work; "
+         f"work({str(root)!r}, 'bench-short', 3); "
+         "import gateway.relay.rewrite as r; print(r.__file__)"],
+        cwd=root, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip().startswith(str(root))
