@@ -332,7 +332,9 @@ class Settings(BaseSettings):
     def publish_policy(self) -> tuple[tuple[str, ...], int, bool]:
         """What a checkpoint needs before ``/tlog/checkpoint`` publishes it: cosignatures by
         ``quorum`` of these witness names, and a timestamp if a TSA is configured."""
-        names = tuple(w.key.split("+", 1)[0] for w in self.witnesses)
+        from audit.witness import CosignerKey  # the key format's one parser (validated above)
+
+        names = tuple(CosignerKey.parse(w.key).name for w in self.witnesses)
         quorum = len(names) if self.witness_quorum is None else self.witness_quorum
         return names, quorum, bool(self.tsa_url)
 
