@@ -175,6 +175,7 @@ async def _start(
     sealer = ReasoningSealer(keys, settings.reasoning_token_ttl_s) if keys else None
     stored = ResponseStore(engine, keys, settings.responses_retention_s) if keys else None
     upstreams = UpstreamPool(transport, settings)
+    stack.callback(upstreams.close)
     kv = open_admission(settings, transport, redis)
     metrics = observe(settings, upstreams, kv, limiter, ledger)
     background = [kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),

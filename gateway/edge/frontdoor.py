@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.edge.streaming import RAW_SEND
 from gateway.errors import GatewayError, HeadersTooLarge
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -52,6 +53,7 @@ class FrontDoor:
         if scope["type"] != "http":
             await self.framework(scope, receive, send)
             return
+        scope[RAW_SEND] = send  # streams write past the framework's wrappers (DirectWriter)
         request_id = _incoming(scope) or b"req_" + secrets.token_hex(12).encode()
         scope.setdefault("state", {})["request_id"] = request_id.decode()
         if sum(len(k) + len(v) for k, v in scope["headers"]) > self.max_header_bytes:

@@ -9,7 +9,11 @@ the request ends quietly; any other cancellation (server shutdown) propagates.
 
 ``RelayResponse`` streams an async iterator of bytes and, whatever happens, calls
 ``cleanup(disconnected)`` once at the end, even when the body never started (a generator's
-own ``finally`` does not run then).
+own ``finally`` does not run then). Given a ``push`` and served by uvicorn's httptools
+protocol, it hands ``push`` a ``DirectWriter`` instead: body bytes go straight onto the
+client's transport, framed as uvicorn frames them, from wherever they are made (the upstream
+connection's read callback), with no ASGI ``send`` per chunk. The response start and its end
+still go through ``send``, so the server's state (keep-alive, the final chunk) stays its own.
 
 Plain asyncio on purpose: an anyio task group and cancel scope per request cost more CPU than
 the rest of the request's handling on Python 3.11 (each asks for the current task, a
@@ -23,6 +27,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+# The server's own ``send``, kept by the front door when frameworks wrap it (their wrappers
+# only look at the response start, which still goes through them).
+RAW_SEND = "thinkgate.send"
 
 
 class DisconnectWatcher:
@@ -48,6 +57,45 @@ class DisconnectWatcher:
         self._task.cancel()
 
 
+class DirectWriter:
+    """Body bytes onto the client's transport, chunk-framed as uvicorn's httptools ``send``
+    frames them; ``paused`` is uvicorn's flow control (the client reads slower than we write),
+    ``drain()`` waits until it reads again. Writes after the client left are dropped (the
+    disconnect cancels the request's task)."""
+
+    __slots__ = ("_cycle", "_transport")
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+        self._transport = cycle.transport
+
+    @classmethod
+    def of(cls, send: Send) -> DirectWriter | None:
+        """The writer under ``send`` once the response started, if uvicorn's httptools
+        protocol serves it with chunked framing; ``None`` otherwise (another server, an
+        HTTP/1.0 client, a response already over): then ``send`` it is."""
+        cycle = getattr(send, "__self__", None)
+        if not isinstance(cycle, RequestResponseCycle):
+            return None
+        if not cycle.response_started or cycle.response_complete or cycle.disconnected:
+            return None
+        if cycle.chunked_encoding is not True:
+            return None
+        return cls(cycle)
+
+    def write(self, data: bytes) -> None:
+        if data and not self._cycle.disconnected:
+            self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    @property
+    def paused(self) -> bool:
+        return self._cycle.flow.write_paused
+
+    async def drain(self) -> None:
+        if self._cycle.flow.write_paused and not self._cycle.disconnected:
+            await self._cycle.flow.drain()
+
+
 class RelayResponse(Response):
     """A ``Response`` only so that frameworks pass it through untouched."""
 
@@ -59,6 +107,7 @@ class RelayResponse(Response):
         watcher: DisconnectWatcher,
         cleanup: Callable[[bool], Awaitable[None]],
         headers: Sequence[tuple[str, str]] = (),
+        push: Callable[[DirectWriter], Awaitable[None]] | None = None,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -68,6 +117,7 @@ class RelayResponse(Response):
             *((name.encode("latin-1"), value.encode("latin-1")) for name, value in headers),
         ]
         self._body = body
+        self._push = push
         self._watcher = watcher
         self._cleanup = cleanup
         self._completed = False  # the whole body went out; a disconnect after it is normal
@@ -75,7 +125,7 @@ class RelayResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         disconnected = False
         try:
-            await self._stream(send)
+            await self._stream(scope, send)
         except asyncio.CancelledError as exc:
             self._watcher.claim(exc)
             disconnected = True
@@ -85,11 +135,15 @@ class RelayResponse(Response):
             self._watcher.stop()
             await asyncio.shield(self._cleanup(disconnected and not self._completed))
 
-    async def _stream(self, send: Send) -> None:
+    async def _stream(self, scope: Scope, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        writer = None if self._push is None else DirectWriter.of(scope.get(RAW_SEND, send))
         try:
-            async for chunk in self._body:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if writer is not None and self._push is not None:
+                await self._push(writer)
+            else:
+                async for chunk in self._body:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         finally:
             aclose = getattr(self._body, "aclose", None)
             if aclose is not None:

@@ -39,14 +39,14 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive
 
-from gateway.edge.streaming import DisconnectWatcher, RelayResponse
+from gateway.edge.streaming import DirectWriter, DisconnectWatcher, RelayResponse
 from gateway.errors import GatewayError, RemoteProtocolError, UpstreamError, UpstreamProtocolError
 from gateway.exchange.lifecycle import Exchange
 from gateway.relay.effort import COUNTING
 from gateway.relay.rewrite import StreamRelay
 from gateway.relay.sse import SSEParser
 from gateway.upstream.engine import Upstream
-from gateway.upstream.pool import UpstreamPool, UpstreamStream
+from gateway.upstream.pool import UpstreamPool, UpstreamStream, translate
 
 log = logging.getLogger("thinkgate")
 
@@ -93,14 +93,19 @@ class Forwarder:
         leg = await self._leg(ex, candidates, ex.request.upstream_body)
 
         async def cleanup(disconnected: bool) -> None:
-            await leg.stream.aclose()
+            await leg.stream.aclose(ending=relay.done)
             if disconnected and ex.status != "ok":
                 ex.disconnected()
             with contextlib.suppress(GatewayError):  # the stream is over: nobody left to tell
                 await ex.finish()
 
         body = relay_stream(ex, leg, relay, self.keepalive_s)
-        return RelayResponse(body, watcher, cleanup, (*ex.ticket.headers, overhead_header(ex)))
+        headers = (*ex.ticket.headers, overhead_header(ex))
+
+        async def push(writer: DirectWriter) -> None:
+            await push_stream(ex, leg, relay, writer, self.keepalive_s)
+
+        return RelayResponse(body, watcher, cleanup, headers, push if leg.stream.wire else None)
 
     async def _leg(self, ex: Exchange, candidates: Sequence[Upstream], body: bytes) -> Leg:
         """The upstream stream of ``body``, opened on the first candidate that answers; a
@@ -157,7 +162,7 @@ class Forwarder:
         except RemoteProtocolError as exc:
             raise UpstreamProtocolError(str(exc)) from None
         finally:
-            await leg.stream.aclose()
+            await leg.stream.aclose(ending=inner.done)
         return assembled(inner)
 
 
@@ -175,7 +180,7 @@ class Leg:
         self.parser = SSEParser(self.max_event)
 
     async def continue_with(self, body: bytes) -> None:
-        await self.stream.aclose()
+        await self.stream.aclose()  # cut short: the engine stops generating
         self.stream, self.body = await self.reopen(body), body
         self.parser = SSEParser(self.max_event)
 
@@ -257,6 +262,128 @@ async def relay_stream(
         yield _failed(ex, relay, GatewayError("The gateway failed while streaming."))
         await _finish_quietly(ex)
         yield relay.end()
+
+
+async def push_stream(
+    ex: Exchange, leg: Leg, relay: StreamRelay, writer: DirectWriter, keepalive_s: float
+) -> None:
+    """The relay loop pushed: ``relay_stream``'s rules, with every upstream read relayed and
+    written to the client from the connection's read callback (``_Pusher``); this task wakes
+    only when the client is slow, for a continuation, and at the end."""
+    pusher = _Pusher(ex, leg, relay, writer, keepalive_s)
+    try:
+        while True:
+            outcome = await pusher.run()
+            if outcome is _PAUSED:
+                await writer.drain()
+                continue
+            if isinstance(outcome, BaseException):
+                raise outcome
+            if not relay.cutting:
+                break
+            await leg.continue_with(relay.continuation(leg.body))
+        if not relay.done:
+            raise UpstreamProtocolError("the model server ended the stream before [DONE]")
+        ex.status = "ok"
+        await ex.finish()
+        writer.write(relay.end())
+    except (GatewayError, RemoteProtocolError) as exc:
+        error = exc if isinstance(exc, GatewayError) else UpstreamProtocolError(str(exc))
+        writer.write(_failed(ex, relay, error))
+        await _finish_quietly(ex)
+        writer.write(relay.end())
+    finally:
+        pusher.stop()
+
+
+_PAUSED = object()  # the client is slow: the upstream is held back until it drains
+_STOPPED = object()  # [DONE], or the turn's reasoning budget is spent (a continuation)
+_ENDED = object()  # the upstream's body ended
+
+
+class _Pusher:
+    """The upstream's sink while a stream is pushed: ``data`` runs in the connection's read
+    callback and does what one turn of ``relay_stream`` does (relay the read, write it, keep
+    the client's connection with a comment while reasoning is withheld); what needs the task
+    (a slow client, the end, an error) resolves the future ``run()`` gave it."""
+
+    __slots__ = ("_ex", "_held", "_keepalive_s", "_leg", "_loop", "_outcome", "_pushing",
+                 "_relay", "_waiter", "_writer", "last_sent")  # fmt: skip
+
+    def __init__(
+        self, ex: Exchange, leg: Leg, relay: StreamRelay, writer: DirectWriter, keepalive_s: float
+    ) -> None:
+        self._ex, self._leg, self._relay, self._writer = ex, leg, relay, writer
+        self._keepalive_s = keepalive_s
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        self._outcome: object = None  # what the task is to be told; None: nothing yet
+        self._pushing = False  # the leg's stream pushes to this sink
+        self._held = False  # its upstream is paused for a slow client
+        self.last_sent = time.perf_counter()
+
+    async def run(self) -> object:
+        """Push until something needs the task: ``_PAUSED``, ``None`` (the stream stopped or
+        its body ended: the caller tells ``[DONE]`` from a continuation from a missing end),
+        or the error that cut the stream short."""
+        if self._outcome is None:
+            self._waiter = self._loop.create_future()
+            if not self._pushing:  # a new stream: the request's, or its continuation's
+                self._pushing = True
+                if not self._leg.stream.push(self):
+                    raise AssertionError("a pushed relay needs a stream that pushes")
+            elif self._held:  # the client drained: read on
+                self._held = False
+                self._leg.stream.resume()
+            if self._outcome is None:
+                await self._waiter
+        outcome, self._outcome = self._outcome, None
+        if outcome is _PAUSED:
+            self._held = True
+            return _PAUSED
+        self._pushing = False
+        return None if outcome is _STOPPED or outcome is _ENDED else outcome
+
+    def data(self, raw: bytes) -> None:
+        relay = self._relay
+        try:
+            arrived = time.perf_counter()
+            out, error = relay_read(relay, self._leg.parser, raw)
+            self._ex.observe_read(arrived)
+            if out:
+                self._ex.mark_first_token()
+                self._writer.write(out)
+                self.last_sent = arrived
+            elif arrived - self.last_sent > self._keepalive_s:
+                self._writer.write(relay.keepalive)  # upstream is busy with withheld reasoning
+                self.last_sent = arrived
+        except Exception:  # a bug of ours: the client still gets its one terminal error event
+            log.exception("relay failed (request %s)", self._ex.request_id)
+            error = GatewayError("The gateway failed while streaming.")
+        if error is not None:
+            self._settle(error)
+        elif relay.done or relay.cutting:
+            self._settle(_STOPPED)
+        elif self._writer.paused:
+            self._leg.stream.pause()
+            self._settle(_PAUSED)
+
+    def end(self, error: BaseException | None) -> None:
+        self._settle(_ENDED if error is None else translate(error, started=True))
+
+    def _settle(self, outcome: object) -> None:
+        if outcome is not _PAUSED:
+            self._leg.stream.unhook()  # what else comes is not relayed
+            self._outcome = outcome
+        elif self._outcome is None:
+            self._outcome = outcome
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def stop(self) -> None:
+        """The stream is over here (or this task was cancelled): nothing more is pushed."""
+        self._leg.stream.unhook()
 
 
 def _failed(ex: Exchange, relay: StreamRelay, error: GatewayError) -> bytes:

@@ -3,9 +3,11 @@
 - One httpx transport per app (created in the lifespan), HTTP/1.1 keep-alive: aiohttp's
   (``httpx-aiohttp``) by default, httpx's own pool as the alternative; measured in
   ``bench/RESULTS.md``, aiohttp's costs a third of the CPU per streamed chunk.
-- Streams (the path every token takes) go straight to the aiohttp session under that
-  transport, with no httpx objects or iterator layers per read; ``UpstreamStream.read()`` is
-  one awaitable per read. With the ``httpx`` transport they go through httpx as below.
+- Streams (the path every token takes) go over thinkgate's own HTTP/1.1 client
+  (``gateway.upstream.wire``) beside the aiohttp transport: ``UpstreamStream.read()`` is one
+  awaitable per read, and ``push(sink)`` hands each read to the relay from the socket's read
+  callback, with no task woken per token. With the ``httpx`` transport they go through httpx
+  as below, read only.
 - Other requests are ``httpx.Request`` objects handed straight to the transport, without
   ``httpx.AsyncClient``: the client's per-request work (URL merging, cookie jar, auth and
   redirect flows) was a third of a request's CPU, and a gateway wants none of it. An upstream's
@@ -23,7 +25,7 @@
   5xx) is retried once on another upstream serving the model; a 4xx is the caller's and is
   never retried.
 - Timeouts: connect, first token (response headers and first body bytes), idle (between
-  reads; on aiohttp streams kept by an ``IdleWatch``, one timer per stream, not per read).
+  reads; on wire streams kept by an ``IdleWatch``, one timer per stream, not per read).
   The library exceptions of httpx and aiohttp are translated to ``UpstreamError`` in
   ``translate`` and nowhere else.
 """
@@ -54,6 +56,7 @@ from gateway.errors import (
 )
 from gateway.settings import Settings
 from gateway.upstream.engine import Upstream
+from gateway.upstream.wire import IdleWatch, Sink, WireError, WirePool, WireResponse
 
 T = TypeVar("T")
 Headers = Sequence[tuple[bytes, bytes]]
@@ -66,6 +69,8 @@ def translate(exc: BaseException, *, started: bool) -> UpstreamError:
     """One boundary for httpx/aiohttp/OS errors. ``started``: response headers were received."""
     if isinstance(exc, UpstreamError):
         return exc
+    if isinstance(exc, WireError):
+        return UpstreamProtocolError(str(exc))
     if isinstance(exc, aiohttp.ConnectionTimeoutError) and not started:
         return UpstreamConnectError("could not connect to the model server")
     if isinstance(exc, httpx.TimeoutException | asyncio.TimeoutError | TimeoutError):
@@ -92,16 +97,10 @@ def create_transport(settings: Settings) -> httpx.AsyncBaseTransport:
     return httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
 
 
-def _aiohttp_session_of(transport: httpx.AsyncBaseTransport) -> aiohttp.ClientSession | None:
-    """The aiohttp session under an ``httpx_aiohttp`` transport (made now: its lazy factory
-    would make it on the first request anyway), ``None`` for any other transport."""
+def _is_aiohttp(transport: httpx.AsyncBaseTransport) -> bool:
     from httpx_aiohttp import AiohttpTransport
 
-    if not isinstance(transport, AiohttpTransport):
-        return None
-    if not isinstance(transport.client, aiohttp.ClientSession):
-        transport.client = transport.get_client()
-    return transport.client
+    return isinstance(transport, AiohttpTransport)
 
 
 def _aiohttp_session(settings: Settings) -> aiohttp.ClientSession:
@@ -124,13 +123,15 @@ class UpstreamStream:
 
     ``read()`` gives the body as it arrives (the first bytes, then each read of the
     connection; ``b""`` at its end), with the libraries' errors translated: one awaitable per
-    read, no iterator layers, on the path every streamed token takes."""
+    read, no iterator layers. ``push(sink)`` (the wire client's streams; ``False`` for the
+    ``httpx`` transport's) hands every read to the sink from the connection's read callback
+    instead; the sink sees the wire's own errors, to be ``translate``d."""
 
     upstream: Upstream
     first: bytes
     _next: Callable[[], Awaitable[bytes]] = field(repr=False)
     _close: Callable[[], Awaitable[Any]] = field(repr=False)
-    _watch: IdleWatch | None = field(default=None, repr=False)
+    wire: WireResponse | None = field(default=None, repr=False)
     _started: bool = field(default=False, repr=False)
     _closed: bool = field(default=False, repr=False)
 
@@ -139,76 +140,54 @@ class UpstreamStream:
             self._started = True
             if self.first:
                 return self.first
-        watch = self._watch
-        if watch is None:
-            try:
-                return await self._next()
-            except Exception as exc:
-                raise translate(exc, started=True) from exc
-        watch.waiting()
         try:
-            chunk = await self._next()
+            return await self._next()
         except Exception as exc:
-            raise (_idle() if watch.fired else translate(exc, started=True)) from exc
-        finally:
-            watch.since = None
-        if watch.fired:  # the abort may end the body rather than fail the read
-            raise _idle()
-        return chunk
+            raise translate(exc, started=True) from exc
 
-    async def aclose(self) -> None:
-        """Idempotent: release the upstream slot and the connection once."""
+    def push(self, sink: Sink) -> bool:
+        """Every read from now on (the first bytes, if not read yet) to ``sink``; ``False``
+        when this stream can only be read."""
+        wire = self.wire
+        if wire is None:
+            return False
+        if not self._started:
+            self._started = True
+            if self.first:
+                wire.unread(self.first)
+        wire.push(sink)
+        return True
+
+    def pause(self) -> None:
+        """A pushed stream's upstream held back (the client is slow); ``resume`` reads on."""
+        if self.wire is not None:
+            self.wire.pause()
+
+    def resume(self) -> None:
+        if self.wire is not None:
+            self.wire.resume()
+
+    def unhook(self) -> None:
+        """Nothing more is pushed; what else comes is kept for ``read`` or dropped."""
+        if self.wire is not None:
+            self.wire.unhook()
+
+    async def aclose(self, ending: bool = False) -> None:
+        """Idempotent: release the upstream slot and the connection once. ``ending``: the
+        body's last event came (``[DONE]``): a wire connection waits for the rest of its
+        framing and is kept alive rather than closed."""
         if self._closed:
             return
         self._closed = True
         self.upstream.in_flight -= 1
-        if self._watch is not None:
-            self._watch.cancel()
-        await self._close()
+        if self.wire is not None:
+            self.wire.release(ending)
+        else:
+            await self._close()
 
 
 def _idle() -> UpstreamTimeout:
     return UpstreamTimeout("the model server did not answer in time")
-
-
-class IdleWatch:
-    """``IDLE_TIMEOUT_S`` while a stream waits for its next read, without a timer per read
-    (aiohttp's ``sock_read`` moves one on every read: a measured cost per streamed token).
-    One timer per stream, due ``idle_s`` after the wait it was set for began; when it fires
-    and the current wait is younger, it is set again for that wait; when the wait is as old
-    as ``idle_s``, ``abort`` closes the connection and the read raises ``UpstreamTimeout``.
-    Time spent writing to a slow client is not waiting: only ``read()`` counts."""
-
-    __slots__ = ("_abort", "_idle", "_loop", "_timer", "fired", "since")
-
-    def __init__(self, idle_s: float, abort: Callable[[], None]) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._idle = idle_s
-        self._abort = abort
-        self._timer: asyncio.TimerHandle | None = None
-        self.since: float | None = None  # when the current wait began; None: not waiting
-        self.fired = False
-
-    def waiting(self) -> None:
-        self.since = now = self._loop.time()
-        if self._timer is None:
-            self._timer = self._loop.call_at(now + self._idle, self._check)
-
-    def _check(self) -> None:
-        self._timer = None
-        if self.since is None:
-            return  # not waiting now: the next wait sets the timer again
-        due = self.since + self._idle
-        if self._loop.time() >= due:
-            self.fired = True
-            self._abort()
-        else:
-            self._timer = self._loop.call_at(due, self._check)
-
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
 
 
 class UpstreamPool:
@@ -221,12 +200,8 @@ class UpstreamPool:
             self._headers.append((b"authorization", f"Bearer {token}".encode()))
         connect, idle = settings.connect_timeout_s, settings.idle_timeout_s
         self._timeouts = {"connect": connect, "read": idle, "write": idle, "pool": connect}
-        # Streams go straight to aiohttp when the transport is aiohttp's (the default).
-        self._session = _aiohttp_session_of(transport)
-        self._base_headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self._headers}
-        # No sock_read: an IdleWatch per stream keeps IDLE_TIMEOUT_S (the first bytes are
-        # under FIRST_TOKEN_TIMEOUT_S).
-        self._aiohttp_timeout = aiohttp.ClientTimeout(sock_connect=connect, connect=connect)
+        # Streams go over the wire client when the transport is aiohttp's (the default).
+        self.wire = WirePool(settings.max_connections) if _is_aiohttp(transport) else None
         self.upstreams = [Upstream(u) for u in settings.upstreams]
         self._rr = itertools.count()
         self._catalogue: dict[str, list[Upstream]] = {}
@@ -235,6 +210,11 @@ class UpstreamPool:
         self._catalogue_lock = asyncio.Lock()
         # Told of every failed attempt (metrics): the URL and the error.
         self.on_failure: Callable[[str, UpstreamError], None] | None = None
+
+    def close(self) -> None:
+        """Close the wire client's connections (the transport closes its own)."""
+        if self.wire is not None:
+            self.wire.close()
 
     # -- models ------------------------------------------------------------------------------
 
@@ -367,8 +347,8 @@ class UpstreamPool:
     async def _open_stream_once(
         self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers
     ) -> UpstreamStream:
-        if self._session is not None:
-            return await self._open_aiohttp_stream(url, upstream, body, headers)
+        if self.wire is not None:
+            return await self._open_wire_stream(url, upstream, body, headers)
         upstream.in_flight += 1
         response: httpx.Response | None = None
         try:
@@ -392,43 +372,39 @@ class UpstreamPool:
                 raise translate(exc, started=response is not None) from exc
             raise
 
-    async def _open_aiohttp_stream(
+    async def _open_wire_stream(
         self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers
     ) -> UpstreamStream:
-        """The same on aiohttp's own session, without httpx's request and response objects
-        and iterator layers in between (measured in ``bench/RESULTS.md``)."""
-        assert self._session is not None
+        """The same on the wire client (``gateway.upstream.wire``): no library objects between
+        the socket and the relay (measured in ``bench/RESULTS.md``)."""
+        assert self.wire is not None
         upstream.in_flight += 1
-        response: aiohttp.ClientResponse | None = None
+        response: WireResponse | None = None
         try:
             async with asyncio.timeout(self._settings.first_token_timeout_s):
-                response = await self._session.post(
-                    str(url), data=body, headers=self._aiohttp_headers(headers),
-                    timeout=self._aiohttp_timeout, allow_redirects=False,
+                response = await self.wire.post(
+                    url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80),
+                    url.raw_path.decode("ascii"), [*self._headers, *headers], body,
+                    self._settings.connect_timeout_s,
                 )  # fmt: skip
                 if response.status >= 400:
                     raise UpstreamStatusError.from_body(
-                        _json_or_none(await response.read()), response.status
+                        _json_or_none(await _whole(response)), response.status
                     )
-                _check_event_stream(response.headers.get("content-type"))
-                first = await response.content.readany()
-            watch = IdleWatch(self._settings.idle_timeout_s, response.close)
-            return UpstreamStream(upstream, first, response.content.readany, _closer(response),
-                                  watch)  # fmt: skip
+                kind = response.header(b"content-type")
+                _check_event_stream(kind.decode("latin-1") if kind is not None else None)
+                first = await response.read()
         except BaseException as exc:
             upstream.in_flight -= 1
             if response is not None:
-                response.close()
+                response.release()
             if isinstance(exc, Exception):
                 raise translate(exc, started=response is not None) from exc
             raise
-
-    def _aiohttp_headers(self, headers: Headers) -> dict[str, str]:
-        if not headers:
-            return self._base_headers
-        merged = dict(self._base_headers)
-        merged.update((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
-        return merged
+        wire = response
+        wire.watch = IdleWatch(self._settings.idle_timeout_s, lambda: wire.abort(_idle()))
+        wire.watch.waiting()
+        return UpstreamStream(upstream, first, wire.read, _nothing, wire)
 
     async def _complete_once(
         self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers
@@ -476,16 +452,16 @@ def _check_event_stream(kind: str | None) -> None:
         raise UpstreamProtocolError(f"the model server answered a stream with {kind.split(';')[0]}")
 
 
-def _closer(response: aiohttp.ClientResponse) -> Callable[[], Awaitable[None]]:
-    """Give the connection back (to the pool if the body was read to its end, else closed)."""
+async def _nothing() -> None:
+    """A wire stream's close is ``WireResponse.release`` (``UpstreamStream.aclose``)."""
 
-    async def close() -> None:
-        if response.content.at_eof():
-            response.release()
-        else:  # cut short (a disconnect, an error): the connection cannot be reused
-            response.close()
 
-    return close
+async def _whole(response: WireResponse) -> bytes:
+    """An error response's body (an engine's error is a small JSON object)."""
+    parts = []
+    while chunk := await response.read():
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def _json_or_none(raw: bytes) -> Any:

@@ -56,12 +56,15 @@ async def test_sequential_requests_reuse_one_upstream_connection(tmp_path: Any) 
                     f"{gateway.url}/v1/chat/completions", json=body, headers=headers
                 )
                 assert response.status_code == 200
-            # keep-alive connections carried the catalogue fetch and all five requests: one,
-            # or two when the start-up health probe and metrics scrape raced the catalogue
-            # fetch (without reuse, six)
-            assert len(recorder.ports) == 6
-            assert len(set(recorder.ports)) <= 2
-            assert sim.open_connections <= 2
+            # streams go over the wire client, the rest over aiohttp: keep-alive connections
+            # carried the three streams on one, and the catalogue fetch and both whole
+            # requests on one (or two, when the start-up health probe raced the catalogue
+            # fetch); without reuse, six
+            ports = recorder.ports
+            assert len(ports) == 6
+            assert len({ports[1], ports[3], ports[4]}) == 1
+            assert len({ports[0], ports[2], ports[5]}) <= 2
+            assert sim.open_connections <= 3
 
 
 async def test_a_dead_engine_leaves_rotation_and_comes_back(tmp_path: Any) -> None:

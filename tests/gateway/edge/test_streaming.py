@@ -1,16 +1,19 @@
 """``DisconnectWatcher`` and ``RelayResponse`` (``gateway/edge/streaming.py``): a disconnect
 cancels the request's task and is taken back by ``claim``, any other cancellation propagates,
-and the response's cleanup runs exactly once whatever happens to the body."""
+and the response's cleanup runs exactly once whatever happens to the body; served by uvicorn,
+a push writes straight to the transport, and elsewhere the body is streamed instead."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import httpx
 import pytest
-from starlette.types import Message
+from starlette.types import Message, Receive, Scope, Send
 
-from gateway.edge.streaming import DisconnectWatcher, RelayResponse
+from gateway.edge.servers import BackgroundServer
+from gateway.edge.streaming import DirectWriter, DisconnectWatcher, RelayResponse
 from tests.waiting import eventually
 
 SCOPE = {"type": "http", "method": "POST", "path": "/", "headers": []}
@@ -91,6 +94,11 @@ class Run:
         response = RelayResponse(self.body, watcher, self.cleanup, [("x-ratelimit-limit", "9")])
         await response(SCOPE, self.messages.get, self.send)
 
+    async def serve_with(self, push: Callable[[DirectWriter], Awaitable[None]]) -> None:
+        watcher = DisconnectWatcher(self.messages.get)
+        response = RelayResponse(self.body, watcher, self.cleanup, push=push)
+        await response(SCOPE, self.messages.get, self.send)
+
     @property
     def chunks(self) -> list[bytes]:
         return [m["body"] for m in self.sent if m["type"] == "http.response.body"]
@@ -160,3 +168,48 @@ async def test_a_body_that_raises_is_still_cleaned_up_once() -> None:
         await asyncio.wait_for(run.serve(), 2)
     assert run.chunks == [b"data: 1\n\n"]
     assert run.cleanups == [False]
+
+
+async def test_served_by_uvicorn_a_push_writes_past_send_and_the_server_ends_it() -> None:
+    """On uvicorn's httptools protocol the push gets a ``DirectWriter``: its writes reach the
+    client framed as uvicorn frames chunks, the body iterator is never read, and the response
+    ends through ``send`` (the final chunk, then the connection is reused)."""
+    used: list[str] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        used.append("pulled")
+        yield b"pulled\n"
+
+    async def push(writer: DirectWriter) -> None:
+        used.append("pushed")
+        for part in (b"data: 1\n\n", b"data: [DONE]\n\n"):
+            writer.write(part)
+        assert not writer.paused
+
+    async def cleanup(disconnected: bool) -> None:
+        used.append(f"cleanup {disconnected}")
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        watcher = DisconnectWatcher(receive)
+        await RelayResponse(body(), watcher, cleanup, push=push)(scope, receive, send)
+
+    async with BackgroundServer(app) as server, httpx.AsyncClient() as client:
+        for _ in range(2):
+            response = await client.post(server.url)
+            assert response.text == "data: 1\n\ndata: [DONE]\n\n"
+            assert response.headers["transfer-encoding"] == "chunked"
+        assert server.open_connections == 1
+    assert used == ["pushed", "cleanup False"] * 2
+
+
+async def test_under_another_server_a_push_falls_back_to_the_body() -> None:
+    async def push(writer: DirectWriter) -> None:
+        raise AssertionError("no DirectWriter outside uvicorn's httptools protocol")
+
+    run = Run(pieces(b"data: 1\n\n", then=EOFError()))
+    watcher_run = asyncio.create_task(run.serve_with(push))
+    with pytest.raises(EOFError):
+        await asyncio.wait_for(watcher_run, 2)
+    assert run.chunks == [b"data: 1\n\n"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.upstream.pool import IdleWatch
+from gateway.upstream.wire import IdleWatch
 from tests.waiting import eventually
 
 
