@@ -6,10 +6,11 @@ Why not aiohttp here: its per-read path (parser â†’ ``StreamReader.feed_data`` â
 parser uvicorn serves with) inside the connection's ``data_received`` and offers the body two
 ways:
 
-- ``read()``: pull, one awaitable per read (the whole-response assembly, the ``httpx``-free
-  fallbacks);
-- ``push(sink)``: every body chunk goes to ``sink.data(chunk)`` from the read callback itself,
-  and ``sink.end(error)`` once at the end: no task wakes per read. ``pause()``/``resume()``
+- ``read()``: pull, one awaitable per read, which returns everything that came meanwhile
+  (the whole-response assembly, a client not served by uvicorn);
+- ``push(sink)``: the body bytes of each socket read (however many chunks they frame) go to
+  ``sink.data(chunk)`` from the read callback itself, and ``sink.end(error)`` once at the
+  end: no task wakes per read. ``pause()``/``resume()``
   hold the upstream socket back while the client is slow (TCP backpressure to the engine).
 
 What it does, and no more:
@@ -147,6 +148,7 @@ class WireResponse:
         self._ended = False
         self._queued: collections.deque[bytes] = collections.deque()
         self._queued_bytes = 0
+        self._batch: list[bytes] = []  # body chunks of the read being parsed, for the sink
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._sink: Sink | None = None
@@ -168,6 +170,8 @@ class WireResponse:
             self._fail(exc.__context__ or exc)
         except httptools.HttpParserError as exc:
             self._fail(WireError(f"the model server sent a malformed response ({exc})"))
+        if self._batch:
+            self._flush()  # one read, one hand-over: however many chunks it carried
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.complete:
@@ -191,9 +195,8 @@ class WireResponse:
             self.started.set_result(None)
 
     def on_body(self, body: bytes) -> None:
-        sink = self._sink
-        if sink is not None:
-            sink.data(body)
+        if self._sink is not None:
+            self._batch.append(body)  # handed over once the read is parsed (``_flush``)
             return
         self._queued.append(body)
         self._queued_bytes += len(body)
@@ -228,9 +231,11 @@ class WireResponse:
                 await self._waiter
             finally:
                 self._waiter = None
-        chunk = self._queued.popleft()
-        self._queued_bytes -= len(chunk)
-        if self._paused and self._queued_bytes <= _HIGH_WATER // 2:
+        queued = self._queued
+        chunk = queued.popleft() if len(queued) == 1 else b"".join(queued)
+        queued.clear()
+        self._queued_bytes = 0
+        if self._paused:
             self._resume_socket()
         return chunk
 
@@ -240,12 +245,14 @@ class WireResponse:
         self._queued_bytes += len(chunk)
 
     def push(self, sink: Sink) -> None:
-        """From now on every body chunk goes to ``sink.data`` as it arrives (what was queued
-        first, at once) and the end to ``sink.end``; ``unhook`` stops it."""
+        """From now on the body of every read goes to ``sink.data`` as it arrives (what was
+        queued first, at once) and the end to ``sink.end``; ``unhook`` stops it."""
         self._sink = sink
-        while self._queued and self._sink is sink:
-            chunk = self._queued.popleft()
-            self._queued_bytes -= len(chunk)
+        if self._queued:
+            queued = self._queued
+            chunk = queued.popleft() if len(queued) == 1 else b"".join(queued)
+            queued.clear()
+            self._queued_bytes = 0
             sink.data(chunk)
         if self._sink is sink and self._ended:
             sink.end(self.error)
@@ -307,9 +314,21 @@ class WireResponse:
             self.started.exception()  # retrieved: the opener may be gone (a timeout)
         self._end(error)
 
+    def _flush(self) -> None:
+        batch = self._batch
+        chunk = batch[0] if len(batch) == 1 else b"".join(batch)
+        batch.clear()
+        if self._sink is not None:
+            self._sink.data(chunk)
+        else:  # unhooked meanwhile: kept for ``read()``
+            self._queued.append(chunk)
+            self._queued_bytes += len(chunk)
+
     def _end(self, error: BaseException | None) -> None:
         if self._ended:
             return
+        if self._batch:
+            self._flush()  # the body's last bytes before its end
         self._ended = True
         if self.watch is not None:
             self.watch.cancel()
