@@ -28,7 +28,7 @@ from typing import Any
 from audit.datakeys import DataKeyRow
 from audit.merkle import CompactRange, NodeID, frontier, leaf_hash
 from audit.note import Checkpoint
-from audit.record import Sealed, parse_header
+from audit.record import Sealed, header_columns, parse_header
 
 ENTRY_COLUMNS = ("idx", "writer", "sequence", "kind", "tenant", "key_id", "request_id",
                  "model", "status", "created_at", "header", "ciphertext", "leaf_hash")  # fmt: skip
@@ -157,8 +157,6 @@ def _extend(tree: CompactRange, batch: Sequence[Sealed]) -> tuple[list[Row], lis
         index = tree.size
         leaf = leaf_hash(sealed.leaf_data())
         nodes += [(n.level, n.index, digest) for n, digest in tree.append(leaf)]
-        h = parse_header(sealed.header)
-        columns = (h.writer, h.sequence, h.kind, h.tenant, h.key_id, h.request_id, h.model,
-                   h.status, h.created_at)  # fmt: skip
+        columns = sealed.columns or header_columns(parse_header(sealed.header))
         entries.append((index, *columns, sealed.header, sealed.ciphertext, leaf))
     return entries, nodes

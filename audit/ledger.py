@@ -27,7 +27,7 @@ from audit.crypto import KeyProvider
 from audit.datakeys import DataKeys
 from audit.errors import AuditError
 from audit.note import NoteSigner, parse_checkpoint
-from audit.record import Body, Facts, Seal, Sealed, encode_header, parse_header
+from audit.record import Body, Facts, Seal, Sealed, encode_header, index_columns, parse_header
 from audit.sequencer import Sequencer
 from audit.spool import Spool
 from audit.writer import LedgerWriter, Mode, WriterEvent, WriterStats
@@ -279,7 +279,8 @@ class Ledger(LedgerReader):
         seal = Seal(self.origin, self.writer_id, next(self._sequence), dek_id, key.salt,
                     key.commitment)  # fmt: skip
         header = encode_header(facts, seal)
-        return Sealed(header, crypto.seal(key, body.encode(), header))
+        columns = index_columns(seal.writer, seal.sequence, facts)
+        return Sealed(header, crypto.seal(key, body.encode(), header), columns)
 
     async def read(self, index: int) -> Opened | None:
         async with self._engine.connect() as conn:

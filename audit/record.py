@@ -190,6 +190,18 @@ class Header:
     fields: dict[str, Any] = field(repr=False, compare=False)
 
 
+def index_columns(writer: str, sequence: int, facts: Facts) -> tuple[Any, ...]:
+    """The columns the store indexes a record by, in ``ENTRY_COLUMNS``' order after ``idx``:
+    what ``parse_header`` of its encoded header gives (``header_columns``)."""
+    return (writer, sequence, facts.kind, facts.tenant, facts.key_id, facts.request_id,
+            facts.model, facts.status, float(facts.created_at))  # fmt: skip
+
+
+def header_columns(h: Header) -> tuple[Any, ...]:
+    return (h.writer, h.sequence, h.kind, h.tenant, h.key_id, h.request_id, h.model, h.status,
+            h.created_at)  # fmt: skip
+
+
 def parse_header(data: bytes) -> Header:
     try:
         raw = orjson.loads(data)
@@ -221,10 +233,13 @@ def _str(raw: dict[str, Any], name: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Sealed:
-    """A sealed record, ready for the spool or the store."""
+    """A sealed record, ready for the spool or the store. ``columns``: the header's indexed
+    columns (``index_columns``), kept by whoever sealed it so the store need not parse the
+    header it just encoded; ``None`` for a record read back (``parse_header`` then)."""
 
     header: bytes
     ciphertext: bytes
+    columns: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
 
     def leaf_data(self) -> bytes:
         return len(self.header).to_bytes(4, "big") + self.header + self.ciphertext

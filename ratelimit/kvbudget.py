@@ -285,11 +285,16 @@ class RedisKVBudgetStore:
             raise ValueError("the key prefix must not contain braces (they mark the hash tag)")
         self._client = client
         self._prefix = prefix
+        self._keys: dict[str, tuple[str, ...]] = {}
 
     def keys(self, engine: str) -> tuple[str, ...]:
-        """The engine's keys: lease expiries, leases, per-tenant totals, total, waiters."""
-        base = f"{self._prefix}{{pool}}:{engine}"
-        return tuple(f"{base}:{name}" for name in _KEY_NAMES)
+        """The engine's keys: lease expiries, leases, per-tenant totals, total, waiters (made
+        once per engine: they are asked for on every admission and release)."""
+        found = self._keys.get(engine)
+        if found is None:
+            base = f"{self._prefix}{{pool}}:{engine}"
+            found = self._keys[engine] = tuple(f"{base}:{name}" for name in _KEY_NAMES)
+        return found
 
     async def admit(self, ask: Ask, ttl_s: float, rules: Rules) -> Placement:
         _check_ttl(ttl_s)

@@ -386,8 +386,11 @@ class WirePool:
         ))  # fmt: skip
         request = head + body
         while True:
-            async with asyncio.timeout(connect_s):
-                connection, reused = await self._connection(origin)
+            connection = self._idle_connection(origin)
+            reused = connection is not None
+            if connection is None:
+                async with asyncio.timeout(connect_s):
+                    connection = await self._new_connection(origin)
             response = WireResponse(connection, reused)
             connection.response = response
             assert connection.transport is not None
@@ -404,13 +407,16 @@ class WirePool:
                 raise
             return response
 
-    async def _connection(self, origin: tuple[str, str, int]) -> tuple[_Connection, bool]:
+    def _idle_connection(self, origin: tuple[str, str, int]) -> _Connection | None:
         idle = self._idle.get(origin)
         while idle:
             connection = idle.pop()
             transport = connection.transport
             if not connection.lost and transport is not None and not transport.is_closing():
-                return connection, True
+                return connection
+        return None
+
+    async def _new_connection(self, origin: tuple[str, str, int]) -> _Connection:
         if self._slots.locked():
             for others in self._idle.values():  # an idle connection elsewhere gives its slot
                 if others:
@@ -432,7 +438,7 @@ class WirePool:
             self._slots.release()
             raise
         self._open.add(connection)
-        return connection, False
+        return connection
 
     def put(self, connection: _Connection) -> None:
         if connection.lost:

@@ -24,6 +24,8 @@ from audit.record import (
     Usage,
     captured,
     encode_header,
+    header_columns,
+    index_columns,
     parse_header,
 )
 
@@ -430,3 +432,24 @@ def test_usage_counted_by_the_gateway_says_so_in_the_header() -> None:
     assert header.fields["usage"] == {"prompt_tokens": 5, "completion_tokens": 20,
                                       "reasoning_tokens": 12, "total_tokens": 25,
                                       "counted": True}  # fmt: skip
+
+
+@settings(max_examples=200)
+@given(
+    kind=st.sampled_from(["completion", "access", "shred"]),
+    text=st.text(max_size=12),
+    created=st.one_of(st.floats(0, 4e9, allow_nan=False), st.integers(0, 4_000_000_000)),
+    sequence=st.integers(0, 2**53),
+)
+def test_the_columns_kept_at_sealing_are_what_the_header_parses_to(
+    kind: Any, text: str, created: float, sequence: int
+) -> None:
+    """The store indexes a freshly sealed record by the columns sealing kept, and a record
+    read back (the spool's replay) by its parsed header: both must be the same row."""
+    facts = replace(FACTS, kind=kind, tenant=text, key_id=text[::-1], request_id=text + "r",
+                    model=text, status=text or "ok", created_at=created)  # fmt: skip
+    seal = replace(SEAL, sequence=sequence, writer=text + "w")
+    parsed = header_columns(parse_header(encode_header(facts, seal)))
+    kept = index_columns(seal.writer, seal.sequence, facts)
+    assert kept == parsed
+    assert [type(v) for v in kept] == [type(v) for v in parsed]
