@@ -200,6 +200,10 @@ class UpstreamPool:
             self._headers.append((b"authorization", f"Bearer {token}".encode()))
         connect, idle = settings.connect_timeout_s, settings.idle_timeout_s
         self._timeouts = {"connect": connect, "read": idle, "write": idle, "pool": connect}
+        # A whole response is silent until the engine finished it: all of it is its first
+        # token's wait, not a stall between reads.
+        first = settings.first_token_timeout_s
+        self._whole_timeouts = {**self._timeouts, "read": first}
         # Streams go over the wire client when the transport is aiohttp's (the default).
         self.wire = WirePool(settings.max_connections) if _is_aiohttp(transport) else None
         self.upstreams = [Upstream(u) for u in settings.upstreams]
@@ -412,7 +416,7 @@ class UpstreamPool:
         upstream.in_flight += 1
         try:
             async with asyncio.timeout(self._settings.first_token_timeout_s):
-                response = await self._send("POST", url, body, headers)
+                response = await self._send("POST", url, body, headers, whole=True)
                 decoded = _json_or_none(await response.aread())
             if response.status_code >= 400:
                 raise UpstreamStatusError.from_body(decoded, response.status_code)
@@ -425,15 +429,17 @@ class UpstreamPool:
             upstream.in_flight -= 1
 
     async def _send(
-        self, method: str, url: httpx.URL, body: bytes, headers: Headers = ()
-    ) -> httpx.Response:
-        """The response with its status and headers; the body is still to be read."""
+        self, method: str, url: httpx.URL, body: bytes, headers: Headers = (), *,
+        whole: bool = False,
+    ) -> httpx.Response:  # fmt: skip
+        """The response with its status and headers; the body is still to be read.
+        ``whole``: a non-streamed answer, read under the first token's timeout."""
         request = httpx.Request(
             method,
             url,
             headers=[*self._headers, *headers] if headers else self._headers,
             content=body,
-            extensions={"timeout": self._timeouts},
+            extensions={"timeout": self._whole_timeouts if whole else self._timeouts},
         )
         return await self._transport.handle_async_request(request)
 

@@ -161,6 +161,9 @@ async def build(fault: Fault, stack_factory: StackFactory, exits: AsyncExitStack
         extra_upstreams=(upstream,),
         sink=sink,
         idle_timeout_s=0.3,
+        # a whole answer is silent until it is done: its stall is cut by the first token's
+        # timeout, a stream's by the idle one
+        first_token_timeout_s=1.0,
         max_sse_event_bytes=EVENT_LIMIT,
         models_cache_ttl_s=3600,
     )

@@ -113,3 +113,20 @@ async def test_a_dead_engine_leaves_rotation_and_comes_back(tmp_path: Any) -> No
                 return sim_a.sim.requests_total > served_by_a
 
             await eventually(a_serves_again, within_s=5)
+
+
+async def test_a_whole_completion_may_take_longer_than_the_idle_timeout(
+    stack_factory: Any,
+) -> None:
+    """A non-streamed answer is silent until the engine finished it: that wait is the first
+    token's (``FIRST_TOKEN_TIMEOUT_S``), not a stall between reads (``IDLE_TIMEOUT_S``)."""
+    stack = await stack_factory(sim=SimConfig(ttft_ms=800), idle_timeout_s=0.2,
+                                first_token_timeout_s=30)  # fmt: skip
+    body = {"model": "deepseek-r1", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 8}  # fmt: skip
+    headers = {"authorization": f"Bearer {stack.keys['visible']}"}
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(f"{stack.url}/chat/completions", json=body, headers=headers)
+    assert response.status_code == 200, response.text
+    message = response.json()["choices"][0]["message"]
+    assert message.get("reasoning_content") or message["content"]  # what the engine said
