@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import AsyncIterator
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -80,10 +83,45 @@ def key_prefix() -> str:
     return f"test:{secrets.token_hex(6)}:"
 
 
+@pytest.fixture(scope="session")
+def private_redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis server of this test worker's own, for tests that do what touches the whole
+    server (``SCRIPT FLUSH``, as a restart would): on the shared one it would pull the scripts
+    from under every other worker's tests. Tests ask for it with ``@pytest.mark.private_redis``."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    directory = tmp_path_factory.mktemp("redis")
+    server = subprocess.Popen(
+        ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+         "--appendonly", "no", "--dir", str(directory)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+            time.sleep(0.02)  # polling a starting process: nothing to wait on but its port
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
 @pytest.fixture
-async def redis_url(key_prefix: str) -> AsyncIterator[str]:
-    """``TEST_REDIS_URL`` once Redis answers; at teardown, the keys under ``key_prefix`` go."""
+async def redis_url(key_prefix: str, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """``TEST_REDIS_URL`` once Redis answers (this worker's own server for tests marked
+    ``private_redis``); at teardown, the keys under ``key_prefix`` go."""
     url = Settings().test_redis_url
+    if request.node.get_closest_marker("private_redis") is not None:
+        url = request.getfixturevalue("private_redis_url")
     client = redis.Redis.from_url(url, socket_connect_timeout=2)
     try:
         await client.ping()

@@ -55,6 +55,7 @@ async def test_each_command_gets_its_own_error(pipe: AutoPipeline) -> None:
     assert isinstance(results[2], ResponseError)  # a key count beyond the arguments
 
 
+@pytest.mark.private_redis
 async def test_a_flushed_script_is_loaded_again_for_that_command(
     pipe: AutoPipeline, redis_url: str
 ) -> None:

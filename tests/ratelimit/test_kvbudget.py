@@ -153,8 +153,10 @@ Backend = MemoryBackend | RedisBackend
 
 
 @pytest.fixture
-async def redis_url() -> str:
+async def redis_url(request: pytest.FixtureRequest) -> str:
     url = Settings().test_redis_url
+    if request.node.get_closest_marker("private_redis") is not None:
+        url = request.getfixturevalue("private_redis_url")  # tests/conftest.py
     client = Redis.from_url(url, socket_connect_timeout=2)
     try:
         await client.ping()
@@ -546,6 +548,7 @@ async def test_one_evalsha_per_admit_whatever_the_number_of_candidates(
     assert await client.exists(*waiting) == 3
 
 
+@pytest.mark.private_redis
 async def test_scripts_are_loaded_again_after_a_flush(redis_backend: RedisBackend) -> None:
     store = redis_backend.replica()
     assert await reserve(store, lease(10), 100) == "admit"

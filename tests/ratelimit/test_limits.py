@@ -491,6 +491,7 @@ async def test_redis_no_round_trip_when_there_is_nothing_to_do(
     assert sent == []
 
 
+@pytest.mark.private_redis
 async def test_redis_reloads_flushed_scripts_once(
     client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
