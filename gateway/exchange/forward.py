@@ -3,7 +3,17 @@
 ``Forwarder.run(ex, candidates, receive) -> Response`` opens the upstream (its status and first
 bytes checked *before* the response starts), then either relays the stream (SSE parse →
 rewrite → one client write per upstream read) or rewrites the whole response, and in every case
-finishes the exchange exactly once (``Exchange.finish``: settle and record). A route builds the
+finishes the exchange exactly once (``Exchange.finish``: settle and record).
+
+A stream is relayed one of two ways, by the same rules:
+
+- pushed (``push_stream``; uvicorn's httptools protocol and the wire client, the default):
+  ``_Pusher.data`` runs in the upstream connection's read callback, relays the read and writes
+  it onto the client's transport; the request's task sleeps until the client is slow
+  (``DirectWriter.paused``: the upstream socket is paused until the client drains, TCP
+  backpressure to the engine), a continuation, the end or an error;
+- pulled (``relay_stream``; any other server, the ``httpx`` transport): a task reads the
+  upstream and hands each read to the ASGI ``send``. A route builds the
 ``Exchange`` with its own rewriter and calls ``run``; nothing here knows which API it speaks:
 a stream goes through the rewriter's ``feed`` (``StreamRelay`` or a variant of it), a whole
 response through its ``complete``.
