@@ -307,8 +307,7 @@ async def push_stream(
 
 
 _PAUSED = object()  # the client is slow: the upstream is held back until it drains
-_STOPPED = object()  # [DONE], or the turn's reasoning budget is spent (a continuation)
-_ENDED = object()  # the upstream's body ended
+_OVER = object()  # [DONE], the turn's reasoning budget spent (a continuation), the body's end
 
 
 class _Pusher:
@@ -352,7 +351,7 @@ class _Pusher:
             self._held = True
             return _PAUSED
         self._pushing = False
-        return None if outcome is _STOPPED or outcome is _ENDED else outcome
+        return None if outcome is _OVER else outcome
 
     def data(self, raw: bytes) -> None:
         relay = self._relay
@@ -373,13 +372,13 @@ class _Pusher:
         if error is not None:
             self._settle(error)
         elif relay.done or relay.cutting:
-            self._settle(_STOPPED)
+            self._settle(_OVER)
         elif self._writer.paused:
             self._leg.stream.pause()
             self._settle(_PAUSED)
 
     def end(self, error: BaseException | None) -> None:
-        self._settle(_ENDED if error is None else translate(error, started=True))
+        self._settle(_OVER if error is None else translate(error, started=True))
 
     def _settle(self, outcome: object) -> None:
         if outcome is not _PAUSED:
