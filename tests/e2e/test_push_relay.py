@@ -11,9 +11,12 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from starlette.types import Receive, Scope, Send
 
+from gateway.sim.app import SimConfig
 from tests.e2e.conftest import RecordingSink, StackFactory
+from tests.e2e.test_failures import sse_events
 
 MODEL = "deepseek-r1"
 EVENTS = 2500
@@ -90,3 +93,53 @@ async def test_a_client_that_stops_reading_holds_the_engine_back(
     ]
     (record,) = await sink.wait_for(1)
     assert record.status == "ok"
+
+
+def _normalised(raw: str) -> list[Any]:
+    """The events a client reads, minus what differs per response (ids, timestamps)."""
+    events: list[Any] = []
+    for _, data in sse_events(raw):
+        if data == "[DONE]":
+            events.append(data)
+            continue
+        event = orjson.loads(data)
+        for volatile in ("id", "created", "system_fingerprint"):
+            event.pop(volatile, None)
+        if isinstance(event.get("error"), dict):
+            event["error"].pop("request_id", None)
+        events.append(event)
+    return events
+
+
+@pytest.mark.parametrize("key", ["visible", "hidden"])
+@pytest.mark.parametrize(
+    "sim",
+    [
+        pytest.param({"chunks": ["Let", " me", " th", "ink</th", "ink>", "\n\nHi", " there"]},
+                     id="split-markers"),
+        pytest.param({"fail": "drop", "fail_after": 4}, id="reset-mid-stream"),
+    ],
+)  # fmt: skip
+async def test_pushed_and_pulled_relays_send_the_same_stream(
+    stack_factory: StackFactory, key: str, sim: dict[str, Any]
+) -> None:
+    """The default transport pushes (the wire client), ``HTTP_TRANSPORT=httpx`` pulls (a task
+    reads the upstream): one set of rules, so a client reads the same events either way,
+    a fault's one terminal error event included."""
+    seen = []
+    for transport in ("aiohttp", "httpx"):
+        stack = await stack_factory(sim=SimConfig(), http_transport=transport)
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                "stream": True, "seed": 7, "max_tokens": 40, "sim": sim,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        headers = {"authorization": f"Bearer {stack.keys[key]}"}
+        async with httpx.AsyncClient(timeout=30) as client:
+            response = await client.post(f"{stack.url}/chat/completions", json=body,
+                                         headers=headers)  # fmt: skip
+        assert response.status_code == 200
+        seen.append(_normalised(response.text))
+    pushed, pulled = seen
+    assert pushed == pulled
+    assert pushed[-1] == "[DONE]"
+    errors = [e for e in pushed if isinstance(e, dict) and "error" in e]
+    assert len(errors) == (1 if "fail" in sim else 0)
