@@ -360,6 +360,13 @@ class WireResponse:
             self.watch.waiting()
 
 
+def _authority(scheme: str, host: str, port: int) -> bytes:
+    """The ``host`` header: an IPv6 literal in brackets, the port unless the scheme's own."""
+    name = f"[{host}]" if ":" in host else host
+    default = 443 if scheme == "https" else 80
+    return (name if port == default else f"{name}:{port}").encode("idna")
+
+
 class WirePool:
     """Keep-alive connections per origin, at most ``limit`` open at once."""
 
@@ -380,8 +387,8 @@ class WirePool:
         origin = (scheme, host, port)
         head = b"".join((
             b"POST ", target.encode("ascii"), b" HTTP/1.1\r\nhost: ",
-            host.encode("idna") if port in (80, 443) else f"{host}:{port}".encode("idna"),
-            b"\r\n", *(b"%b: %b\r\n" % pair for pair in headers),
+            _authority(scheme, host, port), b"\r\n",
+            *(b"%b: %b\r\n" % pair for pair in headers),
             b"content-length: %d\r\n\r\n" % len(body),
         ))  # fmt: skip
         request = head + body

@@ -359,3 +359,25 @@ async def test_https_engines_are_spoken_to_over_tls_and_verified(tmp_path: Path)
         with pytest.raises(ssl.SSLCertVerificationError):
             await untrusting.post("https", "localhost", server.port, "/v1/x", [], b"{}", 5.0)
         untrusting.close()
+
+
+async def test_an_ipv6_engine_gets_a_bracketed_host() -> None:
+    requests: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        requests.append(await reader.readuntil(b"\r\n\r\n"))
+        await reader.readexactly(2)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handler, "::1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        pool = WirePool(4)
+        response = await pool.post("http", "::1", port, "/v1/x", [], b"{}", 5.0)
+        assert await whole(response) == b"ok"
+        assert b"\r\nhost: [::1]:%d\r\n" % port in requests[0]
+        pool.close()
+    finally:
+        server.close()
