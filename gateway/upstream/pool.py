@@ -130,7 +130,7 @@ class UpstreamStream:
     upstream: Upstream
     first: bytes
     _next: Callable[[], Awaitable[bytes]] = field(repr=False)
-    _close: Callable[[], Awaitable[Any]] = field(repr=False)
+    _close: Callable[[], Awaitable[Any]] | None = field(repr=False)  # None: ``wire.release``
     wire: WireResponse | None = field(default=None, repr=False)
     _started: bool = field(default=False, repr=False)
     _closed: bool = field(default=False, repr=False)
@@ -182,7 +182,7 @@ class UpstreamStream:
         self.upstream.in_flight -= 1
         if self.wire is not None:
             self.wire.release(ending)
-        else:
+        elif self._close is not None:
             await self._close()
 
 
@@ -408,7 +408,7 @@ class UpstreamPool:
         wire = response
         wire.watch = IdleWatch(self._settings.idle_timeout_s, lambda: wire.abort(_idle()))
         wire.watch.waiting()
-        return UpstreamStream(upstream, first, wire.read, _nothing, wire)
+        return UpstreamStream(upstream, first, wire.read, None, wire)
 
     async def _complete_once(
         self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers
@@ -456,10 +456,6 @@ def _check_event_stream(kind: str | None) -> None:
     kind = kind or "text/event-stream"
     if "event-stream" not in kind:  # a proxy's HTML page, say: nothing valid came
         raise UpstreamProtocolError(f"the model server answered a stream with {kind.split(';')[0]}")
-
-
-async def _nothing() -> None:
-    """A wire stream's close is ``WireResponse.release`` (``UpstreamStream.aclose``)."""
 
 
 async def _whole(response: WireResponse) -> bytes:

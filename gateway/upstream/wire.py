@@ -133,11 +133,10 @@ class WireResponse:
     """The engine's response on one connection: status and headers first (``started``), then
     the body by ``read()`` or ``push(sink)``."""
 
-    def __init__(self, connection: _Connection, reused: bool) -> None:
+    def __init__(self, connection: _Connection) -> None:
         self._connection = connection
         self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpResponseParser(self)
-        self.reused = reused
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self._until_close = False
@@ -201,7 +200,7 @@ class WireResponse:
         self._queued.append(body)
         self._queued_bytes += len(body)
         if self._queued_bytes > _HIGH_WATER and not self._paused:
-            self._pause_socket()
+            self.pause()
         self._wake()
 
     def on_message_complete(self) -> None:
@@ -231,12 +230,9 @@ class WireResponse:
                 await self._waiter
             finally:
                 self._waiter = None
-        queued = self._queued
-        chunk = queued.popleft() if len(queued) == 1 else b"".join(queued)
-        queued.clear()
-        self._queued_bytes = 0
+        chunk = self._take_queued()
         if self._paused:
-            self._resume_socket()
+            self.resume()
         return chunk
 
     def unread(self, chunk: bytes) -> None:
@@ -249,11 +245,7 @@ class WireResponse:
         queued first, at once) and the end to ``sink.end``; ``unhook`` stops it."""
         self._sink = sink
         if self._queued:
-            queued = self._queued
-            chunk = queued.popleft() if len(queued) == 1 else b"".join(queued)
-            queued.clear()
-            self._queued_bytes = 0
-            sink.data(chunk)
+            sink.data(self._take_queued())
         if self._sink is sink and self._ended:
             sink.end(self.error)
         elif self._paused and self._sink is sink:
@@ -262,13 +254,6 @@ class WireResponse:
     def unhook(self) -> None:
         """Back to queueing: what comes after is kept for ``read()`` (or dropped at release)."""
         self._sink = None
-
-    def pause(self) -> None:
-        """Hold the engine back (the client is slow): not idle time."""
-        self._pause_socket()
-
-    def resume(self) -> None:
-        self._resume_socket()
 
     def abort(self, error: BaseException) -> None:
         """End the response with ``error`` and drop its connection."""
@@ -288,7 +273,7 @@ class WireResponse:
         if self.watch is not None:
             self.watch.cancel()
         if self._paused:
-            self._resume_socket()
+            self.resume()
         if ending and not self._ended:
             self._linger = self._loop.call_later(LINGER_S, self._connection.close)
             return
@@ -313,6 +298,14 @@ class WireResponse:
             self.started.set_exception(error)
             self.started.exception()  # retrieved: the opener may be gone (a timeout)
         self._end(error)
+
+    def _take_queued(self) -> bytes:
+        """Everything queued, as one piece (one read for the reader, one hand-over for a sink)."""
+        queued = self._queued
+        chunk = queued.popleft() if len(queued) == 1 else b"".join(queued)
+        queued.clear()
+        self._queued_bytes = 0
+        return chunk
 
     def _flush(self) -> None:
         batch = self._batch
@@ -343,7 +336,8 @@ class WireResponse:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _pause_socket(self) -> None:
+    def pause(self) -> None:
+        """Hold the engine back (a slow client, a full queue): not its idle time."""
         transport = self._connection.transport
         if not self._paused and transport is not None and not transport.is_closing():
             transport.pause_reading()
@@ -351,7 +345,7 @@ class WireResponse:
         if self.watch is not None:
             self.watch.since = None  # held back by the gateway: not the engine's idle time
 
-    def _resume_socket(self) -> None:
+    def resume(self) -> None:
         transport = self._connection.transport
         self._paused = False
         if transport is not None and not transport.is_closing():
@@ -398,7 +392,7 @@ class WirePool:
             if connection is None:
                 async with asyncio.timeout(connect_s):
                     connection = await self._new_connection(origin)
-            response = WireResponse(connection, reused)
+            response = WireResponse(connection)
             connection.response = response
             assert connection.transport is not None
             connection.transport.write(request)
