@@ -140,6 +140,9 @@ class Exchange:
             )
             self.metrics.observe_completion(done)
         log_completion(record, overhead_s=self.overhead_s, first_content_at=self.first_content_at)
+        # What the engine produced, never the reservation: a request that failed or was left
+        # before its first token is charged its prompt alone (``_counted``), so an engine
+        # outage does not drain every client's token budget.
         used = record.usage.total_tokens if record.usage is not None else 0
         # The record (a ledger commit) runs beside the settlement: one task, not a gather's
         # two; the settlement runs here, and collects its own failures.
@@ -147,7 +150,7 @@ class Exchange:
         keeping = (asyncio.ensure_future(self.after(record))
                    if self.after is not None and record.status == "ok" else None)  # fmt: skip
         try:
-            failures = await self.gate.settle(self.ticket, used or self.ticket.reserved_tokens)
+            failures = await self.gate.settle(self.ticket, used)
         except Exception as exc:
             failures = [exc]
         for failure in failures:
@@ -160,9 +163,10 @@ class Exchange:
                             type(exc).__name__)  # fmt: skip
         await recording
 
-    def _counted(self, choices: list[ChoiceState]) -> Usage | None:
-        """The usage of a stream the engine never reported on (the client left, or it broke
-        off): the engine spent what it streamed, so it is counted, recorded and settled."""
+    def _counted(self, choices: list[ChoiceState]) -> Usage:
+        """The usage of an exchange the engine never reported on (the client left, it broke
+        off, it failed before the first byte): the engine spent what it streamed, and the
+        prompt when nothing was, so that is counted, recorded and settled."""
         return _streamed_usage(len(self.request.upstream_body) // 4, choices)
 
     def _finish_reasons(self, choices: list[ChoiceState]) -> tuple[str | None, ...]:
@@ -203,12 +207,10 @@ class Exchange:
         )
 
 
-def _streamed_usage(prompt_estimate: int, choices: list[ChoiceState]) -> Usage | None:
+def _streamed_usage(prompt_estimate: int, choices: list[ChoiceState]) -> Usage:
     """What was streamed, counted by the gateway: one token per upstream delta (vLLM's), the
-    prompt estimated (bytes / 4); ``None`` when nothing was."""
+    prompt estimated (bytes / 4); the prompt alone when nothing was."""
     completion = sum(c.deltas for c in choices)
-    if not completion:
-        return None
     reasoning = min(sum(c.reasoning_tokens for c in choices), completion)
     return Usage(prompt_estimate, completion, reasoning, prompt_estimate + completion,
                  counted=True)  # fmt: skip

@@ -88,8 +88,17 @@ async def test_finish_records_and_settles_once_however_often_awaited() -> None:
     await asyncio.gather(s.ex.finish(), s.ex.finish(), s.ex.finish())
     await s.ex.finish()
     assert s.ex.finishing
-    assert len(s.sink.records) == 1 and s.limiter.settled == [RESERVED]
+    # nothing was generated: the prompt alone is charged and recorded, never the reservation
+    prompt = prompt_of(s)
+    assert len(s.sink.records) == 1 and s.limiter.settled == [prompt] and prompt < RESERVED
+    usage = s.sink.records[0].usage
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (prompt, 0)
     assert not s.kv.leases
+
+
+def prompt_of(s: Setup) -> int:
+    """What an exchange that generated nothing is charged: its prompt estimate (bytes / 4)."""
+    return len(s.ex.request.upstream_body) // 4
 
 
 class HeldSink(RecordingSink):
@@ -119,21 +128,21 @@ async def test_a_cancelled_caller_cannot_make_the_record_vanish() -> None:
         await caller
     sink.release.set()
     [record] = await sink.wait_for(1)
-    assert record.request_id == "req_1" and s.limiter.settled == [RESERVED]
+    assert record.request_id == "req_1" and s.limiter.settled == [prompt_of(s)]
     await s.ex.finish()  # already done: nothing again
     assert len(sink.records) == 1
 
 
-@pytest.mark.parametrize(("completion_tokens", "settled"), [(None, RESERVED), (10, 15)])
-async def test_the_ticket_is_settled_with_the_used_tokens_else_the_reservation(
-    completion_tokens: int | None, settled: int
+@pytest.mark.parametrize(("completion_tokens", "settled"), [(None, None), (10, 15)])
+async def test_the_ticket_is_settled_with_the_used_tokens_else_the_prompt_alone(
+    completion_tokens: int | None, settled: int | None
 ) -> None:
     s = await open_exchange()
     if completion_tokens is not None:  # the engine's usage chunk: 5 prompt + 10 completion
         s.relay.feed(usage_chunk(completion_tokens))
     s.ex.status = "ok"
     await s.ex.finish()
-    assert s.limiter.settled == [settled]
+    assert s.limiter.settled == [settled or prompt_of(s)]
     assert not s.kv.leases  # the KV lease went back in the same settlement
 
 
@@ -194,7 +203,7 @@ async def test_a_ledger_refusal_reaches_every_caller_after_the_settlement() -> N
     for _ in range(2):
         with pytest.raises(LedgerUnavailable):
             await s.ex.finish()
-    assert s.limiter.settled == [RESERVED] and not s.kv.leases
+    assert s.limiter.settled == [prompt_of(s)] and not s.kv.leases
 
 
 async def test_a_failed_settlement_costs_the_caller_nothing(
