@@ -275,12 +275,13 @@ class Ledger(LedgerReader):
             dek_id, dek = await self._keys.for_sealing(facts.tenant)
         else:
             dek_id, dek = NO_KEY, crypto.new_data_key()
+        plain = body.encode()  # first: a body that cannot be encoded takes no sequence number
         key = crypto.record_key(dek)
         seal = Seal(self.origin, self.writer_id, next(self._sequence), dek_id, key.salt,
                     key.commitment)  # fmt: skip
         header = encode_header(facts, seal)
         columns = index_columns(seal.writer, seal.sequence, facts)
-        return Sealed(header, crypto.seal(key, body.encode(), header), columns)
+        return Sealed(header, crypto.seal(key, plain, header), columns)
 
     async def read(self, index: int) -> Opened | None:
         async with self._engine.connect() as conn:

@@ -1,6 +1,16 @@
 """A request body as the JSON object every API here takes (sans-I/O), with an error that says
 what is wrong with it: not UTF-8 (Latin-1 bytes, a lone surrogate escape), a byte order mark
-(RFC 8259 §8.1: never sent), not JSON, or JSON that is not an object."""
+(RFC 8259 §8.1: never sent), not JSON, JSON that is not an object, or JSON nested deeper than
+``MAX_DEPTH``.
+
+Why a depth bound: every body is later written again, into the upstream request and into the
+ledger record (``audit.record.Body``), by orjson, whose writer stops at 254 levels while its
+reader takes 1,024. A body between the two was read, sent to the engine, and then could not be
+recorded: an answer without its record. ``MAX_DEPTH`` (64) is far below what any layer takes
+(the record adds two levels, a translated API a few more) and far above what real requests nest
+(a tool's JSON schema of twenty levels is 45 here). Size is bounded before this, by
+``MAX_BODY_BYTES`` at the edge (``gateway.edge.body``).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +21,7 @@ import orjson
 from gateway.errors import InvalidRequest
 
 _BOM = b"\xef\xbb\xbf"
+MAX_DEPTH = 64  # the body object itself is level 1
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
@@ -21,7 +32,30 @@ def json_object(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest(_why(raw, str(exc))) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    # A body can nest no deeper than it has brackets: counting them (C speed) spares nearly
+    # every request the walk.
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+        _check_depth(body)
     return body
+
+
+def _check_depth(body: dict[str, Any]) -> None:
+    """``InvalidRequest`` naming the top-level field whose value nests past ``MAX_DEPTH``.
+    Iterative: a recursive walk would meet Python's own recursion limit first."""
+    for name, value in body.items():
+        if type(value) is not dict and type(value) is not list:
+            continue
+        pending: list[tuple[Any, int]] = [(value, 2)]
+        while pending:
+            node, depth = pending.pop()
+            if depth > MAX_DEPTH:
+                raise InvalidRequest(
+                    f"'{name}' nests JSON deeper than {MAX_DEPTH} levels, the limit for any "
+                    "request body.", param=name,
+                )  # fmt: skip
+            children = node.values() if type(node) is dict else node
+            pending += [(child, depth + 1) for child in children
+                        if type(child) is dict or type(child) is list]  # fmt: skip
 
 
 def _why(raw: bytes, detail: str) -> str:
@@ -33,4 +67,6 @@ def _why(raw: bytes, detail: str) -> str:
         return f"The request body is not valid UTF-8 (byte {exc.start})."
     if "surrogate" in detail.lower():
         return "The request body is not valid UTF-8: it escapes a lone surrogate (\\ud800-\\udfff)."
+    if "depth limit" in detail.lower():
+        return f"The request body nests JSON deeper than {MAX_DEPTH} levels, the limit."
     return "The request body is not valid JSON."

@@ -11,11 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from audit.record import Usage
+import orjson
 
-__all__ = ["CompletionRecord", "DiscardSink", "RecordSink", "Status", "Usage", "parse_usage",
-           "status_of"]  # fmt: skip
-from gateway.errors import Outcome
+from audit.record import Body, Usage
+
+__all__ = ["CompletionRecord", "DiscardSink", "RecordSink", "Status", "Usage", "check_recordable",
+           "parse_usage", "status_of"]  # fmt: skip
+from gateway.errors import InvalidRequest, Outcome
 
 Status = Literal["ok", "invalid", "upstream_error", "client_disconnected", "error"]
 
@@ -48,6 +50,33 @@ class CompletionRecord:
     thinking: bool = True  # False: the request switched thinking off, nothing was split
     # per choice, the calls it made ({"id", "name", "arguments"}); None when no choice made one
     tool_calls: tuple[tuple[dict[str, str], ...], ...] | None = None
+
+
+def check_recordable(messages: list[Any], params: dict[str, Any]) -> None:
+    """Raise ``InvalidRequest`` naming the field when the request part of a record could not be
+    encoded, before any engine is asked: the rule is that no byte of an answer reaches a client
+    unless its record can be written. The request part is the only one a client shapes (the
+    answer is text the gateway split), and what a parser keeps of it may differ from the body
+    it read (a whole float made an int, a translated API's items), so the check encodes exactly
+    what the record will (``audit.record.Body``); a few microseconds for a chat request."""
+    try:
+        Body(messages=messages, params=params).encode()
+    except orjson.JSONEncodeError:
+        param = _culprit(messages, params)
+        named = f" (field {param!r})" if param else ""
+        raise InvalidRequest(f"The request cannot be recorded as sent{named}: a value nests too "
+                             "deeply or is out of range.", param=param) from None  # fmt: skip
+
+
+def _culprit(messages: list[Any], params: dict[str, Any]) -> str | None:
+    """The field whose value cannot be encoded at the depth the record puts it."""
+    fields = [("messages", messages), *params.items()]
+    for name, value in fields:
+        try:
+            orjson.dumps({"params": {name: value}})
+        except orjson.JSONEncodeError:
+            return name
+    return None
 
 
 def parse_usage(raw: Mapping[str, Any] | None) -> Usage | None:

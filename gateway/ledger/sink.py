@@ -14,10 +14,12 @@ up at start-up and lost with the pod would make every record written under it un
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
+import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit import migrate as audit_migrate
@@ -59,9 +61,8 @@ class LedgerSink:
             raise translate(exc) from None
 
     async def submit(self, record: CompletionRecord) -> None:
-        body = captured(record_body(record), self._capture)
         try:
-            await self.ledger.append(record_facts(record, self._capture), body)
+            await self._append(record)
         except KeysUnavailable as exc:
             if not self._fail_open:
                 raise translate(exc) from None
@@ -70,6 +71,18 @@ class LedgerSink:
             if not self._fail_open:
                 raise translate(exc) from None
             log.error("audit record lost (request %s): ledger unavailable", record.request_id)
+
+    async def _append(self, record: CompletionRecord) -> None:
+        facts = record_facts(record, self._capture)
+        try:
+            await self.ledger.append(facts, captured(record_body(record), self._capture))
+        except orjson.JSONEncodeError:
+            # Never expected (``check_recordable`` ran before the engine was asked), and never
+            # a reason to lose the record: its header, without the body, saying why.
+            log.error("audit record of request %s kept without its body: it cannot be encoded",
+                      record.request_id)  # fmt: skip
+            unencodable = dataclasses.replace(facts, error_code="record_body_unencodable")
+            await self.ledger.append(unencodable, Body())
 
 
 def record_facts(record: CompletionRecord, capture: Any) -> Facts:

@@ -24,7 +24,7 @@ from gateway.auth.keys import KeyInfo, Role
 from gateway.edge.body import read_body
 from gateway.errors import GatewayError, LedgerUnavailable
 from gateway.exchange.lifecycle import Exchange, Forwarded
-from gateway.ledger.record import CompletionRecord
+from gateway.ledger.record import CompletionRecord, check_recordable
 from gateway.relay.effort import UPSTREAM_FIELD, plan
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_refusal
@@ -138,6 +138,11 @@ async def forward(
     """The rest of every completion route's recipe, once its request is parsed and its
     rewriter built: admit (``tokens``, by default OpenAI's reservation rule), then the
     exchange, forwarded (``route``: endpoint and upstream path)."""
+    try:  # no byte of an answer goes out unless its record can be written
+        check_recordable(call.messages, call.params)
+    except GatewayError as exc:
+        refused(state, request, key, exc, call.model, call.stream)
+        raise
     if tokens is None:
         tokens = reservation(state, call.upstream_body, call.n, call.max_tokens)
     ticket, candidates = await admit(state, request, key, call.model, call.stream, tokens)

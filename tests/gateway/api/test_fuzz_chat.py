@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.api.chat import ChatRequest, parse_chat_request
+from gateway.api.jsonbody import MAX_DEPTH
 from gateway.app import create_app
 from gateway.errors import InvalidRequest
 from gateway.settings import Settings
@@ -230,9 +231,17 @@ def test_nesting_orjson_refuses_to_read_is_invalid_request() -> None:
     assert isinstance(outcome(nested(1100)), InvalidRequest)
 
 
-@pytest.mark.parametrize("depth", [254, 600, 1000])
-def test_deeply_nested_unknown_fields_are_forwarded_or_refused(depth: int) -> None:
-    outcome(nested(depth))
+@pytest.mark.parametrize("depth", [MAX_DEPTH, MAX_DEPTH + 1, 252, 254, 600, 1000])
+def test_a_field_nested_past_the_limit_is_refused_naming_it(depth: int) -> None:
+    """Past ``MAX_DEPTH`` (the body is level 1), refused naming the field, whatever the depth:
+    between orjson's write limit (254) and its read limit (1024), such a body used to be read,
+    sent to the engine, and then not recorded."""
+    result = outcome(nested(depth - 1))
+    if depth <= MAX_DEPTH:
+        assert isinstance(result, ChatRequest) and orjson.loads(result.upstream_body)["x"]
+    else:
+        assert isinstance(result, InvalidRequest) and result.param == "x"
+        assert f"deeper than {MAX_DEPTH} levels" in result.message
 
 
 # --- the API fuzz --------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from audit.ledger import Ledger
 from audit.record import Body, Usage
 from gateway.db import create_engine
-from gateway.errors import LedgerUnavailable
+from gateway.errors import InvalidRequest, LedgerUnavailable
+from gateway.ledger.record import check_recordable
 from gateway.ledger.sink import (
     LedgerKeysMissing,
     LedgerSink,
@@ -180,3 +181,40 @@ def test_ensure_keys_creates_only_what_is_missing(tmp_path: Path) -> None:
         ensure_keys(settings, create=False)
     assert ensure_keys(settings, create=True) == [str(settings.signing_key_file)]
     assert settings.ledger_key_file.read_bytes() == kept  # an existing key is never replaced
+
+
+def deep(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+async def test_a_record_whose_body_cannot_be_encoded_is_kept_without_it(
+    make_sink: SinkFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never expected (``check_recordable`` runs before the engine is asked), never a reason
+    to lose a record: the header is written with why, the body (and its text) left out, and
+    the failed attempt takes no sequence number (the next record follows without a gap)."""
+    sink = await make_sink()
+    await sink.submit(completion_record(params={"x": deep(300)}, content=("secret-answer",)))
+    await sink.submit(completion_record(request_id="req_2"))
+    kept, after = await sink.ledger.read(0), await sink.ledger.read(1)
+    assert kept is not None and after is not None
+    assert kept.header["request_id"] == "req_1" and kept.body == Body()
+    assert kept.header["error_code"] == "record_body_unencodable"
+    assert (kept.header["sequence"], after.header["sequence"]) == (0, 1)  # the writer's first
+    assert "secret-answer" not in caplog.text and "req_1" in caplog.text
+
+
+def test_check_recordable_names_the_field_that_cannot_be_recorded() -> None:
+    check_recordable([{"role": "user", "content": "hi"}], {"x": deep(200), "n": 2**64 - 1})
+    with pytest.raises(InvalidRequest) as raised:
+        check_recordable([{"role": "user", "content": "hi"}], {"ok": 1, "x": deep(253)})
+    assert raised.value.param == "x" and "cannot be recorded" in raised.value.message
+    with pytest.raises(InvalidRequest) as raised:
+        check_recordable([{"role": "user", "content": "hi"}], {"seed": 2**64})  # past u64
+    assert raised.value.param == "seed"
+    with pytest.raises(InvalidRequest) as raised:
+        check_recordable([{"role": "user", "content": deep(253)}], {})
+    assert raised.value.param == "messages"
