@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import httpx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -35,8 +36,8 @@ from gateway.admission.redisconn import open_redis
 from gateway.auth.keystore import KeyStore
 from gateway.conversation.sealing import ReasoningSealer
 from gateway.conversation.store import ResponseStore
-from gateway.db import create_engine, upgrade_schema
-from gateway.edge.frontdoor import FrontDoor, error_response
+from gateway.db import DatabaseHealth, create_engine, upgrade_schema
+from gateway.edge.frontdoor import FrontDoor, error_response, internal_error
 from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RouteError
 from gateway.ledger.record import RecordSink
@@ -78,6 +79,8 @@ def create_app(
     ``instrument=False`` (benchmarks only, like ``sink``): requests are not measured, so the
     cost of metrics can be measured against the gateway without them."""
 
+    database = DatabaseHealth()  # the key store's and the error handlers' view of it
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
@@ -85,7 +88,7 @@ def create_app(
             if redis is not None:  # closed last, once nothing uses it any more
                 stack.push_async_callback(redis.aclose)
             limits = limiter or open_limiter(settings, redis)
-            state = await _start(stack, settings, limits, sink, redis)
+            state = await _start(stack, settings, limits, sink, redis, database)
             app.state.tg = state = dataclasses.replace(state, instrument=instrument)
             if settings.metrics_port:
                 server = BackgroundServer(metrics_app(state), settings.host,
@@ -107,6 +110,17 @@ def create_app(
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+
+    def unexpected(exc: Exception, request_id: str) -> GatewayError:
+        return database.translate(exc) or internal_error(exc, request_id)
+
+    async def database_error(request: Request, exc: Exception) -> Response:
+        # here, not under ``Exception``: Starlette re-raises what that handler was given, and
+        # the server would log a traceback per request of an outage
+        return _shaped(request, unexpected(exc, request.state.request_id))
+
+    for kind in (SQLAlchemyError, OSError, TimeoutError):
+        app.add_exception_handler(kind, database_error)
     app.add_exception_handler(Exception, _internal_error)
     chat.add_routes(app)
     models.add_routes(app)
@@ -120,7 +134,7 @@ def create_app(
     if settings.console_enabled:
         console.add_routes(app)
     lanes = {("POST", "/v1/chat/completions"): chat.chat_completions}
-    return FrontDoor(app, lanes, settings.max_header_bytes)
+    return FrontDoor(app, lanes, settings.max_header_bytes, unexpected)
 
 
 # How the demo's simulated models send their reasoning (gateway.sim.config): the separating
@@ -141,6 +155,7 @@ async def _start(
     limiter: Limiter,
     sink: RecordSink | None,
     redis: AutoPipeline | None,
+    database: DatabaseHealth,
 ) -> AppState:
     if settings.demo and not settings.upstreams:
         from gateway.sim.app import SimConfig, create_sim_app
@@ -203,7 +218,12 @@ async def _start(
         transport=transport,
         upstreams=upstreams,
         engine=engine,
-        keys=KeyStore(engine, ttl=settings.key_cache_ttl_s),
+        keys=KeyStore(
+            engine,
+            ttl=settings.key_cache_ttl_s,
+            stale_s=settings.key_cache_stale_s,
+            health=database,
+        ),
         limiter=limiter,
         kv=kv,
         sink=sink,

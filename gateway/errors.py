@@ -21,6 +21,7 @@
     │   └── UpstreamStatusError         the upstream's own status and message (4xx relayed,
     │                                   5xx as 502/503)
     ├── ServiceUnavailable              503 service_unavailable (no upstream, overloaded)
+    │   └── DatabaseUnavailable         503 database_unavailable, ``retry-after``
     └── LedgerError                     503 ledger_error
         ├── LedgerUnavailable
         └── LedgerIntegrityError
@@ -314,6 +315,18 @@ class ServiceUnavailable(GatewayError):
     type = "service_unavailable"
     code = "service_unavailable"
     outcome: Outcome = "upstream_error"
+
+
+class DatabaseUnavailable(ServiceUnavailable):
+    """The database is away and the request needs it (a key not seen recently, a stored
+    response): try again shortly, as ``retry-after`` says (``gateway.db.DatabaseHealth``)."""
+
+    code = "database_unavailable"
+    outcome: Outcome = "error"
+    retry_after = 1
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), "retry-after": str(self.retry_after)}
 
 
 class LedgerError(GatewayError):

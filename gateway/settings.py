@@ -271,6 +271,8 @@ class Settings(BaseSettings):
     max_client_connections: int = Field(4096, ge=1)
     max_sse_event_bytes: int = Field(1 << 20, ge=1024)
     key_cache_ttl_s: float = Field(5.0, ge=0)
+    # While the database is away, a key found within this many seconds is still served.
+    key_cache_stale_s: float = Field(900.0, ge=0)
     # While reasoning is withheld from a client it may see no byte for minutes; an SSE comment
     # after this much silence keeps proxies and load balancers from closing the connection.
     keepalive_s: float = Field(15.0, gt=0)

@@ -3,6 +3,13 @@
 Lookups are cached for ``ttl`` seconds (``KEY_CACHE_TTL_S``, default 5): a revocation on another
 replica takes effect within that bound; on the replica that revokes it takes effect at once.
 No database round trip happens per chunk, only (at most) once per request and TTL.
+
+While the database is away (``gateway.db.DatabaseHealth``), a key this process found within
+``stale_s`` (``KEY_CACHE_STALE_S``, default 900) is served from the cache: its requests go on,
+their records spooled. Any other key gets 503 ``database_unavailable`` with ``retry-after``
+(unknown is not the same as refused: it may have been made on another replica). The first
+lookup once the database answers again reads the key afresh, so a revocation still wins then.
+While down, the database is asked at most once per second for a key the cache can answer.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.auth import keys
 from gateway.auth.keys import KeyInfo, NewKey, ReasoningPolicy, Role
-from gateway.db import metadata
+from gateway.db import DatabaseHealth, is_outage, metadata
 
 api_keys = Table(
     "api_keys",
@@ -35,11 +42,14 @@ api_keys = Table(
 
 class KeyStore:
     def __init__(
-        self, engine: AsyncEngine, ttl: float = 5.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+        self, engine: AsyncEngine, ttl: float = 5.0, clock: Callable[[], float] = time.monotonic,
+        *, stale_s: float = 900.0, health: DatabaseHealth | None = None,
+    ) -> None:  # fmt: skip
         self._engine = engine
         self._ttl = ttl
+        self._stale_s = stale_s
         self._clock = clock
+        self.health = health or DatabaseHealth(clock=clock)
         self._cache: dict[str, tuple[float, KeyInfo | None]] = {}
 
     async def create(
@@ -65,7 +75,22 @@ class KeyStore:
         hit = self._cache.get(key_id)
         if hit is not None and now - hit[0] < self._ttl:
             return hit[1]
-        info = await self._load(key_id)
+        # a key known within stale_s, while the database is away
+        known = hit[1] if hit is not None and now - hit[0] < self._stale_s else None
+        if self.health.resting:
+            if known is None:
+                raise self.health.refusal()
+            return known
+        try:
+            info = await self._load(key_id)
+        except Exception as exc:
+            if not is_outage(exc):
+                raise
+            refusal = self.health.failed(exc)
+            if known is None:
+                raise refusal from None
+            return known
+        self.health.answered()
         if len(self._cache) > 10_000:  # bound the cache against floods of random key ids
             self._cache.clear()
         self._cache[key_id] = (now, info)

@@ -26,6 +26,9 @@ from gateway.edge.streaming import RAW_SEND
 from gateway.errors import GatewayError, HeadersTooLarge
 
 Handler = Callable[[Request], Awaitable[Response]]
+# The answer to an exception no layer translated, given the request id (``internal_error`` by
+# default; the app's also answers a database outage, ``gateway.db.DatabaseHealth``).
+Unexpected = Callable[[Exception, str], GatewayError]
 log = logging.getLogger("thinkgate")
 _SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
 
@@ -43,11 +46,12 @@ def error_response(error: GatewayError, *, anthropic: bool = False) -> Response:
 class FrontDoor:
     def __init__(
         self, framework: ASGIApp, lanes: Mapping[tuple[str, str], Handler],
-        max_header_bytes: int = 64 << 10,
+        max_header_bytes: int = 64 << 10, unexpected: Unexpected | None = None,
     ) -> None:  # fmt: skip
         self.framework = framework
         self.lanes = lanes
         self.max_header_bytes = max_header_bytes
+        self.unexpected = unexpected or internal_error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,19 +72,24 @@ class FrontDoor:
             await self.framework(scope, receive, _with_id(send, request_id))
             return
         scope["app"] = self.framework
-        response = await _handle(handler, Request(scope, receive))
+        response = await _handle(handler, Request(scope, receive), self.unexpected)
         response.raw_headers.append((b"x-request-id", request_id))
         await response(scope, receive, send)
 
 
-async def _handle(handler: Handler, request: Request) -> Response:
+async def _handle(handler: Handler, request: Request, unexpected: Unexpected) -> Response:
     try:
         return await handler(request)
     except GatewayError as exc:
         return error_response(exc)
-    except Exception:
-        log.exception("unhandled error (request %s)", request.state.request_id)
-        return error_response(GatewayError("The gateway failed to handle the request."))
+    except Exception as exc:
+        return error_response(unexpected(exc, request.state.request_id))
+
+
+def internal_error(exc: Exception, request_id: str) -> GatewayError:
+    """Our fault: a 500 that says nothing more, logged with its traceback."""
+    log.error("unhandled error (request %s)", request_id, exc_info=exc)
+    return GatewayError("The gateway failed to handle the request.")
 
 
 def _with_id(send: Send, request_id: bytes) -> Send:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+from sqlalchemy.engine import make_url
+
 from gateway.auth import keys
 from gateway.auth.keystore import KeyStore
 from gateway.db import create_engine, upgrade_schema
+from gateway.errors import DatabaseUnavailable
+from tests.tcpproxy import TcpProxy
 
 
 async def test_create_lookup_revoke(database_url: str) -> None:
@@ -69,3 +76,47 @@ def test_key_format() -> None:
     assert keys.split_key(new.secret) is not None
     assert keys.split_key("sk-tg-xyz") is None
     assert keys.split_key(new.secret + "x") is None
+
+
+async def test_while_the_database_is_away_known_keys_are_served_and_others_get_503(
+    postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PostgreSQL behind a proxy that is cut (every connection reset, new ones refused): a key
+    found within ``stale_s`` is still served past its TTL, an unknown one (and one found too
+    long ago) gets ``DatabaseUnavailable`` (503, retry-after); the outage is logged once, the
+    database asked at most once per second meanwhile; once it is back the key is read afresh,
+    so a revocation made meanwhile wins."""
+    url = make_url(postgres_url)
+    setup = create_engine(postgres_url)
+    await upgrade_schema(setup)
+    now = [0.0]
+    async with TcpProxy(url.host or "127.0.0.1", url.port or 5432) as proxy:
+        engine = create_engine(url.set(port=proxy.port).render_as_string(hide_password=False))
+        try:
+            writer = KeyStore(setup, ttl=0)
+            _, known = await writer.create(tenant="t", role="client")
+            _, old = await writer.create(tenant="t", role="client")
+            _, unknown = await writer.create(tenant="t", role="client")
+            store = KeyStore(engine, ttl=5, stale_s=60, clock=lambda: now[0])
+            assert await store.get(old.key_id) is not None
+            now[0] = 30.0
+            assert await store.get(known.key_id) is not None
+            await proxy.stop()
+            now[0] = 70.0  # past the TTL of both, within stale_s of `known` only
+            caplog.set_level(logging.ERROR, logger="thinkgate")
+            served = await store.get(known.key_id)
+            assert served is not None and served.key_id == known.key_id
+            for key_id in (unknown.key_id, old.key_id):
+                with pytest.raises(DatabaseUnavailable) as refused:
+                    await store.get(key_id)
+                assert refused.value.status == 503 and refused.value.headers()["retry-after"]
+            assert store.health.down and store.health.outages == 1
+            assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1
+            await writer.revoke(known.key_id)  # on another replica, which still reaches it
+            await proxy.start()
+            now[0] = 71.5  # past the second's rest: the next lookup asks the database
+            fresh = await store.get(known.key_id)
+            assert fresh is not None and not fresh.active and not store.health.down
+        finally:
+            await engine.dispose()
+            await setup.dispose()
