@@ -131,12 +131,14 @@ class Item:
     def render(self, status: str, *, shown: bool = True, sealed: str | None = None,
                empty: bool = False) -> dict[str, Any]:  # fmt: skip
         """The item object; ``shown`` False leaves a reasoning item's text out (a hidden key
-        gets only ``encrypted_content``); ``empty``: as announced, before any text."""
-        text = "" if empty else self.text
+        gets only ``encrypted_content``); ``empty``: as announced, before any text: with
+        ``content: []``, its part added by its own ``content_part.added`` event (a client that
+        accumulates, openai-node's ``responses.stream()``, adds each part it is told of)."""
+        text = self.text
         if self.kind == "reasoning":
             item: dict[str, Any] = {"id": self.id, "type": "reasoning", "summary": []}
             if shown:
-                item["content"] = [{"type": "reasoning_text", "text": text}]
+                item["content"] = [] if empty else [{"type": "reasoning_text", "text": text}]
             if sealed is not None:
                 item["encrypted_content"] = sealed
             item["status"] = status
@@ -145,9 +147,10 @@ class Item:
             call = self.call
             assert call is not None
             return {"id": self.id, "type": "function_call", "status": status,
-                    "call_id": call.id, "name": call.name, "arguments": text}  # fmt: skip
+                    "call_id": call.id, "name": call.name,
+                    "arguments": "" if empty else text}  # fmt: skip
         return {"id": self.id, "type": "message", "role": "assistant", "status": status,
-                "content": [_part("message", text)]}  # fmt: skip
+                "content": [] if empty else [_part("message", text)]}  # fmt: skip
 
 
 def _part(kind: ItemKind, text: str) -> dict[str, Any]:

@@ -89,3 +89,34 @@ def test_a_whole_response_object(show: bool) -> None:
     assert done["output"][-1]["content"][0]["text"] == "\n\nAnswer"
     assert done["usage"]["output_tokens"] == 10
     assert done["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
+
+
+def accumulate(events: list[Any]) -> list[dict[str, Any]]:
+    """The output as a client that accumulates events builds it (openai-node's and
+    openai-python's ``responses.stream()``): an added item as it is announced, each added part
+    appended to its content, each delta appended to the part it names."""
+    output: dict[int, dict[str, Any]] = {}
+    for event in events:
+        kind, index = event["type"], event.get("output_index")
+        if kind == "response.output_item.added":
+            output[index] = orjson.loads(orjson.dumps(event["item"]))
+        elif kind == "response.content_part.added":
+            output[index]["content"].append(dict(event["part"]))
+        elif kind in ("response.output_text.delta", "response.reasoning_text.delta"):
+            output[index]["content"][event["content_index"]]["text"] += event["delta"]
+    return [output[i] for i in sorted(output)]
+
+
+@pytest.mark.parametrize("show", [True, False], ids=["visible", "hidden"])
+def test_an_accumulating_client_builds_the_output_the_response_completes_with(
+    show: bool,
+) -> None:
+    """An item is announced with ``content: []`` and each part added once, by its own event
+    (announcing the part inside the item too gave clients two parts, or none at the index
+    a delta named: openai-node's "missing content at index 0")."""
+    sent = events_of(stream(show), R1)
+    added = [e["item"] for e in sent if e["type"] == "response.output_item.added"]
+    assert all(item.get("content", []) == [] for item in added)
+    built = accumulate(sent)
+    final = sent[-1]["response"]["output"]
+    assert [i["content"] for i in built] == [i["content"] for i in final]

@@ -222,7 +222,7 @@ def test_two_calls_stream_as_function_call_items() -> None:
             True,
             seal,
             VISIBLE_EVENTS,
-            {"content": [{"type": "reasoning_text", "text": ""}]},
+            {"content": []},  # its part comes in content_part.added
             SHOWN | SEALED,
             id="visible-sealed",
         ),
