@@ -16,6 +16,11 @@ Rules:
   a lease in the shared store (``ratelimit.kvbudget``: Redis when configured, so all replicas
   share one budget), renewed by one task per process while the request runs, released when it
   ends however it ends; a crashed replica's leases expire after ``LEASE_TTL_S``.
+- A lease is renewed and released in the store that granted it (``Grant.store``), whatever the
+  circuit (``gateway.admission.circuit``) says by then: a lease Redis granted goes back to
+  Redis even while the circuit is open, one granted in process during an outage goes back
+  here after it. A renewal or release the granting Redis cannot take (it is away) is lost: the
+  lease expires there; a lease the store no longer knows (Redis restarted) is renewed no more.
 - One store call per attempt routes and reserves together (``fairness.route``: the engine with
   the most free budget, fair share between tenants weighted by ``tenants.<name>.weight``,
   priority with headroom for ``critical``).
@@ -93,11 +98,18 @@ class EngineState:
 
 NO_METRICS = EngineSnapshot(None, None, None, None, None, None)  # a 404: none exported
 
+Granted = tuple[Placement, KVBudgetStore]  # a store's answer, and the store that gave it
+
 
 @dataclass(frozen=True, slots=True)
 class Grant:
     upstream: Upstream | None
     lease: Lease | None = None
+    store: KVBudgetStore | None = None  # the store that granted the lease: it takes it back
+
+    def __post_init__(self) -> None:
+        if (self.lease is None) != (self.store is None):
+            raise ValueError("a lease comes with the store that granted it, and only a lease")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -117,7 +129,7 @@ class KVAdmission:
     queue_max: int = 1024
     clock: Callable[[], float] = time.monotonic
     engines: dict[str, EngineState] = field(default_factory=dict)
-    leases: dict[str, Lease] = field(default_factory=dict)
+    leases: dict[str, Grant] = field(default_factory=dict)  # held here, by lease id
     queues: dict[str, list[_Waiter]] = field(default_factory=dict)
     metrics: Metrics | None = None
     _arrivals: itertools.count[int] = field(default_factory=itertools.count)
@@ -148,14 +160,14 @@ class KVAdmission:
         ask = self._ask(candidates, tenant, priority, tokens)
         started = self.clock()
         try:
-            placement = await self._queued(ask)
+            placement, store = await self._queued(ask)
         finally:
             if self.metrics is not None:
                 self.metrics.admission_wait.observe(self.clock() - started)
         assert placement.lease is not None
-        self.leases[placement.lease.lease_id] = placement.lease
         upstream = next(u for u in candidates if u.base_url == placement.lease.engine)
-        return Grant(upstream, placement.lease), _first(upstream, candidates)
+        grant = self.leases[placement.lease.lease_id] = Grant(upstream, placement.lease, store)
+        return grant, _first(upstream, candidates)
 
     def _ask(
         self, candidates: Sequence[Upstream], tenant: str, priority: Priority, tokens: int
@@ -183,18 +195,18 @@ class KVAdmission:
             )  # fmt: skip
         return Ask(secrets.token_hex(8), tenant, priority, tuple(choices))
 
-    async def _queued(self, ask: Ask) -> Placement:
+    async def _queued(self, ask: Ask) -> Granted:
         """Ask at once unless this tenant already has requests waiting here (they go first);
         told to wait, join the tenant's queue."""
         if ask.tenant not in self.queues:
-            placement = await self._attempt(ask)
+            placement, store = await self._attempt(ask)
             if placement.decision == "admit":
-                return placement
+                return placement, store
             if placement.decision == "reject":
                 raise _shed()
         return await self._wait_in_line(ask)
 
-    async def _wait_in_line(self, ask: Ask) -> Placement:
+    async def _wait_in_line(self, ask: Ask) -> Granted:
         if self.waiting >= self.queue_max:
             raise _exhausted()
         deadline = self.clock() + self.wait_s
@@ -206,9 +218,9 @@ class KVAdmission:
                 await self._wait(min(RECHECK_S, deadline - self.clock()))
                 if queue_order(queue)[0] is not waiter:
                     continue
-                placement = await self._attempt(ask)
+                placement, store = await self._attempt(ask)
                 if placement.decision == "admit":
-                    return placement
+                    return placement, store
                 if placement.decision == "reject":
                     raise _shed()
             raise _exhausted()
@@ -218,22 +230,31 @@ class KVAdmission:
                 del self.queues[ask.tenant]
             await self._notify()  # the next in line may ask now
 
-    async def _attempt(self, ask: Ask) -> Placement:
+    async def _attempt(self, ask: Ask) -> Granted:
+        """One store call; the placement and the store that made it (the circuit picks it)."""
+        asked: list[KVBudgetStore] = []  # the stores it went to (the circuit may fall back)
+
+        async def place(store: KVBudgetStore) -> Granted:
+            asked.append(store)
+            return await store.admit(ask, LEASE_TTL_S, self.rules), store
+
         try:
-            return await self.store.call(functools.partial(_admit, ask=ask, rules=self.rules))
+            return await self.store.call(place)
         except asyncio.CancelledError:
             # The script may still run: give back whatever it might reserve, at once rather
-            # than when the lease would expire.
-            task = asyncio.ensure_future(self._forget(ask))
+            # than when the lease would expire, where it would be reserved.
+            task = asyncio.ensure_future(self._forget(ask, asked))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
             raise
 
-    async def _forget(self, ask: Ask) -> None:
-        for choice in ask.choices:
-            lease = Lease(choice.engine, ask.lease_id, choice.tokens, ask.tenant, ask.priority)
-            with contextlib.suppress(Exception):
-                await self.store.call(functools.partial(_release, lease=lease))
+    async def _forget(self, ask: Ask, stores: Sequence[KVBudgetStore]) -> None:
+        for store in stores:
+            for choice in ask.choices:
+                lease = Lease(choice.engine, ask.lease_id, choice.tokens, ask.tenant,
+                              ask.priority)  # fmt: skip
+                with contextlib.suppress(Exception):
+                    await self.store.call_on(store, functools.partial(_release, lease=lease))
 
     async def _wait(self, seconds: float) -> None:
         async with self._changed:
@@ -241,12 +262,13 @@ class KVAdmission:
                 await asyncio.wait_for(self._changed.wait(), max(seconds, 0.001))
 
     async def release(self, grant: Grant) -> None:
-        if grant.lease is None:
+        """Give the lease back to the store that granted it (see the module docstring)."""
+        if grant.lease is None or grant.store is None:
             return
         lease = grant.lease
         self.leases.pop(lease.lease_id, None)
-        with contextlib.suppress(ServiceUnavailable):  # closed and away: the lease expires
-            await self.store.call(functools.partial(_release, lease=lease))
+        with contextlib.suppress(ServiceUnavailable):  # Redis is away: the lease expires there
+            await self.store.call_on(grant.store, functools.partial(_release, lease=lease))
         await self._notify()
 
     async def _notify(self) -> None:
@@ -304,10 +326,17 @@ class KVAdmission:
     async def renew_forever(self) -> None:
         while True:
             await asyncio.sleep(LEASE_TTL_S / 3)
-            for lease in list(self.leases.values()):
-                with contextlib.suppress(ServiceUnavailable):
-                    if not await self.store.call(functools.partial(_renew, lease=lease)):
-                        self.leases.pop(lease.lease_id, None)
+            for grant in list(self.leases.values()):
+                await self._renew_grant(grant)
+
+    async def _renew_grant(self, grant: Grant) -> None:
+        """Renew in the store that granted it; a lease it no longer knows is renewed no more,
+        one it cannot be asked about now (Redis away) is tried again next time."""
+        assert grant.lease is not None and grant.store is not None
+        renew = functools.partial(_renew, lease=grant.lease)
+        with contextlib.suppress(ServiceUnavailable):
+            if not await self.store.call_on(grant.store, renew):
+                self.leases.pop(grant.lease.lease_id, None)
 
 
 async def _renew(store: KVBudgetStore, *, lease: Lease) -> bool:
@@ -320,10 +349,6 @@ async def _reserved(store: KVBudgetStore, *, engine: str) -> int:
 
 async def _release(store: KVBudgetStore, *, lease: Lease) -> None:
     await store.release(lease)
-
-
-async def _admit(store: KVBudgetStore, *, ask: Ask, rules: Rules) -> Placement:
-    return await store.admit(ask, LEASE_TTL_S, rules)
 
 
 def _first(upstream: Upstream, candidates: Sequence[Upstream]) -> list[Upstream]:

@@ -4,6 +4,14 @@ KV budget alike (``RATELIMIT_FAIL``).
 ``open``: use this replica's in-process backend instead (limits then hold per replica), log
 once per outage, try the shared one again after ``retry_s``. ``closed``: answer 503 meanwhile.
 Recovery is automatic: the first call that succeeds on the shared backend ends the outage.
+
+What a call leaves behind (a KV lease, a rate-limit reservation) lives in the backend that
+answered it, so giving it back (a release, a renewal, a refund) goes to that backend, whatever
+the circuit's state by then: ``call`` hands its work the backend it picked (the caller notes
+which one holds the result), ``call_on`` runs work on the one named. Otherwise a lease Redis
+granted would be released to this process's memory while the circuit is open (and stay
+reserved in Redis until it expires), and a lease granted here during an outage would be
+released to Redis once it is over (and stay reserved here).
 """
 
 from __future__ import annotations
@@ -63,11 +71,23 @@ class Circuit(Generic[B]):
             if self._fail == "closed":
                 raise self._refusal() from None
             return await work(self.local)
-        if backend is self.shared and self._down_since is not None:
-            log.warning("%s: the shared backend answers again", self.name)
-            self._down_since = None
-            if self.on_change is not None:
-                self.on_change(False)
+        if backend is self.shared:
+            self._came_back()
+        return result
+
+    async def call_on(self, backend: B, work: Callable[[B], Awaitable[T]]) -> T:
+        """``work`` on ``backend`` (the one that holds what it concerns), open circuit or not:
+        no fallback, no refusal. On the shared backend it counts as any call does: a failure
+        there starts (or prolongs) an outage and is raised as ``ServiceUnavailable`` (what it
+        was to give back stays there until it expires), a success ends one."""
+        if backend is not self.shared or self.shared is self.local:
+            return await work(backend)
+        try:
+            result = await work(backend)
+        except self._errors as exc:
+            self._went_down(exc)
+            raise self._refusal() from None
+        self._came_back()
         return result
 
     def _pick(self) -> B:
@@ -85,6 +105,13 @@ class Circuit(Generic[B]):
             if self.on_change is not None:
                 self.on_change(True)
         self._down_since = self._clock()
+
+    def _came_back(self) -> None:
+        if self._down_since is not None:
+            log.warning("%s: the shared backend answers again", self.name)
+            self._down_since = None
+            if self.on_change is not None:
+                self.on_change(False)
 
     def _refusal(self) -> ServiceUnavailable:
         return ServiceUnavailable(f"{self.name} cannot be checked right now.")

@@ -4,8 +4,9 @@
 limiter and the KV budget together (with Redis, their two scripts share one round trip,
 ``ratelimit.autopipe``); whichever refuses, the other's reservation is given back before the
 refusal propagates. A ``Ticket`` is settled exactly once by its owner (``exchange``):
-``settle(used)`` refunds the unused tokens and releases the KV lease at once, and reports the
-failures of either without raising (unrefunded tokens refill, a lease expires).
+``settle(used)`` refunds the unused tokens and releases the KV lease at once (each to the
+backend that reserved it), and reports the failures of either without raising (unrefunded tokens
+refill, a lease expires).
 
 Rules:
 

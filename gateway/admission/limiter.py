@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from gateway.auth.keys import KeyInfo
-from ratelimit.limits import Scope
+from ratelimit.limits import RateLimitBackend, Scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +23,11 @@ class Admission:
     reserved_tokens: int
     headers: tuple[tuple[str, str], ...] = ()
     scopes: tuple[Scope, ...] = ()  # the limits it was admitted under (settlement refunds them)
+    backend: RateLimitBackend | None = None  # the one that took the reservation: it refunds
+
+    def __post_init__(self) -> None:
+        if self.scopes and self.backend is None:
+            raise ValueError("limited scopes come with the backend that took the reservation")
 
 
 class Limiter(Protocol):

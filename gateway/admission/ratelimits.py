@@ -8,7 +8,9 @@ Rules:
   Redis round trip), all or nothing; unset or 0 is unlimited. A request costs 1 request and
   ``prompt estimate + max_tokens`` tokens (OpenAI's reservation rule). When it ends, the
   unused part of the reservation is refunded to both scopes (a second round trip, in the
-  request's ``finally``).
+  request's ``finally``), in the backend that took the reservation, whatever the circuit says
+  by then (``gateway/admission/circuit.py``); a refund that backend cannot take (Redis away) is
+  lost: the tokens refill by themselves.
 - The headers report the binding limit of each kind: on a refusal the refusing one, else the
   one with the least left (``ratelimit.limits``).
 - A refused request gets OpenAI's 429 body and headers: ``type`` ``requests`` or ``tokens``,
@@ -21,12 +23,13 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 from gateway.admission.circuit import REDIS_ERRORS, Circuit
 from gateway.admission.limiter import Admission
 from gateway.auth.keys import KeyInfo
-from gateway.errors import RateLimited
+from gateway.errors import RateLimited, ServiceUnavailable
 from gateway.settings import Settings
 from ratelimit.autopipe import AutoPipeline
 from ratelimit.limits import (
@@ -57,18 +60,25 @@ class KeyLimiter:
         scopes = self.scopes(key)
         if not scopes:
             return Admission(key.key_id, key.tenant, tokens)
-        verdict = await self.circuit.call(lambda b: b.reserve(key.tenant, scopes, tokens))
+
+        async def reserve(backend: RateLimitBackend) -> tuple[Verdict, RateLimitBackend]:
+            return await backend.reserve(key.tenant, scopes, tokens), backend
+
+        verdict, backend = await self.circuit.call(reserve)
         headers = rate_headers(verdict)
         if not verdict.allowed:
             raise refusal(verdict, key, tokens, headers)
-        return Admission(key.key_id, key.tenant, tokens, headers, scopes)
+        return Admission(key.key_id, key.tenant, tokens, headers, scopes, backend)
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
+        """Refund the unused tokens to the backend that took them."""
         unused = admission.reserved_tokens - used_tokens
         scopes = [s for s in admission.scopes if s.limits.tpm]
-        if scopes and unused > 0:
+        if scopes and unused > 0 and admission.backend is not None:
             tenant = admission.tenant
-            await self.circuit.call(lambda b: b.refund(tenant, scopes, unused))
+            with contextlib.suppress(ServiceUnavailable):  # Redis is away: the tokens refill
+                await self.circuit.call_on(admission.backend,
+                                           lambda b: b.refund(tenant, scopes, unused))  # fmt: skip
 
 
 def rate_headers(verdict: Verdict) -> tuple[tuple[str, str], ...]:

@@ -1,9 +1,14 @@
 """Auto-pipelining against a real Redis: what is issued together goes out together, every
-command gets its own reply or error, and a dead connection fails every waiting command."""
+command gets its own reply or error, and a dead connection fails every waiting command. A
+pooled connection its server closed is retried once on a new one; a timeout, a failure after
+part of the replies and a failure of a connection made for the exchange are not (those run
+against ``FakeRedis``, a stand-in on a real socket whose failures the test decides)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,6 +20,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from ratelimit.autopipe import AutoPipeline, pack
 from ratelimit.luascript import LuaScript
+from tests.waiting import eventually
 
 ECHO = LuaScript("return ARGV[1]")
 
@@ -105,3 +111,183 @@ def test_commands_are_packed_in_resp() -> None:
     for wrong in (1.5, True, None):
         with pytest.raises(TypeError):
             pack(("SET", "k", wrong))
+
+
+# -- a dead pooled connection: retried once, on a new one ------------------------------------
+
+
+async def kill_clients(redis_url: str, name: str) -> int:
+    """``CLIENT KILL`` every connection named ``name`` (the server closes them); how many."""
+    admin = redis.Redis.from_url(redis_url)
+    try:
+        ids = [c["id"] for c in await admin.client_list() if c["name"] == name]
+        for client_id in ids:
+            await admin.client_kill_filter(_id=client_id)
+        return len(ids)
+    finally:
+        await admin.aclose()
+
+
+async def test_a_pooled_connection_the_server_closed_is_retried_once_on_a_new_one(
+    redis_url: str,
+) -> None:
+    name = f"stale-{secrets.token_hex(4)}"
+    auto = AutoPipeline(redis.Redis.from_url(redis_url, client_name=name))
+    try:
+        assert await ECHO(auto, [], "warm") == b"warm"  # one pooled connection, idle now
+        assert await kill_clients(redis_url, name) == 1
+        # redis-py does not look at a pooled socket before handing it out (RESP3 with its
+        # maintenance notifications on, its default): the write finds it dead
+        assert await ECHO(auto, [], "again") == b"again"
+        assert auto.retries == 1
+        assert await ECHO(auto, [], "after") == b"after"  # the new one is pooled in its place
+        assert auto.retries == 1
+    finally:
+        await auto.aclose()
+
+
+class FakeRedis:
+    """Just enough of a Redis server on a real socket for redis-py's defaults (RESP3):
+    ``HELLO`` answered, ``+OK`` to the rest of the handshake, ``+PONG`` to ``PING``. ``hold()``
+    keeps the replies back until ``released`` is set; ``cut`` answers that many more ``PING``s
+    and then closes the connection the next one came on; ``hang`` answers no more ``PING``s;
+    ``restart()`` closes every connection (as a server that went away)."""
+
+    def __init__(self) -> None:
+        self.accepted = 0  # connections
+        self.pings = 0  # PINGs received
+        self.cut: int | None = None
+        self.hang = False
+        self.released = asyncio.Event()
+        self.released.set()
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> FakeRedis:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        self.restart()
+        await self._server.wait_closed()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    def client(self, timeout_s: float = 0.5) -> AutoPipeline:
+        return AutoPipeline(redis.Redis(port=self.port), timeout_s=timeout_s)
+
+    def hold(self) -> None:
+        self.released.clear()
+
+    def restart(self) -> None:
+        for writer in self._writers:
+            writer.close()
+        self._writers.clear()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        self._writers.append(writer)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while command := await _read_command(reader):
+                if command[0].upper() != b"PING":
+                    hello = command[0].upper() == b"HELLO"
+                    writer.write(b"%1\r\n$5\r\nproto\r\n:3\r\n" if hello else b"+OK\r\n")
+                    continue
+                self.pings += 1
+                if self.cut == 0:
+                    self.cut = None
+                    writer.close()
+                    return
+                if self.cut is not None:
+                    self.cut -= 1
+                if self.hang:
+                    continue
+                await self.released.wait()
+                writer.write(b"+PONG\r\n")
+                await writer.drain()
+
+
+async def _read_command(reader: asyncio.StreamReader) -> list[bytes]:
+    """One RESP command (an array of bulk strings); empty at the end of the stream."""
+    line = await reader.readline()
+    if not line:
+        return []
+    command = []
+    for _ in range(int(line[1:])):
+        size = int((await reader.readline())[1:])
+        command.append((await reader.readexactly(size + 2))[:-2])
+    return command
+
+
+async def test_a_timeout_is_not_retried() -> None:
+    async with FakeRedis() as fake:
+        auto = fake.client(timeout_s=0.1)
+        try:
+            await auto.ping()  # pooled now
+            fake.hang = True
+            with pytest.raises(TimeoutError):
+                await auto.ping()
+            assert (auto.retries, fake.pings) == (0, 2)  # sent once: it may be running
+        finally:
+            await auto.aclose()
+
+
+async def test_a_failure_after_some_replies_were_read_is_not_retried() -> None:
+    async with FakeRedis() as fake:
+        auto = fake.client()
+        try:
+            await auto.ping()  # pooled now
+            fake.cut = 1  # the first reply of the next batch, then the connection closes
+            results = await asyncio.gather(auto.ping(), auto.ping(), return_exceptions=True)
+            assert all(isinstance(r, RedisConnectionError) for r in results), results
+            assert (auto.retries, fake.pings, auto.round_trips) == (0, 3, 2)
+        finally:
+            await auto.aclose()
+
+
+async def test_a_connection_made_for_the_exchange_is_not_retried() -> None:
+    async with FakeRedis() as fake:
+        auto = fake.client()
+        try:
+            fake.cut = 0  # the server accepts, then closes at the first command
+            with pytest.raises(RedisConnectionError):
+                await auto.ping()
+            assert (auto.retries, fake.pings, fake.accepted) == (0, 1, 1)
+        finally:
+            await auto.aclose()
+
+
+async def test_one_dead_pooled_connection_renews_the_older_ones_without_a_failure_each() -> None:
+    async with FakeRedis() as fake:
+        auto = fake.client(timeout_s=10)  # the replies are held while the test looks
+        try:
+            await three_at_once(auto, fake, first_retries=0)  # three pooled connections
+            assert fake.accepted == 3
+            fake.restart()  # every pooled socket is stale now
+            await three_at_once(auto, fake, first_retries=1)
+            # the first found its socket dead and was sent again on a new one; the other two
+            # were made again before use, so nothing else went out on a dead socket
+            assert (auto.retries, fake.accepted, fake.pings) == (1, 6, 6)
+        finally:
+            await auto.aclose()
+
+
+async def three_at_once(auto: AutoPipeline, fake: FakeRedis, first_retries: int) -> None:
+    """Three PINGs whose exchanges overlap (the server holds the replies), so each needs a
+    connection of its own; the second starts once the first is under way, retry included."""
+    fake.hold()
+    before = fake.pings
+    pings = [asyncio.ensure_future(auto.ping())]
+    await eventually(lambda: fake.pings == before + 1 and auto.retries == first_retries,
+                     within_s=5)  # fmt: skip
+    for _ in range(2):
+        pings.append(asyncio.ensure_future(auto.ping()))
+        await eventually(lambda: fake.pings == before + len(pings), within_s=5)
+    fake.released.set()
+    assert await asyncio.gather(*pings) == [b"PONG"] * 3

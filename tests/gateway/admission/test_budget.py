@@ -1,18 +1,22 @@
 """KV-budget admission (``gateway/admission/budget.py``) against real simulators on real sockets:
-reservations up to the admitted limit, waiting and 429, routing by free budget, and the
-adaptive limit driven by the simulator's own ``/metrics``."""
+reservations up to the admitted limit, waiting and 429, routing by free budget, the adaptive
+limit driven by the simulator's own ``/metrics``, and each lease renewed and released in the
+store that granted it, whatever the circuit says by then."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.admission.budget import KVAdmission, open_admission, priority_of
-from gateway.admission.circuit import Circuit
+from gateway.admission import budget
+from gateway.admission.budget import Grant, KVAdmission, open_admission, priority_of
+from gateway.admission.circuit import REDIS_ERRORS, Circuit
 from gateway.edge.servers import BackgroundServer
 from gateway.errors import InvalidRequest, PermissionDenied, RateLimited
 from gateway.settings import Settings
@@ -20,7 +24,8 @@ from gateway.sim.app import SimConfig, create_sim_app
 from gateway.upstream.engine import Upstream
 from ratelimit.aimd import Tuning
 from ratelimit.fairness import Priority
-from ratelimit.kvbudget import KVBudgetStore, MemoryKVBudgetStore, Rules
+from ratelimit.kvbudget import Ask, KVBudgetStore, Lease, MemoryKVBudgetStore, Placement, Rules
+from tests.clock import FakeClock
 from tests.waiting import eventually
 
 
@@ -148,7 +153,7 @@ async def test_a_tenant_over_its_share_yields_to_a_waiting_tenant() -> None:
     await eventually(lambda: "globex" in kv.queues, within_s=1)
     acme = asyncio.create_task(ask("acme", 96))  # fits (592 + 96 <= 850), but over its share
     await eventually(lambda: "acme" in kv.queues, within_s=1)
-    assert not acme.done() and list(kv.leases.values()) == [big.lease]  # acme asked and waits
+    assert not acme.done() and list(kv.leases.values()) == [big]  # acme asked and waits
     await kv.release(big)
     await asyncio.wait_for(asyncio.gather(globex, acme), 3)
     assert order == ["globex", "acme"]
@@ -251,3 +256,104 @@ async def test_a_standard_request_that_fits_only_into_the_critical_headroom_is_r
     granted = await asyncio.wait_for(kv.admit([Upstream("http://e/v1")], "acme", "critical",
                                               size), 1)  # fmt: skip
     assert granted is not None
+
+
+# -- a lease goes back to the store that granted it -------------------------------------------
+
+
+class FlakyStore:
+    """An in-process store standing in for Redis: while ``down``, every call fails as a Redis
+    that is away would; ``calls`` counts each operation asked for, failed or not."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.inner = MemoryKVBudgetStore(clock)
+        self.down = False
+        self.calls: Counter[str] = Counter()
+
+    def _asked(self, operation: str) -> None:
+        self.calls[operation] += 1
+        if self.down:
+            raise RedisConnectionError("away")
+
+    async def admit(self, ask: Ask, ttl_s: float, rules: Rules) -> Placement:
+        self._asked("admit")
+        return await self.inner.admit(ask, ttl_s, rules)
+
+    async def renew(self, lease: Lease, ttl_s: float) -> bool:
+        self._asked("renew")
+        return await self.inner.renew(lease, ttl_s)
+
+    async def release(self, lease: Lease) -> None:
+        self._asked("release")
+        await self.inner.release(lease)
+
+    async def reserved(self, engine: str) -> int:
+        return await self.inner.reserved(engine)
+
+    async def by_tenant(self, engine: str) -> dict[str, int]:
+        return await self.inner.by_tenant(engine)
+
+
+ENGINE = Upstream("http://engine/v1")
+
+
+async def granted_on_both() -> tuple[KVAdmission, FlakyStore, FlakyStore, Grant, Grant]:
+    """A budget whose shared store granted one lease and then failed, so the circuit (open,
+    retried after 1 s of a clock that does not move) granted the next one in process; the
+    shared store answers again, but the circuit does not know yet."""
+    clock = FakeClock()
+    shared, local = FlakyStore(clock), FlakyStore(clock)
+    store: Circuit[KVBudgetStore] = Circuit("KV budget", shared, local, fail="open",
+                                            errors=REDIS_ERRORS, clock=clock)  # fmt: skip
+    kv = KVAdmission(store, httpx.AsyncHTTPTransport(), 1000, Tuning(), 0.0)
+    by_shared, _ = await kv.admit([ENGINE], "acme", "standard", 100)
+    shared.down = True
+    by_local, _ = await kv.admit([ENGINE], "acme", "standard", 200)
+    shared.down = False
+    assert kv.store.degraded
+    assert await shared.reserved(ENGINE.base_url) == 112
+    assert await local.reserved(ENGINE.base_url) == 208
+    return kv, shared, local, by_shared, by_local
+
+
+async def test_a_lease_is_released_to_the_store_that_granted_it() -> None:
+    kv, shared, local, by_shared, by_local = await granted_on_both()
+    await kv.release(by_shared)  # the circuit is open: it would have picked the local store
+    assert await shared.reserved(ENGINE.base_url) == 0
+    assert await local.reserved(ENGINE.base_url) == 208 and local.calls["release"] == 0
+    assert not kv.store.degraded  # the shared store answered: the outage is over
+    await kv.release(by_local)  # the circuit is closed: it would have picked the shared store
+    assert await local.reserved(ENGINE.base_url) == 0
+    assert (shared.calls["release"], local.calls["release"]) == (1, 1)
+    assert not kv.leases
+
+
+async def test_a_release_the_granting_store_cannot_take_is_lost_not_misplaced() -> None:
+    kv, shared, local, by_shared, _ = await granted_on_both()
+    shared.down = True
+    await kv.release(by_shared)  # no error: the lease expires in the shared store
+    assert by_shared.lease is not None and by_shared.lease.lease_id not in kv.leases
+    assert await shared.reserved(ENGINE.base_url) == 112  # until it expires
+    assert await local.reserved(ENGINE.base_url) == 208 and local.calls["release"] == 0
+
+
+async def test_a_lease_is_renewed_in_the_store_that_granted_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kv, shared, local, by_shared, by_local = await granted_on_both()
+    monkeypatch.setattr(budget, "LEASE_TTL_S", 0.03)  # a renewal round every 10 ms
+    renewing = asyncio.create_task(kv.renew_forever())
+    try:
+        # the in-process store does not know the shared store's lease: renewed there, it
+        # would say so, and the lease would be renewed no more
+        await eventually(lambda: shared.calls["renew"] >= 2 and local.calls["renew"] >= 2,
+                         within_s=5)  # fmt: skip
+        assert list(kv.leases.values()) == [by_shared, by_local]
+        shared.down = True  # away: renewed again next round, not dropped
+        await eventually(lambda: shared.calls["renew"] >= 4, within_s=5)
+        assert list(kv.leases.values()) == [by_shared, by_local]
+        shared.down, shared.inner = False, MemoryKVBudgetStore(FakeClock())  # restarted: empty
+        await eventually(lambda: list(kv.leases.values()) == [by_local], within_s=5)
+    finally:
+        renewing.cancel()
+        await asyncio.gather(renewing, return_exceptions=True)

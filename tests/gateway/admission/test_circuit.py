@@ -1,7 +1,8 @@
 """``Circuit`` (``gateway/admission/circuit.py``): with ``open`` a failing shared backend hands
 the call to the local one, logged once per outage, and is tried again after ``retry_s``; with
 ``closed`` the outage answers ``ServiceUnavailable``; the first success on the shared backend
-ends the outage. Errors outside ``errors`` and the local backend's own errors propagate."""
+ends the outage. Errors outside ``errors`` and the local backend's own errors propagate.
+``call_on`` asks the backend it is given, open circuit or not, and counts as a call of it."""
 
 from __future__ import annotations
 
@@ -146,3 +147,29 @@ async def test_a_failing_local_backend_raises_its_own_error() -> None:
     shared.error, local.error = OSError("away"), RedisConnectionError("local too")
     with pytest.raises(RedisConnectionError, match="local too"):
         await ask(made)  # the fallback's failure is not swallowed
+
+
+# -- call_on: what a backend holds is given back to that backend ---------------------------
+
+
+@pytest.mark.parametrize("fail", ["open", "closed"])
+async def test_call_on_asks_the_named_backend_even_while_the_circuit_is_open(fail: Fail) -> None:
+    clock = FakeClock()
+    made, shared, local, changes = circuit(fail, clock)
+    shared.error = RedisConnectionError("refused")
+    with pytest.raises(ServiceUnavailable) if fail == "closed" else nullcontext():
+        await ask(made)  # the outage begins
+    shared.error = None  # back, but the circuit would not try it for retry_s
+    assert await made.call_on(shared, lambda backend: backend.answer()) == "shared"
+    assert not made.degraded and changes == [True, False]  # a success ends the outage
+    assert await made.call_on(local, lambda backend: backend.answer()) == "local"
+    assert changes == [True, False]  # the local backend's answer says nothing of the shared one
+
+
+@pytest.mark.parametrize("fail", ["open", "closed"])
+async def test_call_on_a_failing_shared_backend_refuses_without_falling_back(fail: Fail) -> None:
+    made, shared, local, changes = circuit(fail, FakeClock())
+    shared.error = OSError("unreachable")
+    with pytest.raises(ServiceUnavailable):
+        await made.call_on(shared, lambda backend: backend.answer())
+    assert (shared.calls, local.calls, made.degraded, changes) == (1, 0, True, [True])

@@ -123,7 +123,7 @@ async def test_a_limiter_refusal_gives_the_kv_grant_back(
         return await reserved(gate.kv, engine) == before
 
     await eventually(given_back, within_s=2)  # an admission still in flight is forgotten too
-    assert list(gate.kv.leases.values()) == [held.lease]
+    assert list(gate.kv.leases.values()) == [held]
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ async def test_cancelled_while_waiting_for_the_budget_nothing_stays_reserved(
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert gate.kv.waiting == 0 and list(gate.kv.leases.values()) == [held.lease]
+    assert gate.kv.waiting == 0 and list(gate.kv.leases.values()) == [held]
 
     async def only_the_held() -> bool:
         return await reserved(gate.kv, engine) == 800

@@ -1,18 +1,20 @@
 """``KeyLimiter`` and ``open_limiter`` (``gateway/admission/ratelimits.py``): a key's and its
 tenant's limits both apply, a refusal is OpenAI's 429 (wording, ``retry-after``,
-``x-ratelimit-*`` of the binding limit), settlement refunds the unused part, and
-``RATELIMIT_FAIL`` decides what a Redis outage does. The contract tests run on the in-process
-backend and on Redis (a random key prefix, the circuit ``closed`` so a Redis failure fails the
-test instead of falling back)."""
+``x-ratelimit-*`` of the binding limit), settlement refunds the unused part (to the backend
+that took the reservation, open circuit or not), and ``RATELIMIT_FAIL`` decides what a Redis
+outage does. The contract tests run on the in-process backend and on Redis (a random key
+prefix, the circuit ``closed`` so a Redis failure fails the test instead of falling back)."""
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.admission.circuit import REDIS_ERRORS, Circuit
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
@@ -21,7 +23,8 @@ from gateway.auth.keys import KeyInfo
 from gateway.errors import RateLimited, ServiceUnavailable
 from gateway.settings import Settings, TenantPolicy
 from ratelimit.autopipe import AutoPipeline
-from ratelimit.limits import MemoryBackend, RateLimitBackend, RedisBackend
+from ratelimit.limits import MemoryBackend, RateLimitBackend, RedisBackend, Scope, Verdict
+from tests.clock import FakeClock
 
 LimiterFactory = Callable[..., KeyLimiter]
 UNREACHABLE = "redis://127.0.0.1:1/0"
@@ -195,3 +198,63 @@ async def test_fail_closed_answers_service_unavailable() -> None:
             assert refused.value.status == 503
     finally:
         await redis.aclose()
+
+
+# -- a refund goes to the backend that took the reservation -----------------------------------
+
+
+class FlakyBackend:
+    """In-process limits standing in for Redis: while ``down``, every call fails as a Redis
+    that is away would; ``calls`` counts each operation asked for, failed or not."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryBackend()
+        self.down = False
+        self.calls: Counter[str] = Counter()
+
+    def _asked(self, operation: str) -> None:
+        self.calls[operation] += 1
+        if self.down:
+            raise RedisConnectionError("away")
+
+    async def reserve(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> Verdict:
+        self._asked("reserve")
+        return await self.inner.reserve(tenant, scopes, tokens)
+
+    async def refund(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> None:
+        self._asked("refund")
+        await self.inner.refund(tenant, scopes, tokens)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_refund_goes_to_the_backend_that_took_the_reservation() -> None:
+    shared, local = FlakyBackend(), FlakyBackend()
+    circuit: Circuit[RateLimitBackend] = Circuit(
+        "rate limits", shared, local, fail="open", errors=REDIS_ERRORS, clock=FakeClock()
+    )
+    limiter, caller = KeyLimiter(circuit, Settings()), key("acme", tpm=1000)
+    by_shared = await limiter.admit(caller, 400)
+    shared.down = True
+    by_local = await limiter.admit(caller, 400)  # the circuit opens: reserved in process
+    shared.down = False  # back, but the circuit does not know yet
+    await limiter.settle(by_shared, used_tokens=100)
+    assert (shared.calls["refund"], local.calls["refund"]) == (1, 0)
+    assert not circuit.degraded  # the shared backend answered: the outage is over
+    await limiter.settle(by_local, used_tokens=100)
+    assert (shared.calls["refund"], local.calls["refund"]) == (1, 1)
+    again = dict((await limiter.admit(caller, 100)).headers)  # asks the shared backend again
+    assert again["x-ratelimit-remaining-tokens"] == "800"  # 1000 - 100 used - 100 now
+
+
+async def test_a_refund_the_reserving_backend_cannot_take_is_lost_not_misplaced() -> None:
+    shared, local = FlakyBackend(), FlakyBackend()
+    circuit: Circuit[RateLimitBackend] = Circuit(
+        "rate limits", shared, local, fail="open", errors=REDIS_ERRORS, clock=FakeClock()
+    )
+    limiter = KeyLimiter(circuit, Settings())
+    admitted = await limiter.admit(key("acme", tpm=1000), 400)
+    shared.down = True
+    await limiter.settle(admitted, used_tokens=100)  # no error: the tokens refill anyway
+    assert (shared.calls["refund"], local.calls["refund"]) == (1, 0)
