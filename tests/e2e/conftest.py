@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import os
+import subprocess
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from gateway.ledger.record import CompletionRecord, RecordSink
 from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
 from gateway.sim.app import SimApp, SimConfig, create_sim_app
+from tests.pgserver import PgServer, PgServerError
 
 
 @dataclass
@@ -127,3 +130,23 @@ async def stack_factory(tmp_path: Path) -> AsyncIterator[StackFactory]:
 async def stack(stack_factory: StackFactory) -> Stack:
     result: Stack = await stack_factory()
     return result
+
+
+@pytest.fixture(scope="session")
+def private_postgres() -> Iterator[PgServer]:
+    """A PostgreSQL server of this test worker's own (``tests/pgserver.py``), for tests that
+    kill it and start it again; each test makes its own database in it and leaves the server
+    running. Started once per worker; tests that use it share an ``xdist_group`` so that one
+    worker (one initdb) serves them all. A server that cannot be started skips the test with
+    the reason, or fails it when ``CI`` is set (DESIGN §4)."""
+    try:
+        server = PgServer.create()
+    except (PgServerError, OSError, subprocess.SubprocessError) as exc:
+        message = f"cannot start a private PostgreSQL server: {exc}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        yield server
+    finally:
+        server.close()

@@ -8,17 +8,21 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 from gateway.settings import Settings
 from tests.gateway.cli.test_main import free_port
+from tests.waiting import eventually
 
 
 @contextlib.asynccontextmanager
 async def running_gateway(env: dict[str, str]) -> AsyncIterator[Gateway]:
-    """A gateway process, started and ready; killed (SIGKILL) on exit if still alive."""
+    """A gateway process, started and accepting connections; killed (SIGKILL) on exit if still
+    alive."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
@@ -33,7 +37,9 @@ async def running_gateway(env: dict[str, str]) -> AsyncIterator[Gateway]:
             if b"Application startup complete" in line:
                 break
         drain = asyncio.create_task(_drain(proc.stderr))  # its pipe must never fill up
-        yield Gateway(proc, f"http://127.0.0.1:{port}")
+        gateway = Gateway(proc, f"http://127.0.0.1:{port}")
+        await until_listening(gateway)
+        yield gateway
     finally:
         if proc.returncode is None:
             proc.kill()
@@ -66,3 +72,49 @@ def gateway_env(settings: Settings, files: dict[str, Any]) -> dict[str, str]:
         **{f"THINKGATE_{name.upper()}": str(path) for name, path in files.items()},
     )
     return env
+
+
+async def until_listening(gateway: Gateway, within_s: float = 10.0) -> None:
+    """Until ``gateway`` answers ``/healthz``: uvicorn logs "Application startup complete"
+    *before* it binds its socket, so a client that connected at once could be refused."""
+    async with httpx.AsyncClient(timeout=2) as client:
+
+        async def answers() -> bool:
+            try:
+                return (await client.get(f"{gateway.url}/healthz")).status_code == 200
+            except httpx.TransportError:
+                assert gateway.proc.returncode is None, "the gateway exited"
+                return False
+
+        await eventually(answers, within_s=within_s)
+
+
+@contextlib.asynccontextmanager
+async def running_gateways(envs: Sequence[dict[str, str]]) -> AsyncIterator[list[Gateway]]:
+    """One gateway per env, started at once (start-up is mostly imports: on several cores
+    they overlap), each accepting connections; all killed on exit. A start that fails kills
+    the others first."""
+    async with contextlib.AsyncExitStack() as stack:
+        starts = [stack.enter_async_context(running_gateway(env)) for env in envs]
+        started = await asyncio.gather(*starts, return_exceptions=True)
+        for outcome in started:  # every start has ended: the stack owns what did start
+            if isinstance(outcome, BaseException):
+                raise outcome
+        yield [g for g in started if isinstance(g, Gateway)]
+
+
+async def run_cli(env: dict[str, str], *args: str, cwd: str | None = None) -> tuple[int, str]:
+    """``python -m gateway.cli ARGS`` in a subprocess, without blocking the event loop (the
+    gateways under test keep being served meanwhile): its exit code and its output."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", *args, env=env, cwd=cwd,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        output, _ = await asyncio.wait_for(proc.communicate(), timeout=60)
+    finally:
+        if proc.returncode is None:  # timed out or cancelled: not left running
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, output.decode(errors="replace")

@@ -175,7 +175,9 @@ async def test_a_redis_restart_under_load_trips_once_and_leaks_no_lease(tmp_path
                     await asyncio.gather(running, return_exceptions=True)
         finally:
             await budget_client.aclose()
-    assert after > 100, after  # the load went on after the restart
+    # the load went on after the restart: at least a request per client (so the pool's sockets
+    # were used again), whatever the machine's speed
+    assert after >= WORKERS, after
     assert not load.unclean, (load.unclean[:5], load.statuses)
     assert load.statuses[500] == 0
     for name in ("kv_budget", "rate_limits"):  # the outage itself, then never again
