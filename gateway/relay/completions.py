@@ -20,7 +20,7 @@ import orjson
 from gateway.errors import RemoteProtocolError
 from gateway.relay.choice import ChoiceState
 from gateway.relay.formats import ReasoningFormat
-from gateway.relay.rewrite import Rewriter, StreamRelay, parse_chunk
+from gateway.relay.rewrite import Rewriter, StreamRelay, parse_chunk, withhold_tokens
 from gateway.relay.sse import DONE_EVENT, Event, encode_data
 
 
@@ -106,6 +106,6 @@ def place(
     if reasoning and shown:
         choice["reasoning_content"] = reasoning
     held = state.last_had_reasoning or not state.splitter.idle or bool(reasoning)
-    if choice.get("logprobs") and held and not shown:
-        choice["logprobs"] = None
+    if held and not shown:
+        withhold_tokens(choice)
     return bool(content) or bool(reasoning and shown)

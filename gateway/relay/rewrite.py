@@ -15,7 +15,8 @@ Rules, per choice (state is kept per ``index``, so ``n > 1`` works):
   with it.
 - Reasoning goes to the client only when the policy shows it, in ``reasoning_content``,
   ``reasoning`` or both (``REASONING_FIELD``). A hidden policy removes every byte of it,
-  including ``logprobs`` of chunks that carried reasoning (they would spell it out).
+  including ``logprobs`` and ``token_ids`` of chunks that carried reasoning (they would spell it
+  out: ``withhold_tokens``).
 - Tool calls pass through as the upstream sent them, and are kept for the record.
 - An absent channel is absent: no ``"content": ""``; a choice left with an empty delta and no
   ``finish_reason`` is dropped, and so is a chunk left with no choices.
@@ -356,8 +357,8 @@ class StreamRelay(Rewriter):
             return _DROPPED
         choice["delta"] = new_delta
         hidden = state.last_had_reasoning or not state.splitter.idle  # held: maybe reasoning
-        if choice.get("logprobs") and hidden and not self.policy.show_reasoning:
-            choice["logprobs"] = None  # they would spell out the hidden reasoning
+        if hidden and not self.policy.show_reasoning:
+            withhold_tokens(choice)
         return _CHANGED
 
     def _rewrite_usage(self, chunk: dict[str, Any]) -> bool:
@@ -447,8 +448,18 @@ def rewrite_completion(rewriter: Rewriter, body: dict[str, Any]) -> dict[str, An
         message.setdefault("content", None)
         choice["message"] = message
         if not rewriter.policy.show_reasoning and state.reasoning:
-            choice["logprobs"] = None
+            withhold_tokens(choice)
     usage = body.get("usage")
     if isinstance(usage, dict):
         rewriter.usage = body["usage"] = rewriter.fill_usage(usage)
     return body
+
+
+def withhold_tokens(choice: dict[str, Any]) -> None:
+    """A choice that held reasoning a key may not see loses what would spell it out: its
+    ``logprobs`` and (vLLM's ``return_token_ids``) its ``token_ids``, which the model's public
+    tokenizer decodes back to the text."""
+    if choice.get("logprobs"):
+        choice["logprobs"] = None
+    if choice.get("token_ids"):
+        choice["token_ids"] = None

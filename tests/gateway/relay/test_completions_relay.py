@@ -81,9 +81,10 @@ def test_a_whole_completion_is_split_when_the_prompt_opened_the_reasoning() -> N
 
 
 def test_a_hidden_key_gets_the_answer_without_reasoning_or_its_logprobs() -> None:
-    body = whole("I think.</think>\n\nBlue.", reasoning_content="stale")
+    body = whole("I think.</think>\n\nBlue.", reasoning_content="stale", token_ids=[7, 8])
     choice = CompletionsWhole(policy(OPEN_PROMPT, show=False)).complete(body)["choices"][0]
-    assert choice == {"index": 0, "text": "\n\nBlue.", "logprobs": None, "finish_reason": "stop"}
+    assert choice == {"index": 0, "text": "\n\nBlue.", "logprobs": None, "finish_reason": "stop",
+                      "token_ids": None}  # fmt: skip
 
 
 @pytest.mark.parametrize("prompt", ["Q: hi", None])

@@ -225,13 +225,16 @@ def test_done_is_reported_and_returned() -> None:
     assert relay.done
 
 
-def test_hidden_reasoning_drops_logprobs_that_would_spell_it() -> None:
+def test_hidden_reasoning_drops_logprobs_and_token_ids_that_would_spell_it() -> None:
+    """vLLM's ``return_token_ids`` puts the output's ids on each choice: with the model's
+    public tokenizer they decode to the reasoning, as logprobs spell it."""
     body = {
         "choices": [
             {
                 "index": 0,
                 "delta": {"content": "secret"},
                 "logprobs": {"content": [{"token": "secret"}]},
+                "token_ids": [31337],
                 "finish_reason": None,
             }
         ]
@@ -241,6 +244,16 @@ def test_hidden_reasoning_drops_logprobs_that_would_spell_it() -> None:
     body["choices"][0]["delta"] = {"content": "x</think>y"}
     out = client_view(relay.feed(Event(orjson.dumps(body))))
     assert out[0]["choices"][0]["logprobs"] is None
+    assert out[0]["choices"][0]["token_ids"] is None
+
+
+def test_a_whole_completion_withholds_token_ids_of_hidden_reasoning() -> None:
+    whole = {"choices": [{"index": 0, "finish_reason": "stop", "token_ids": [1, 2, 3],
+                          "message": {"role": "assistant", "content": "secret</think>answer"}}]}  # fmt: skip
+    hidden = Rewriter(policy(show=False)).complete(orjson.loads(orjson.dumps(whole)))
+    shown = Rewriter(policy(show=True)).complete(orjson.loads(orjson.dumps(whole)))
+    assert hidden["choices"][0]["token_ids"] is None
+    assert shown["choices"][0]["token_ids"] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("raw", [b"not json", b"[1,2]", b'"str"'])
