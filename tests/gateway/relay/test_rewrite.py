@@ -248,8 +248,9 @@ def test_hidden_reasoning_drops_logprobs_and_token_ids_that_would_spell_it() -> 
 
 
 def test_a_whole_completion_withholds_token_ids_of_hidden_reasoning() -> None:
+    message = {"role": "assistant", "content": "secret</think>answer"}
     whole = {"choices": [{"index": 0, "finish_reason": "stop", "token_ids": [1, 2, 3],
-                          "message": {"role": "assistant", "content": "secret</think>answer"}}]}  # fmt: skip
+                          "message": message}]}  # fmt: skip
     hidden = Rewriter(policy(show=False)).complete(orjson.loads(orjson.dumps(whole)))
     shown = Rewriter(policy(show=True)).complete(orjson.loads(orjson.dumps(whole)))
     assert hidden["choices"][0]["token_ids"] is None
