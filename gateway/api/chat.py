@@ -5,9 +5,17 @@ reject with a worse message; every other field passes through untouched (vLLM ex
 ``top_k``, ``structured_outputs``, ``chat_template_kwargs``, tools, ``reasoning_content`` in
 assistant messages). The forwarded body is the client's own JSON object with three changes:
 
+- the field policy (``gateway.api.fields.CHAT``, applied by ``gateway.api.screen``): fields
+  without effect here (``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``, ...)
+  are not sent on, fields whose loss would change the answer (``audio``, ``web_search_options``,
+  the removed ``guided_*``, ...) are refused naming them, and fields no reference names follow
+  ``UNKNOWN_FIELDS`` (by default sent on, as vLLM's extras, and named in
+  ``x-thinkgate-ignored``);
 - ``include_reasoning`` and ``reasoning`` are removed: they are directives to the gateway (a
   request may lower its own reasoning visibility with ``include_reasoning: false`` or
-  ``reasoning: {"exclude": true}``, never raise it);
+  ``reasoning: {"exclude": true}``, never raise it); OpenRouter's ``reasoning.effort`` and
+  ``reasoning.max_tokens`` become ``reasoning_effort`` and ``thinking_token_budget`` unless the
+  request set those;
 - for streams, ``stream_options.include_usage`` is forced on (the gateway always needs usage)
   and the client's own choice is remembered;
 - an assistant message's reasoning of an earlier turn (``reasoning`` or ``reasoning_content``,
@@ -25,8 +33,10 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
 
+from gateway.api.fields import CHAT, UnknownFields
 from gateway.api.items import handed_back
 from gateway.api.jsonbody import json_object
+from gateway.api.screen import screen
 from gateway.errors import InvalidRequest
 
 MAX_N = 16
@@ -86,6 +96,7 @@ class ChatRequest:
     params: dict[str, Any]  # every other field, as forwarded (for the audit record)
     upstream_body: bytes
     has_history: bool = False  # an assistant message carries reasoning
+    unknown: tuple[str, ...] = ()  # fields no reference names, accepted (UNKNOWN_FIELDS=ignore)
 
     def with_history(self, history_field: str, turns: str) -> ChatRequest:
         """The request with each assistant message's reasoning (``reasoning`` or
@@ -119,9 +130,10 @@ class ChatRequest:
         return dataclasses.replace(self, params=params, upstream_body=body)
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
+def parse_chat_request(raw: bytes, unknown: UnknownFields = "ignore") -> ChatRequest:
     """Decode and validate; ``InvalidRequest`` (400, with ``param``) on any problem."""
-    body = json_object(raw)
+    screened = screen(json_object(raw), CHAT, unknown, forward_unknown=True)
+    body = screened.body
     _too_large(body)
     try:
         checked = _ChatBody.model_validate(body)
@@ -132,7 +144,7 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     )
     include_usage = bool(checked.stream_options and checked.stream_options.include_usage)
     body.pop("include_reasoning", None)
-    body.pop("reasoning", None)
+    _reasoning_directive(body, body.pop("reasoning", None))
     if checked.stream:
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     return ChatRequest(
@@ -147,7 +159,21 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
         params={k: v for k, v in body.items() if k != "messages"},
         upstream_body=_encode(body),
         has_history=_has_history(body["messages"]),
+        unknown=screened.unknown,
     )
+
+
+def _reasoning_directive(body: dict[str, Any], directive: Any) -> None:
+    """OpenRouter's ``reasoning`` object, beyond ``exclude``: its ``effort`` and ``max_tokens``
+    as the engine's ``reasoning_effort`` and ``thinking_token_budget`` (checked with them, by
+    ``gateway.relay.effort``), unless the request named those itself."""
+    if not isinstance(directive, dict):
+        return
+    effort, budget = directive.get("effort"), directive.get("max_tokens")
+    if effort is not None:
+        body.setdefault("reasoning_effort", effort)
+    if budget is not None:
+        body.setdefault("thinking_token_budget", budget)
 
 
 def _has_history(messages: list[Any]) -> bool:

@@ -20,7 +20,9 @@ from typing import Any
 
 import orjson
 
+from gateway.api.fields import COMPLETIONS, EMBEDDINGS, UnknownFields
 from gateway.api.jsonbody import json_object
+from gateway.api.screen import screen
 from gateway.errors import InvalidRequest
 
 MAX_N = 16
@@ -40,6 +42,7 @@ class CompletionsRequest:
     messages: list[Any]  # the prompt as the record keeps it: [{"role": "prompt", "content"}]
     params: dict[str, Any]
     upstream_body: bytes
+    unknown: tuple[str, ...] = ()  # fields no reference names, accepted (UNKNOWN_FIELDS=ignore)
 
     @property
     def prompt_text(self) -> str | None:
@@ -59,11 +62,13 @@ class EmbeddingsRequest:
     upstream_body: bytes
     stream: bool = False
     n: int = 1
+    unknown: tuple[str, ...] = ()  # fields no reference names, accepted (UNKNOWN_FIELDS=ignore)
     max_tokens: int | None = None
 
 
-def parse_completions_request(raw: bytes) -> CompletionsRequest:
-    body = json_object(raw)
+def parse_completions_request(raw: bytes, unknown: UnknownFields = "ignore") -> CompletionsRequest:
+    screened = screen(json_object(raw), COMPLETIONS, unknown, forward_unknown=True)
+    body = screened.body
     model = _model(body)
     prompt = body.get("prompt")
     if not _prompt_ok(prompt):
@@ -88,12 +93,16 @@ def parse_completions_request(raw: bytes) -> CompletionsRequest:
         max_tokens=max_tokens, n=n, echo=body.get("echo") is True, prompt=prompt,
         messages=[{"role": "prompt", "content": prompt}],
         params={k: v for k, v in body.items() if k != "prompt"},
-        upstream_body=orjson.dumps(body),
+        upstream_body=orjson.dumps(body), unknown=screened.unknown,
     )  # fmt: skip
 
 
-def parse_embeddings_request(raw: bytes) -> EmbeddingsRequest:
-    body = json_object(raw)
+def parse_embeddings_request(raw: bytes, unknown: UnknownFields = "ignore") -> EmbeddingsRequest:
+    parsed = json_object(raw)
+    screened = screen(parsed, EMBEDDINGS, unknown, forward_unknown=True)
+    body = screened.body
+    if len(body) != len(parsed):  # a field left out: the body sent on is no longer the client's
+        raw = orjson.dumps(body)
     model = _model(body)
     given: Any = body.get("input")
     if not _prompt_ok(given) or given == "":
@@ -101,7 +110,8 @@ def parse_embeddings_request(raw: bytes) -> EmbeddingsRequest:
                              "strings, or token ids.", param="input")  # fmt: skip
     inputs = 1 if isinstance(given, str) or _ints(given) else len(given)
     return EmbeddingsRequest(model, inputs, [{"role": "input", "content": given}],
-                             {k: v for k, v in body.items() if k != "input"}, raw)  # fmt: skip
+                             {k: v for k, v in body.items() if k != "input"}, raw,
+                             unknown=screened.unknown)  # fmt: skip
 
 
 def _model(body: dict[str, Any]) -> str:

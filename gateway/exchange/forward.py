@@ -81,7 +81,7 @@ class Forwarder:
             ex.fail(exc)  # before the upstream is known here: the pool counted its own failure
             if ex.upstream is None and isinstance(exc, UpstreamError):
                 ex.upstream = exc.upstream_url  # failed before the response: for the record
-            raise exc.with_headers(ex.ticket.headers) from None
+            raise exc.with_headers((*ex.ticket.headers, *ex.notes)) from None
         except asyncio.CancelledError as exc:
             watcher.claim(exc)
             ex.disconnected()
@@ -110,7 +110,7 @@ class Forwarder:
                 await ex.finish()
 
         body = relay_stream(ex, leg, relay, self.keepalive_s)
-        headers = (*ex.ticket.headers, overhead_header(ex))
+        headers = (*ex.ticket.headers, *ex.notes, overhead_header(ex))
 
         async def push(writer: DirectWriter) -> None:
             await push_stream(ex, leg, relay, writer, self.keepalive_s)
@@ -151,7 +151,7 @@ class Forwarder:
         ex.status = "ok"
         ex.overhead_s += time.perf_counter() - arrived
         await ex.finish()
-        headers = dict((*ex.ticket.headers, overhead_header(ex)))
+        headers = dict((*ex.ticket.headers, *ex.notes, overhead_header(ex)))
         return Response(orjson.dumps(body), media_type="application/json", headers=headers)
 
     async def _assembled(self, ex: Exchange, candidates: Sequence[Upstream]) -> dict[str, Any]:

@@ -79,6 +79,8 @@ class Exchange:
     gaps: GapCounts = field(default_factory=GapCounts)
     # run with the record once the completion ended ok (the Responses API stores it there)
     after: Callable[[CompletionRecord], Awaitable[None]] | None = None
+    # response headers the request's parse decided (x-thinkgate-ignored, a clamped max_tokens)
+    notes: tuple[tuple[str, str], ...] = ()
     _finishing: asyncio.Future[None] | None = None
 
     def mark_first_token(self) -> None:

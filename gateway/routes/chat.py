@@ -34,7 +34,7 @@ async def chat_completions(request: Request) -> Response:
     t0, started_at = time.perf_counter(), time.time()
     key, raw = await steps.receive(state, request, "client")
     try:
-        chat = parse_chat_request(raw)
+        chat = parse_chat_request(raw, state.settings.unknown_fields)
         history = state.settings.reasoning_for(chat.model)
         chat = chat.with_history(history.history, history.turns)
         relay = rewriter(state, key, chat)
@@ -42,10 +42,12 @@ async def chat_completions(request: Request) -> Response:
             chat = chat.without_thinking(relay.policy.format.switches)
         chat = steps.budgeted(state, key, chat, relay, chat.params)
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, "unknown", stream=False)
+        steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
         raise
+    notes = steps.unknown_fields(state, ENDPOINT, chat.unknown)
     return await steps.forward(state, request, key, chat, (ENDPOINT, PATH), relay,
-                               (started_at, t0), tokens=estimate_tokens(chat, state))  # fmt: skip
+                               (started_at, t0), tokens=estimate_tokens(chat, state),
+                               notes=notes)  # fmt: skip
 
 
 def rewriter(state: AppState, key: KeyInfo, chat: ChatRequest) -> Rewriter:

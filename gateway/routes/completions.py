@@ -35,22 +35,23 @@ async def create_completion(request: Request) -> Response:
     t0, started_at = time.perf_counter(), time.time()
     key, raw = await steps.receive(state, request, "client")
     try:
-        call = parse_completions_request(raw)
+        call = parse_completions_request(raw, state.settings.unknown_fields)
         model = state.settings.reasoning_for(call.model)
         fmt = opened_by(model.format, call.prompt_text)
         if call.echo and fmt.splits:
             raise InvalidRequest("'echo' is not supported for a reasoning model: the echoed "
                                  "prompt would be read as its output.", param="echo")  # fmt: skip
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, "unknown", stream=False)
+        steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
         raise
     policy = Policy(format=fmt, source="text", thinking=fmt.splits,
                     show_reasoning=key.reasoning == "visible" and call.wants_reasoning,
                     reasoning_field=state.settings.reasoning_field,
                     include_usage=call.include_usage)  # fmt: skip
     relay = CompletionsRelay(policy) if call.stream else CompletionsWhole(policy)
+    notes = steps.unknown_fields(state, "completions", call.unknown)
     return await steps.forward(state, request, key, call, ("completions", "/completions"),
-                               relay, (started_at, t0))  # fmt: skip
+                               relay, (started_at, t0), notes=notes)  # fmt: skip
 
 
 class _Embeddings(Rewriter):
@@ -70,15 +71,16 @@ async def create_embeddings(request: Request) -> Response:
     t0, started_at = time.perf_counter(), time.time()
     key, raw = await steps.receive(state, request, "client")
     try:
-        call = parse_embeddings_request(raw)
+        call = parse_embeddings_request(raw, state.settings.unknown_fields)
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, "unknown", stream=False)
+        steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
         raise
     policy = Policy(format=NONE, source="text", thinking=False, show_reasoning=False,
                     reasoning_field=state.settings.reasoning_field)  # fmt: skip
+    notes = steps.unknown_fields(state, "embeddings", call.unknown)
     return await steps.forward(state, request, key, call, ("embeddings", "/embeddings"),
                                _Embeddings(policy), (started_at, t0),
-                               tokens=len(call.upstream_body) // 4 + 1)  # fmt: skip
+                               tokens=len(call.upstream_body) // 4 + 1, notes=notes)  # fmt: skip
 
 
 def add_routes(app: FastAPI) -> None:

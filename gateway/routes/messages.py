@@ -41,7 +41,7 @@ async def create_message(request: Request) -> Response:
         relay = rewriter(state, key, call, seal)
         call = steps.budgeted(state, key, call, relay, call.chat)
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, "unknown", stream=False)
+        steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
         raise
     return await steps.forward(state, request, key, call, (ENDPOINT, PATH), relay,
                                (started_at, t0))  # fmt: skip

@@ -52,7 +52,7 @@ async def create_response(request: Request) -> Response:
         relay = rewriter(state, key, call, seal)
         call = steps.budgeted(state, key, call, relay, call.chat)
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, "unknown", stream=False)
+        steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
         raise
     after = _keeper(state, key, call, relay) if call.store and state.stored else None
     return await steps.forward(state, request, key, call, (ENDPOINT, PATH), relay,

@@ -10,6 +10,7 @@ routes the model and passes the ``Gate``. Every refusal on the way is counted
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -19,6 +20,7 @@ from starlette.responses import Response
 
 from gateway.admission.budget import priority_of
 from gateway.admission.gate import Ticket
+from gateway.api.screen import ignored_header
 from gateway.auth.bearer import authenticate
 from gateway.auth.keys import KeyInfo, Role
 from gateway.edge.body import read_body
@@ -30,6 +32,8 @@ from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_refusal
 from gateway.telemetry.traceparent import parse_traceparent
 from gateway.upstream.engine import Upstream
+
+log = logging.getLogger("thinkgate")
 
 # The API a path belongs to, as records and metrics name it (a fixed set: labels stay bounded).
 ENDPOINTS = {
@@ -134,10 +138,12 @@ async def forward(
     state: AppState, request: Request, key: KeyInfo, call: _Call, route: tuple[str, str],
     rewriter: Rewriter, started: tuple[float, float], *, tokens: int | None = None,
     after: Callable[[CompletionRecord], Awaitable[None]] | None = None,
+    notes: tuple[tuple[str, str], ...] = (),
 ) -> Response:  # fmt: skip
     """The rest of every completion route's recipe, once its request is parsed and its
     rewriter built: admit (``tokens``, by default OpenAI's reservation rule), then the
-    exchange, forwarded (``route``: endpoint and upstream path)."""
+    exchange, forwarded (``route``: endpoint and upstream path); ``notes`` are response
+    headers the parse decided (``unknown_fields``)."""
     try:  # no byte of an answer goes out unless its record can be written
         check_recordable(call.messages, call.params)
     except GatewayError as exc:
@@ -147,7 +153,32 @@ async def forward(
         tokens = reservation(state, call.upstream_body, call.n, call.max_tokens)
     ticket, candidates = await admit(state, request, key, call.model, call.stream, tokens)
     ex = exchange(state, request, key, call, route, rewriter, ticket, started, after)
+    ex.notes = notes
     return await state.forwarder.run(ex, candidates, request.receive)
+
+
+def unknown_fields(state: AppState, endpoint: str, names: tuple[str, ...]) -> tuple[
+        tuple[str, str], ...]:  # fmt: skip
+    """Report the fields no reference names that a request sent (``UNKNOWN_FIELDS=ignore``):
+    counted by name, each name logged the first time this process sees it, named in the
+    response's ``x-thinkgate-ignored`` header (returned)."""
+    if not names:
+        return ()
+    for name in state.metrics.unknown(endpoint, names):
+        log.info("unknown request field %r on %s accepted (UNKNOWN_FIELDS=ignore): named in "
+                 "x-thinkgate-ignored; counted in thinkgate_unknown_fields_total", name,
+                 endpoint)  # fmt: skip
+    return ignored_header(names)
+
+
+def claimed_model(raw: bytes) -> str:
+    """The model a refused body names, for the log line that says what was refused (the
+    metrics label stays ``unknown``: it is not a model an upstream serves)."""
+    try:
+        model = orjson.loads(raw).get("model")
+    except (orjson.JSONDecodeError, AttributeError):
+        return "unknown"
+    return model[:256] if isinstance(model, str) and model else "unknown"
 
 
 def reservation(state: AppState, upstream_body: bytes, n: int, max_tokens: int | None) -> int:
@@ -181,4 +212,4 @@ def refused(
     state.metrics.refused(error, model if served else "unknown", tenant, stream, endpoint)
     traceparent = parse_traceparent(request.headers.get("traceparent"))
     log_refusal(request.state.request_id, tenant, key_id, model, error.outcome, error.code,
-                traceparent)  # fmt: skip
+                traceparent, endpoint=endpoint, param=error.param)  # fmt: skip

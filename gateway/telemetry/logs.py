@@ -119,15 +119,18 @@ def log_completion(
 
 def log_refusal(
     request_id: str, tenant: str, key_id: str, model: str, status: str, error_code: str | None,
-    traceparent: str | None,
+    traceparent: str | None, *, endpoint: str = "chat.completions", param: str | None = None,
 ) -> None:  # fmt: skip
+    """A request refused before any engine was asked: which API, which model it named, and
+    (``param``) the field at fault, so an operator sees what a client sent that was refused.
+    ``param`` is the error's: a field name, never a value."""
     if ACCESS.isEnabledFor(logging.INFO):
         fields = {
             "request_id": request_id, "tenant": tenant, "key_id": key_id, "model": model,
-            "status": status, "error_code": error_code,
+            "endpoint": endpoint, "status": status, "error_code": error_code, "param": param,
             "trace_id": trace_id(traceparent) if traceparent else None,
         }  # fmt: skip
-        ACCESS.info("chat completion refused", extra={"fields": fields})
+        ACCESS.info("request refused", extra={"fields": fields})
 
 
 def _text_value(value: Any) -> str:

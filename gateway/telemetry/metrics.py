@@ -164,6 +164,13 @@ class Metrics:
             "KV budget per engine: capacity, admitted limit (AIMD), reserved by leases.",
             ["upstream", "state"], registry=r, multiprocess_mode="mostrecent",
         )  # fmt: skip
+        self.unknown_fields = Counter(
+            "thinkgate_unknown_fields",
+            "Request fields no API reference names, accepted (UNKNOWN_FIELDS=ignore); the "
+            "first 100 names a process sees are labelled, the rest are `other`.",
+            ["endpoint", "field"], registry=r,
+        )  # fmt: skip
+        self.field_names = TenantLabels(frozenset(), 100)
         self.admission_wait = Histogram("thinkgate_admission_wait_seconds",
                                         "Time a request waited for KV budget.",
                                         buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
@@ -299,6 +306,18 @@ class Metrics:
         flag = "true" if stream else "false"
         status = refusal_status(error)
         self.requests.labels(model, self.tenant(tenant), status, flag, endpoint).inc()
+
+    def unknown(self, endpoint: str, names: Iterable[str]) -> list[str]:
+        """Count unknown fields by name; the names labelled for the first time (the caller
+        logs each once, not per request; past the first 100 names, none is)."""
+        new = []
+        for name in names:
+            first = name not in self.field_names.seen
+            label = self.field_names(name)
+            if first and label == name:
+                new.append(name)
+            self.unknown_fields.labels(endpoint, label).inc()
+        return new
 
     def upstream_failed(self, upstream: str, error: UpstreamError) -> None:
         self.upstream_errors.labels(upstream, _KINDS.get(type(error), "status")).inc()

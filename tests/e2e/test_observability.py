@@ -514,7 +514,7 @@ async def test_one_access_line_per_request_and_no_text_in_any_log_line(
         assert (line["status"], line["model"], line["trace_id"]) == (status, model, trace(i)[1])
         assert line["tenant"] == "acme" and len(line["key_id"]) == 12
         if status == "invalid":
-            assert line["msg"] == "chat completion refused"
+            assert line["msg"] == "request refused"
             assert line["error_code"] == "model_not_found"
             continue
         assert line["msg"] == "chat completion" and line["stream"] is stream

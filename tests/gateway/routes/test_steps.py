@@ -129,10 +129,11 @@ async def test_a_refusal_is_logged_without_the_key(
         steps.refused(state, request()[0], KEY, RateLimited("slow", retry_after=1), "m-x", True)
     [record] = [r for r in caplog.records if r.name == "thinkgate.access"]
     fields = record.fields  # type: ignore[attr-defined]
-    assert record.getMessage() == "chat completion refused"
+    assert record.getMessage() == "request refused"
     assert fields == {"request_id": "req_refused", "tenant": "acme", "key_id": KEY.key_id,
                       "model": "m-x", "status": "rate_limited", "error_code": "rate_limit_exceeded",
-                      "trace_id": "0af7651916cd43dd8448eb211c80319c"}  # fmt: skip
+                      "trace_id": "0af7651916cd43dd8448eb211c80319c",
+                      "endpoint": "chat.completions", "param": None}  # fmt: skip
     line = JsonFormatter().format(record)
     assert PRESENTED not in line and PRESENTED.split("-", 3)[3] not in line  # nor its secret
 

@@ -219,7 +219,7 @@ def test_no_text_of_the_record_reaches_the_line(access_records: list[logging.Log
     completed, refused = (orjson.loads(JsonFormatter().format(r)) for r in access_records)
     assert completed["msg"] == "chat completion" and completed["request_id"] == "req_abc"
     assert set(completed) == {"ts", "level", "logger", "msg"} | ACCESS_KEYS
-    assert refused["msg"] == "chat completion refused"
+    assert refused["msg"] == "request refused"
     assert {k: refused[k] for k in ("request_id", "status", "error_code", "trace_id")} == {
         "request_id": "req_def", "status": "invalid", "error_code": "invalid_request",
         "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",
