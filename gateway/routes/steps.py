@@ -20,6 +20,7 @@ from starlette.responses import Response
 
 from gateway.admission.budget import priority_of
 from gateway.admission.gate import Ticket
+from gateway.api.room import clamp, clamped_header, room_for
 from gateway.api.screen import ignored_header
 from gateway.auth.bearer import authenticate
 from gateway.auth.keys import KeyInfo, Role
@@ -146,15 +147,34 @@ async def forward(
     headers the parse decided (``unknown_fields``)."""
     try:  # no byte of an answer goes out unless its record can be written
         check_recordable(call.messages, call.params)
+        call, clamped = await with_room(state, call)
     except GatewayError as exc:
         refused(state, request, key, exc, call.model, call.stream)
         raise
+    notes = (*notes, *clamped)
     if tokens is None:
         tokens = reservation(state, call.upstream_body, call.n, call.max_tokens)
     ticket, candidates = await admit(state, request, key, call.model, call.stream, tokens)
     ex = exchange(state, request, key, call, route, rewriter, ticket, started, after)
     ex.notes = notes
     return await state.forwarder.run(ex, candidates, request.receive)
+
+
+async def with_room(state: AppState, call: C) -> tuple[C, tuple[tuple[str, str], ...]]:
+    """The request with its ``max_tokens`` clamped to the room the engine's context leaves
+    after its prompt (``gateway.api.room``), and the header that says so; refused instead in
+    strict mode (``UNKNOWN_FIELDS=refuse``)."""
+    asked = call.max_tokens
+    if asked is None:
+        return call, ()
+    context = await state.upstreams.context_length(call.model)
+    room = room_for(context, call.upstream_body)
+    if room is None or context is None or asked <= room:
+        return call, ()
+    strict = state.settings.unknown_fields == "refuse"
+    body = clamp(call.upstream_body, asked, room, strict=strict)
+    changed = dataclasses.replace(call, upstream_body=body, max_tokens=room)  # type: ignore[type-var]
+    return changed, (clamped_header(asked, room, context),)
 
 
 def unknown_fields(state: AppState, endpoint: str, names: tuple[str, ...]) -> tuple[

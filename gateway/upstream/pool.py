@@ -210,6 +210,7 @@ class UpstreamPool:
         self._rr = itertools.count()
         self._catalogue: dict[str, list[Upstream]] = {}
         self._model_cards: list[dict[str, Any]] = []
+        self._contexts: dict[str, int] = {}  # per model, the smallest max_model_len reported
         self._catalogue_at = -1.0
         self._catalogue_lock = asyncio.Lock()
         # Told of every failed attempt (metrics): the URL and the error.
@@ -225,6 +226,12 @@ class UpstreamPool:
     async def model_cards(self) -> list[dict[str, Any]]:
         await self._refresh_catalogue()
         return self._model_cards
+
+    async def context_length(self, model: str) -> int | None:
+        """The smallest ``max_model_len`` the engines serving ``model`` report (vLLM's
+        ``/v1/models``); ``None`` when none does."""
+        await self._refresh_catalogue()
+        return self._contexts.get(model)
 
     async def route(self, model: str) -> list[Upstream]:
         """Upstreams serving ``model``, best first; ``NotFound`` when none does."""
@@ -254,14 +261,19 @@ class UpstreamPool:
             results = await asyncio.gather(*(self._fetch_models(u) for u in self.upstreams))
             catalogue: dict[str, list[Upstream]] = {}
             cards: dict[str, dict[str, Any]] = {}
+            contexts: dict[str, int] = {}
             for upstream, data in zip(self.upstreams, results, strict=True):
                 for card in data:
                     catalogue.setdefault(card["id"], []).append(upstream)
                     cards.setdefault(card["id"], card)
+                    length = card.get("max_model_len")
+                    if type(length) is int and length > 0:
+                        contexts[card["id"]] = min(length, contexts.get(card["id"], length))
             if not catalogue and not self._catalogue:
                 raise ServiceUnavailable("no model server is reachable")
             if catalogue:  # keep serving the last known catalogue while all upstreams are down
                 self._catalogue, self._model_cards = catalogue, list(cards.values())
+                self._contexts = contexts
                 self._catalogue_at = time.monotonic()
 
     async def _fetch_models(self, upstream: Upstream) -> list[dict[str, Any]]:
