@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from gateway.api.chat import ChatRequest, parse_chat_request
 from gateway.auth.keys import KeyInfo
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, InvalidRequest
 from gateway.relay.rewrite import Policy, Rewriter, StreamRelay
 from gateway.routes import steps
 from gateway.routes.state import AppState, app_state
@@ -38,6 +38,11 @@ async def chat_completions(request: Request) -> Response:
         history = state.settings.reasoning_for(chat.model)
         chat = chat.with_history(history.history, history.turns)
         relay = rewriter(state, key, chat)
+        if chat.params.get("echo") is True and relay.policy.thinking:
+            # vLLM puts the last assistant message before the output: the splitter would read
+            # it as generated text (as completions' echo, refused there too)
+            raise InvalidRequest("'echo' is not supported for a reasoning model: the echoed "
+                                 "message would be read as its output.", param="echo")  # fmt: skip
         if not relay.policy.thinking:  # forwarded as decided: the template cannot think either
             chat = chat.without_thinking(relay.policy.format.switches)
         chat = steps.budgeted(state, key, chat, relay, chat.params)

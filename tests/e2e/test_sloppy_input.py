@@ -37,6 +37,9 @@ async def post(stack: Stack, body: bytes, method: str = "POST") -> httpx.Respons
         (b'{"model":"deepseek-r1","messages":[{"role":"wizard","content":"x"}]}', "role",
          "messages.0.role"),
         (b"{not json", "not valid JSON", None),
+        (GOOD + b',"echo":true}', "echo", "echo"),  # the echo would be read as output
+        (GOOD + b',"audio":{"voice":"alloy"}}', "not supported", "audio"),
+        (GOOD + b',"guided_json":{"type":"object"}}', "not supported", "guided_json"),
     ],
 )  # fmt: skip
 async def test_each_mistake_is_named(
