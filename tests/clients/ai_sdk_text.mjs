@@ -1,12 +1,19 @@
-// The AI SDK's Chat Completions model (openai.chat) or its Anthropic provider (createAnthropic,
-// the Messages API): one generateText and one streamText, every stream part's type kept.
+// The AI SDK's Chat Completions model (openai.chat), its OpenAI-compatible provider
+// (createOpenAICompatible, what its docs name for a self-hosted server) or its Anthropic provider
+// (createAnthropic, the Messages API): one generateText and one streamText, every stream part's
+// type kept.
 import { createAnthropic } from '@ai-sdk/anthropic';
 import { createOpenAI } from '@ai-sdk/openai';
+import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { generateText, streamText } from 'ai';
 import { gateway, report } from './gateway.mjs';
 
 const models = {
   'openai-chat': () => createOpenAI({ baseURL: gateway.url, apiKey: gateway.key }).chat(gateway.model),
+  'openai-compatible': () =>
+    createOpenAICompatible({ name: 'thinkgate', baseURL: gateway.url, apiKey: gateway.key })(
+      gateway.model,
+    ),
   anthropic: () => createAnthropic({ baseURL: gateway.url, apiKey: gateway.key })(gateway.model),
 };
 const name = process.argv[2];

@@ -167,7 +167,7 @@ async def test_ai_sdk_responses_reasoning_summary_only_for_a_visible_key(
         assert got["reasoningText"] == "", gateway.report(got)
 
 
-@pytest.mark.parametrize("provider", ["openai-chat", "anthropic"])
+@pytest.mark.parametrize("provider", ["openai-chat", "openai-compatible", "anthropic"])
 async def test_ai_sdk_generates_and_streams_text(gateway: Gateway, provider: str) -> None:
     got = await gateway.node("ai_sdk_text.mjs", provider)
     generated, streamed = got["generated"], got["streamed"]
@@ -276,6 +276,28 @@ async def test_codex_exec_shows_the_reasoning_summary(gateway: Gateway) -> None:
     outcome, items = await run_codex(gateway)
     reasoning = [item.get("text", "") for item in items if item.get("type") == "reasoning"]
     assert "".join(reasoning), gateway.explain(outcome)
+
+
+# --- Python clients
+
+
+@pytest.mark.parametrize("route", ["openai", "anthropic"])
+async def test_litellm_completes_and_streams(gateway: Gateway, route: str) -> None:
+    """LiteLLM's providers pointed at the gateway as its docs say for a custom endpoint:
+    ``openai/<model>`` with ``api_base`` (Chat Completions), ``anthropic/<model>`` (Messages)."""
+    import litellm  # imported here, as langchain_openai below
+
+    base = gateway.stack.url if route == "openai" else gateway.stack.root
+    common: dict[str, Any] = {
+        "model": f"{route}/{MODEL}", "api_base": base, "api_key": gateway.stack.keys["visible"],
+        "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 2000,
+        "num_retries": 0,
+    }  # fmt: skip
+    whole = await litellm.acompletion(**common)
+    assert whole.choices[0].message.content, gateway.report(whole)
+    stream = await litellm.acompletion(**common, stream=True)
+    text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream])
+    assert text == whole.choices[0].message.content, gateway.report(text)
 
 
 # --- Python clients on Responses
