@@ -315,8 +315,9 @@ CHAT: Mapping[str, FieldRule] = MappingProxyType(
 # -- POST /v1/responses ----------------------------------------------------------------------
 
 _BUILT_IN_TOOLS = (
-    "web_search, file_search, code_interpreter, image_generation, computer_use: dropped with a "
-    "notice, refused when strict; mcp, shell, local_shell, apply_patch refused"
+    "web_search, file_search, code_interpreter, image_generation, computer_use, tool_search, "
+    "programmatic_tool_calling: dropped, named in x-thinkgate-dropped-tools, refused when "
+    "strict; mcp, shell, local_shell, apply_patch refused"
 )
 
 RESPONSES: Mapping[str, FieldRule] = MappingProxyType(
@@ -369,8 +370,9 @@ RESPONSES: Mapping[str, FieldRule] = MappingProxyType(
         "prompt_cache_retention": _ignore(_NO_CACHE_KEY),
         "reasoning": _map(
             "reasoning_effort; summary_text parts; the history's reasoning turns",
-            "effort: the budget; summary (generate_summary): summary_text parts for a key that may "
-            "see reasoning; context: turns that keep it; mode ignored",
+            "effort: the budget; summary (generate_summary): one summary_text part, the model's "
+            "whole trace, for a key that may see reasoning; context: turns that keep it; mode "
+            "ignored",
         ),
         "safety_identifier": _ignore("for OpenAI's abuse detection"),
         "service_tier": _ignore("one tier here; the gateway's priority is x-thinkgate-priority"),
@@ -419,8 +421,8 @@ RESPONSES: Mapping[str, FieldRule] = MappingProxyType(
 # -- POST /v1/messages -----------------------------------------------------------------------
 
 _CLIENT_TOOLS = (
-    "client tools (custom, input_schema) as functions; Anthropic-run server tools dropped with "
-    "a notice, refused when strict"
+    "client tools (custom, input_schema) as functions; Anthropic-run server tools dropped, named "
+    "in x-thinkgate-dropped-tools, refused when strict; system messages' tool changes applied"
 )
 _MCP_SERVERS = _refuse(
     "remote MCP servers Anthropic would call: nothing here calls them, and "
@@ -458,7 +460,8 @@ MESSAGES: Mapping[str, FieldRule] = MappingProxyType(
         ),
         "stream": _honour("the reference's events"),
         "system": _map(
-            "a leading system message", "text blocks joined; their cache_control ignored"
+            "a leading system message",
+            "text blocks joined, their cache_control ignored; role system messages follow it",
         ),
         "thinking": _map(
             "thinking_token_budget; reasoning_effort",

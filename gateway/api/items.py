@@ -8,16 +8,27 @@ carried goes. The OpenAI API reference's item types, and what each becomes:
   ``assistant`` and content a string or text parts (``input_text``, ``output_text``,
   ``refusal``): a chat message; ``developer`` is sent as ``system`` (chat templates know no
   other). Image, file and audio parts are refused: no engine behind thinkgate serves them yet.
-- ``function_call`` (``call_id``, ``name``, ``arguments``): a ``tool_calls`` entry of an
-  assistant message, ``{"id": call_id, "type": "function", "function": {name, arguments}}``.
-- ``function_call_output`` (``call_id``, ``output``: a string or text parts): a ``tool``
-  message with that ``tool_call_id``.
+- ``function_call`` (``call_id``, ``name``, ``arguments``, ``namespace``): a ``tool_calls``
+  entry of an assistant message, ``{"id": call_id, "type": "function", "function": {name,
+  arguments}}``, a namespaced name flattened as its tool was (``gateway.api.tools``).
+- ``custom_tool_call`` (``call_id``, ``name``, ``input``, ``namespace``): the same, with the
+  free-form ``input`` as the arguments of the function that carries a custom tool,
+  ``{"input": input}``.
+- ``function_call_output`` and ``custom_tool_call_output`` (``call_id``, ``output``: a string
+  or text parts): a ``tool`` message with that ``tool_call_id``.
 - ``reasoning`` (``content: [{"type": "reasoning_text", "text"}]`` and/or
   ``encrypted_content``): the reasoning of the assistant turn it belongs to. Plain text is
   used as given; a sealed token is kept as ``SealedReasoning`` for the caller to open (it needs the
-  tenant's key: ``gateway.conversation.sealing``). ``summary`` is accepted and not sent.
-- Anything else (``item_reference``, built-in tool calls and their outputs) is refused with a
-  400 naming the item.
+  tenant's key: ``gateway.conversation.sealing``). ``summary`` is the reasoning only when the
+  item has neither: thinkgate's summaries are the model's own trace, and a client that keeps
+  only them (the AI SDK with ``store: false``) hands the trace back so.
+- ``item_reference`` (``id``; ``type`` may be left out): an item of a stored response
+  (``references``), which the route finds (``gateway.conversation.store``) and puts in its
+  place (``resolved``) before the input is read again; read as is, it is refused.
+- Anything else (built-in tool calls and their outputs) is refused with a 400 naming the item.
+
+Item ids (``item_id``) name the response that listed the item, so a reference is found by
+loading that one stored response of the caller's tenant.
 
 One assistant turn is a run of ``reasoning``, assistant ``message`` and ``function_call``
 items, in the order the Responses API itself produces them (reasoning, then text or calls).
@@ -35,6 +46,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.api.tools import custom_arguments, flat_name
 from gateway.errors import InvalidRequest
 
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
@@ -119,20 +131,49 @@ def handed_back(
 
 
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
-              "reasoning": "rs"}  # fmt: skip
+              "reasoning": "rs", "custom_tool_call": "ctc",
+              "custom_tool_call_output": "ctco"}  # fmt: skip
+_RESPONSE_HEX, _ITEM_HEX = 32, 8
 
 
-def input_items(items: Any) -> list[dict[str, Any]]:
-    """The request's ``input`` (already validated by ``chat_messages``) as the items
-    ``GET /v1/responses/{id}/input_items`` lists: each with an ``id`` (its own, else a new
-    one) and ``type``; a string is one user message; message content as parts."""
+def new_response_id() -> str:
+    return f"resp_{secrets.token_hex(_RESPONSE_HEX // 2)}"
+
+
+def item_id(kind: str, response_id: str) -> str:
+    """A new id for an item of ``kind`` that response ``response_id`` lists (its input or
+    output): ``<prefix>_<the response id's hex><8 random hex>``. An item id names its
+    response, so a later ``item_reference`` finds the item by loading that one response
+    (scoped to the tenant as every load is) rather than searching every stored response."""
+    hexpart = response_id.removeprefix("resp_")
+    return f"{_ID_PREFIX.get(kind, 'item')}_{hexpart}{secrets.token_hex(_ITEM_HEX // 2)}"
+
+
+def response_of(item: str) -> str | None:
+    """The id of the response that made the item id ``item`` (``item_id``), or ``None`` for
+    an id this gateway did not make."""
+    _, _, hexpart = item.partition("_")
+    if len(hexpart) != _RESPONSE_HEX + _ITEM_HEX or not _is_hex(hexpart):
+        return None
+    return f"resp_{hexpart[:_RESPONSE_HEX]}"
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)
+
+
+def input_items(items: Any, response_id: str) -> list[dict[str, Any]]:
+    """The request's ``input`` (already validated by ``chat_messages``, references resolved)
+    as the items ``GET /v1/responses/{id}/input_items`` lists: each with an ``id`` (its own,
+    else a new one, ``item_id``) and ``type``; a string is one user message; message content
+    as parts."""
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
     listed = []
     for item in items:
         kind = item.get("type", "message")
         out = {**item, "type": kind}
-        out.setdefault("id", f"{_ID_PREFIX[kind]}_{secrets.token_hex(16)}")
+        out.setdefault("id", item_id(kind, response_id))
         if kind == "message":
             part = "output_text" if item.get("role") == "assistant" else "input_text"
             if isinstance(item.get("content"), str):
@@ -142,20 +183,61 @@ def input_items(items: Any) -> list[dict[str, Any]]:
     return listed
 
 
-def chat_messages(items: Any, where: str = "input") -> History:
-    """``items`` (the request's ``input``) as chat messages; ``InvalidRequest`` names the item."""
+def chat_messages(items: Any, where: str = "input", *, skip_references: bool = False) -> History:
+    """``items`` (the request's ``input``) as chat messages; ``InvalidRequest`` names the item.
+    ``skip_references``: ``item_reference`` items (``references``) are passed over, to be
+    resolved and the input read again; else one is refused."""
     if isinstance(items, str):
         return History([{"role": "user", "content": items}], {})
     if not isinstance(items, list) or not items:
         raise InvalidRequest(f"Missing required parameter: '{where}'.", param=where)
-    builder = _Builder()
+    builder = _Builder(skip_references)
     for index, item in enumerate(items):
         builder.add(item, f"{where}[{index}]")
     return builder.done()
 
 
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """An ``item_reference`` input item: the id it names, and the field that named it."""
+
+    id: str
+    param: str
+
+
+MAX_ID_CHARS = 256
+
+
+def references(items: Any) -> list[Reference]:
+    """The ``item_reference`` items of ``input`` (``{"type": "item_reference", "id"}``; the
+    reference lets ``type`` be left out of an item that has only an ``id``), each checked."""
+    if not isinstance(items, list):
+        return []
+    found = []
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and _kind(item) == "item_reference":
+            value = item.get("id")
+            if not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS:
+                raise _invalid(f"input[{index}].id", "must be the id of a stored item")
+            found.append(Reference(value, f"input[{index}].id"))
+    return found
+
+
+def resolved(items: list[Any], found: dict[str, dict[str, Any]]) -> list[Any]:
+    """``items`` with each ``item_reference`` replaced by ``found[its id]``."""
+    return [found[item["id"]] if isinstance(item, dict) and _kind(item) == "item_reference"
+            else item for item in items]  # fmt: skip
+
+
+def _kind(item: dict[str, Any]) -> Any:
+    if "type" in item:
+        return item["type"]
+    return "item_reference" if set(item) == {"id"} else "message"
+
+
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, skip_references: bool = False) -> None:
+        self.skip_references = skip_references
         self.messages: list[dict[str, Any]] = []
         self.reasoning: dict[int, list[ReasoningPart]] = {}
         self.turn: Turn | None = None
@@ -167,20 +249,22 @@ class _Builder:
     def add(self, item: Any, where: str) -> None:
         if not isinstance(item, dict):
             raise _invalid(where, "an item must be an object")
-        kind = item.get("type", "message")
+        kind = _kind(item)
         if not isinstance(kind, str):
             raise _invalid(f"{where}.type", "must be a string")
         if kind == "message":
             self._message(item, where)
-        elif kind == "function_call":
-            self._function_call(item, where)
-        elif kind == "function_call_output":
+        elif kind in ("function_call", "custom_tool_call"):
+            self._call(item, kind, where)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             self._flush()
             call_id = _string(item, "call_id", where)
             output = _text(item.get("output"), f"{where}.output")
             self.messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
             self._reasoning(item, where)
+        elif kind == "item_reference" and self.skip_references:
+            return
         else:
             raise InvalidRequest(
                 f"Input items of type '{kind}' are not supported by this gateway.",
@@ -203,13 +287,21 @@ class _Builder:
         previous = turn.message.get("content")
         turn.message["content"] = content if previous is None else previous + content
 
-    def _function_call(self, item: dict[str, Any], where: str) -> None:
+    def _call(self, item: dict[str, Any], kind: str, where: str) -> None:
+        """A function call, or a custom tool call as the function that carries it
+        (``gateway.api.tools``), its name flattened when it names a namespace."""
         call_id, name = _string(item, "call_id", where), _string(item, "name", where)
-        arguments = item.get("arguments")
-        if not isinstance(arguments, str):
-            raise _invalid(f"{where}.arguments", "must be a string of JSON")
-        call = {"id": call_id, "type": "function",
-                "function": {"name": name, "arguments": arguments}}  # fmt: skip
+        namespace = item.get("namespace")
+        if namespace is not None and not isinstance(namespace, str):
+            raise _invalid(f"{where}.namespace", "must be a string")
+        key, why = ("input", "a string") if kind == "custom_tool_call" else (
+            "arguments", "a string of JSON")  # fmt: skip
+        value = item.get(key)
+        if not isinstance(value, str):
+            raise _invalid(f"{where}.{key}", f"must be {why}")
+        arguments = custom_arguments(value) if key == "input" else value
+        function = {"name": flat_name(namespace, name), "arguments": arguments}
+        call = {"id": call_id, "type": "function", "function": function}
         self._turn().message.setdefault("tool_calls", []).append(call)
 
     def _reasoning(self, item: dict[str, Any], where: str) -> None:
@@ -225,18 +317,12 @@ class _Builder:
                                      code="invalid_encrypted_content")  # fmt: skip
             turn.reasoning.append(SealedReasoning(token, f"{where}.encrypted_content"))
         elif content is not None:
-            if not isinstance(content, list):
-                raise _invalid(f"{where}.content", "must be a list of reasoning_text parts")
-            for i, part in enumerate(content):
-                if not isinstance(part, dict) or _name(part.get("type")) not in _REASONING_TEXT:
-                    raise _invalid(f"{where}.content[{i}]", "must be a reasoning_text part")
-                text = part.get("text")
-                if not isinstance(text, str):
-                    raise _invalid(f"{where}.content[{i}].text", "must be a string")
-                turn.reasoning.append(text)
+            turn.reasoning += _parts(content, f"{where}.content", "reasoning_text")
         summary = item.get("summary", [])
         if not isinstance(summary, list):
             raise _invalid(f"{where}.summary", "must be a list")
+        if token is None and content is None:  # the summary alone: thinkgate's is the trace
+            turn.reasoning += _parts(summary, f"{where}.summary", "summary_text")
 
     def _turn(self) -> Turn:
         if self.turn is None:
@@ -252,6 +338,21 @@ class _Builder:
         if turn.reasoning:
             self.reasoning[len(self.messages)] = turn.reasoning
         self.messages.append(turn.message)
+
+
+def _parts(parts: Any, where: str, kind: str) -> list[str]:
+    """The texts of a reasoning item's ``content`` (or ``summary``) parts."""
+    if not isinstance(parts, list):
+        raise _invalid(where, f"must be a list of {kind} parts")
+    texts = []
+    for i, part in enumerate(parts):
+        if not isinstance(part, dict) or _name(part.get("type")) not in _REASONING_TEXT:
+            raise _invalid(f"{where}[{i}]", f"must be a {kind} part")
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise _invalid(f"{where}[{i}].text", "must be a string")
+        texts.append(text)
+    return texts
 
 
 def _text(content: Any, where: str) -> str:

@@ -1,29 +1,40 @@
 """The Responses API request at the edge, translated to the upstream's Chat Completions.
 
-``parse_responses_request(raw) -> ResponsesRequest`` validates the request (OpenAI API
-reference, "Responses") and builds the chat body sent upstream; ``ResponsesRequest.build``
+``parse_responses_request(raw, unknown) -> ResponsesRequest`` applies the field policy
+(``gateway.api.fields.RESPONSES``, by ``gateway.api.screen``), validates the request (OpenAI
+API reference, "Responses") and builds the chat body sent upstream; ``ResponsesRequest.build``
 finishes it once the route has what needs I/O (the stored conversation of
-``previous_response_id``, the opened ``encrypted_content`` tokens, the model's history rule).
+``previous_response_id``, the stored items ``item_reference`` names, the opened
+``encrypted_content`` tokens, the model's history rule).
 
+- Fields without effect here (``client_metadata``, ``prompt_cache_key``, ``safety_identifier``,
+  ``service_tier``, ``truncation``, ``max_tool_calls``, ``user`` (echoed),
+  ...) are accepted and not sent on; ``prompt``, ``moderation`` and ``n`` above 1 are refused
+  naming them; a field no reference names follows ``UNKNOWN_FIELDS`` (``unknown``: dropped and
+  named in ``x-thinkgate-ignored``, or refused). ``background`` and ``conversation`` are
+  refused until they are honoured (issue 30), ``false`` / ``null`` accepted.
 - ``input``: a string (one user message) or a list of items (``gateway.api.items``);
-  ``instructions`` becomes a leading system message.
-- ``max_output_tokens`` → ``max_tokens``; ``temperature``, ``top_p``, ``user``,
-  ``parallel_tool_calls`` pass through; ``reasoning.effort`` → ``reasoning_effort`` (the
-  format's thinking switch reads it, ``gateway.relay.formats``, and it is the request's
-  reasoning budget, ``gateway.relay.effort``); ``reasoning.summary`` is
-  accepted and echoed (no summaries are written: ``summary`` stays ``[]``); ``metadata`` is
-  echoed, not sent.
-- ``tools``: function tools (``{"type": "function", "name", "description", "parameters",
-  "strict"}``) become chat tools; built-in tools (web search, file search, code interpreter,
-  computer use, MCP, image generation, shell, custom tools) are refused with a 400 naming
-  them. ``tool_choice`` ``"none"``/``"auto"``/``"required"`` or ``{"type": "function", "name"}``.
+  ``item_reference`` items are resolved by the route (``with_references``); ``instructions``
+  becomes a leading system message.
+- ``max_output_tokens`` → ``max_tokens``; ``temperature``, ``top_p``, ``parallel_tool_calls``
+  pass through; ``reasoning.effort`` → ``reasoning_effort`` (the format's thinking switch reads
+  it, ``gateway.relay.formats``, and it is the request's reasoning budget,
+  ``gateway.relay.effort``); ``reasoning.summary`` (or its alias ``generate_summary``) asks for
+  ``summary_text`` parts (``gateway.relay.responses``, for a key that may see reasoning);
+  ``reasoning.context`` picks the turns whose reasoning the engine gets back (``current_turn``:
+  those after the last user message, ``all_turns``: all; ``auto``: the model's rule);
+  ``metadata`` is echoed, not sent.
+- ``tools`` and ``tool_choice``: ``gateway.api.tools`` (functions, namespaces flattened, custom
+  tools as one-string functions, built-in tools dropped with a notice or refused).
 - ``text.format``: ``text``, ``json_object`` or ``json_schema`` (``name``, ``schema``,
-  ``strict``) → chat's ``response_format``, the engine's structured output.
-- ``include``: only ``"reasoning.encrypted_content"`` (the reasoning comes back sealed).
+  ``strict``) → chat's ``response_format``, the engine's structured output; ``verbosity``
+  ignored.
+- ``include``: ``reasoning.encrypted_content`` (the reasoning comes back sealed),
+  ``message.output_text.logprobs`` (with ``top_logprobs``: the engine's ``logprobs`` and
+  ``top_logprobs``, in ``output_text.logprobs``); the built-in tools' outputs are accepted
+  without effect (those tools do not run); any other value is a 400 naming it.
 - ``store`` (default true), ``previous_response_id``: kept for the route
-  (``gateway.conversation``). ``background``, ``conversation``, ``prompt``, and ``truncation``
-  other than ``disabled`` are refused; unknown fields too, as the reference's strict schema
-  does.
+  (``gateway.conversation``).
 """
 
 from __future__ import annotations
@@ -34,29 +45,48 @@ from typing import Any
 
 import orjson
 
-from gateway.api.items import History, chat_messages, handed_back, input_items
+from gateway.api.fields import RESPONSES, UnknownFields
+from gateway.api.items import (
+    History,
+    Reference,
+    chat_messages,
+    handed_back,
+    input_items,
+    new_response_id,
+    references,
+    resolved,
+)
 from gateway.api.jsonbody import json_object
+from gateway.api.screen import screen
+from gateway.api.tools import ToolMap, Tools, translate_tool_choice, translate_tools
 from gateway.errors import InvalidRequest
 
-_KNOWN = {
-    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "reasoning",
-    "stream", "store", "include", "metadata", "user", "tools", "tool_choice",
-    "parallel_tool_calls", "previous_response_id", "background", "conversation", "text",
-    "truncation", "prompt", "service_tier", "max_tool_calls", "top_logprobs",
-    "prompt_cache_key", "safety_identifier", "stream_options",
-}  # fmt: skip
-_NOT_SUPPORTED = ("background", "conversation", "prompt", "max_tool_calls", "top_logprobs")
-_BUILT_IN = {
-    "web_search", "web_search_preview", "web_search_preview_2025_03_11", "file_search",
-    "code_interpreter", "computer", "computer_use_preview", "image_generation", "mcp",
-    "local_shell", "shell", "custom", "apply_patch",
-}  # fmt: skip
 ENCRYPTED = "reasoning.encrypted_content"
+LOGPROBS = "message.output_text.logprobs"
+INCLUDABLE = {
+    ENCRYPTED, LOGPROBS, "file_search_call.results", "web_search_call.results",
+    "web_search_call.action.sources", "message.input_image.image_url",
+    "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+}  # fmt: skip
+_PENDING = ("background", "conversation")  # honoured by issue 30; refused until then
 MAX_OUTPUT_TOKENS = 1_000_000
+MAX_TOP_LOGPROBS = 20
 # The reference's efforts (gateway.relay.effort.EFFORTS says what each costs; a test keeps
 # the two equal: the relay is this layer's neighbour, not below it).
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+SUMMARIES = ("auto", "concise", "detailed")
+_CONTEXTS = {"auto": None, "current_turn": "tool_turns", "all_turns": "all"}  # -> turns
 HistoryField = str  # "reasoning" | "reasoning_content" | "drop" (settings validate it)
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningAsked:
+    """The request's ``reasoning`` object, as far as it asks something of the gateway."""
+
+    effort: str | None = None
+    summary: str | None = None  # auto, concise, detailed: summary_text parts wanted
+    turns: str | None = None  # from context: "all" or "tool_turns"; None: the model's rule
+    echo: dict[str, Any] = field(default_factory=lambda: {"effort": None, "summary": None})
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +109,33 @@ class ResponsesRequest:
     input_items: list[dict[str, Any]] = field(default_factory=list)  # as listed back
     # the turns a follow-up replays: the earlier ones and this input, reasoning in "reasoning"
     conversation: list[dict[str, Any]] = field(default_factory=list)
+    response_id: str = field(default_factory=new_response_id)
+    references: list[Reference] = field(default_factory=list)  # still to resolve
+    raw_input: Any = None  # the input as given, references in it
+    tools: ToolMap = field(default_factory=ToolMap)  # engine names -> the client's tools
+    dropped: tuple[str, ...] = ()  # built-in tools dropped (x-thinkgate-dropped-tools)
+    unknown: tuple[str, ...] = ()  # fields no reference names, accepted (UNKNOWN_FIELDS=ignore)
+    summary: bool = False  # summary_text parts asked for
+    turns: str | None = None  # reasoning.context's turns, else the model's rule
+    logprobs: bool = False  # output_text.logprobs asked for
 
     @property
     def params_for_thinking(self) -> dict[str, Any]:
         """The chat fields a format's thinking switch reads (``reasoning_effort``)."""
         effort = (self.echo.get("reasoning") or {}).get("effort")
         return {"reasoning_effort": effort} if effort else {}
+
+    def with_references(
+        self, engine: dict[str, dict[str, Any]], listed: dict[str, dict[str, Any]]
+    ) -> ResponsesRequest:
+        """The request with each ``item_reference`` replaced by the stored item it names:
+        ``engine[id]`` as the engine reads it (a reasoning item with its text), ``listed[id]``
+        as ``input_items`` lists it (as the key that made it was shown it)."""
+        if not self.references:
+            return self
+        history = chat_messages(resolved(self.raw_input, engine))
+        listing = input_items(resolved(self.raw_input, listed), self.response_id)
+        return dataclasses.replace(self, history=history, input_items=listing, references=[])
 
     def build(
         self, opened: dict[str, str], history_field: HistoryField,
@@ -93,51 +144,67 @@ class ResponsesRequest:
         """The request with its final messages: the instructions, the ``earlier`` turns (a
         stored conversation, reasoning in ``reasoning``), then this input with each sealed
         token replaced by ``opened[token]``; the reasoning field renamed or dropped per
-        ``history_field``. The record keeps the messages as sent."""
+        ``history_field``, kept on the turns ``turns`` says (``reasoning.context`` first). The
+        record keeps the messages as sent."""
         conversation = [*(earlier or []), *self.history.with_reasoning(opened)]
-        messages = handed_back([*self.instructions, *conversation], history_field, turns)
+        messages = handed_back([*self.instructions, *conversation], history_field,
+                               self.turns or turns)  # fmt: skip
         body = {**self.chat, "messages": messages}
         return dataclasses.replace(self, messages=messages, upstream_body=orjson.dumps(body),
                                    conversation=conversation)  # fmt: skip
 
 
-def parse_responses_request(raw: bytes) -> ResponsesRequest:
-    """Decode, validate and translate; ``InvalidRequest`` (400, with ``param``) on a problem.
-    The body is final (``upstream_body``) unless the input has sealed reasoning or a
-    ``previous_response_id``: then the route calls ``build``."""
-    body = json_object(raw)
-    unknown = sorted(set(body) - _KNOWN)
-    if unknown:
-        raise InvalidRequest(f"Unknown parameter: '{unknown[0]}'.", param=unknown[0])
-    _refuse_unsupported(body)
+def parse_responses_request(raw: bytes, unknown: UnknownFields = "ignore") -> ResponsesRequest:
+    """Decode, screen, validate and translate; ``InvalidRequest`` (400, with ``param``) on a
+    problem. The body is final (``upstream_body``) unless the input has sealed reasoning or
+    references, or there is a ``previous_response_id``: then the route calls ``build``."""
+    given = json_object(raw)
+    screened = screen(given, RESPONSES, unknown)
+    body = screened.body
+    _refuse_pending(body)
     model = body.get("model")
     if not isinstance(model, str) or not model or len(model) > 256:
         raise InvalidRequest("Missing required parameter: 'model'.", param="model")
-    instructions = _instructions(body.get("instructions"))
-    history = chat_messages(body.get("input"))
-    chat: dict[str, Any] = {"model": model, **_sampling(body), **_tooling(body)}
-    text_format, response_format = _text_format(body.get("text"))
-    if response_format is not None:
-        chat["response_format"] = response_format
-    stream = _bool(body.get("stream"), "stream")
-    if stream:
-        chat["stream"], chat["stream_options"] = True, {"include_usage": True}
-    previous = body.get("previous_response_id")
+    refs = references(body.get("input"))
+    history = chat_messages(body.get("input"), skip_references=bool(refs))
+    tools = translate_tools(body.get("tools"), unknown)
+    reasoning = _reasoning(body.get("reasoning"))
+    chat: dict[str, Any] = {"model": model, **_sampling(body, reasoning), **_tooling(body, tools)}
+    chat.update(_outputs(body))
+    previous = _previous(body.get("previous_response_id"))
+    include = _include(body.get("include"))
+    call = ResponsesRequest(
+        model, bool(chat.get("stream")), chat.get("max_tokens"), [],
+        {k: v for k, v in body.items() if k != "input"}, b"",
+        _echo(body, given, chat, tools, reasoning), history=history, chat=chat,
+        instructions=_instructions(body.get("instructions")),
+        include_encrypted=ENCRYPTED in include, store=_store(body.get("store")),
+        previous_response_id=previous, references=refs, raw_input=body.get("input"),
+        tools=tools.names, dropped=tools.dropped, unknown=screened.unknown,
+        summary=reasoning.summary is not None, turns=reasoning.turns,
+        logprobs=bool(chat.get("logprobs")),
+    )  # fmt: skip
+    if not refs:
+        call = dataclasses.replace(call, input_items=input_items(body["input"], call.response_id))
+    final = not history.sealed and previous is None and not refs
+    return call.build({}, "reasoning") if final else call
+
+
+def _refuse_pending(body: dict[str, Any]) -> None:
+    for name in _PENDING:
+        if body.get(name) not in (None, False):
+            raise InvalidRequest(f"'{name}' is not supported by this gateway yet.", param=name)
+
+
+def _previous(previous: Any) -> str | None:
     if previous is not None and (not isinstance(previous, str) or not previous):
         raise InvalidRequest("Invalid value for 'previous_response_id'.",
                              param="previous_response_id")  # fmt: skip
-    echo = _echo(body, chat, text_format)
-    call = ResponsesRequest(
-        model, stream, chat.get("max_tokens"), [], {k: v for k, v in body.items() if k != "input"},
-        b"", echo, history=history, chat=chat, instructions=instructions,
-        include_encrypted=ENCRYPTED in (body.get("include") or []), store=echo["store"],
-        previous_response_id=previous, input_items=input_items(body["input"]),
-    )  # fmt: skip
-    return call.build({}, "reasoning") if not history.sealed and previous is None else call
+    return previous
 
 
-def _sampling(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat fields for the output budget, sampling, the user and reasoning effort."""
+def _sampling(body: dict[str, Any], reasoning: ReasoningAsked) -> dict[str, Any]:
+    """The chat fields for the output budget, sampling and reasoning effort."""
     chat: dict[str, Any] = {}
     max_tokens = _max_output_tokens(body.get("max_output_tokens"))
     if max_tokens is not None:
@@ -145,21 +212,17 @@ def _sampling(body: dict[str, Any]) -> dict[str, Any]:
     for name in ("temperature", "top_p"):
         if body.get(name) is not None:
             chat[name] = _number(body[name], name)
-    if isinstance(body.get("user"), str):
-        chat["user"] = body["user"]
-    effort, _ = _reasoning(body.get("reasoning"))
-    if effort is not None:
-        chat["reasoning_effort"] = effort
+    if reasoning.effort is not None:
+        chat["reasoning_effort"] = reasoning.effort
     return chat
 
 
-def _tooling(body: dict[str, Any]) -> dict[str, Any]:
+def _tooling(body: dict[str, Any], tools: Tools) -> dict[str, Any]:
     """The chat fields for tools."""
     chat: dict[str, Any] = {}
-    tools = _tools(body.get("tools"))
-    if tools:
-        chat["tools"] = tools
-    tool_choice = _tool_choice(body.get("tool_choice"), tools)
+    tool_choice, offered = translate_tool_choice(body.get("tool_choice"), tools)
+    if offered:
+        chat["tools"] = offered
     if tool_choice is not None:
         chat["tool_choice"] = tool_choice
     if body.get("parallel_tool_calls") is not None:
@@ -167,88 +230,61 @@ def _tooling(body: dict[str, Any]) -> dict[str, Any]:
     return chat
 
 
-def _echo(body: dict[str, Any], chat: dict[str, Any], text_format: Any) -> dict[str, Any]:
-    """The parameters every response object repeats."""
-    names = ("instructions", "max_output_tokens", "metadata", "temperature", "top_p", "user",
-             "previous_response_id")  # fmt: skip
+def _outputs(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat fields for the output's form: format, stream, logprobs."""
+    chat: dict[str, Any] = {}
+    response_format = _text_format(body.get("text"))[1]
+    if response_format is not None:
+        chat["response_format"] = response_format
+    if _bool(body.get("stream"), "stream"):
+        chat["stream"], chat["stream_options"] = True, {"include_usage": True}
+    top = _top_logprobs(body.get("top_logprobs"))
+    if LOGPROBS in _include(body.get("include")) or top:
+        chat["logprobs"] = True
+        if top:
+            chat["top_logprobs"] = top
+    return chat
+
+
+def _echo(body: dict[str, Any], given: dict[str, Any], chat: dict[str, Any], tools: Tools,
+          reasoning: ReasoningAsked) -> dict[str, Any]:  # fmt: skip
+    """The parameters every response object repeats (``user`` as given: it is not sent on)."""
+    names = ("instructions", "max_output_tokens", "metadata", "temperature", "top_p",
+             "previous_response_id", "top_logprobs")  # fmt: skip
     echo = {name: body.get(name) for name in names}
-    effort, summary = _reasoning(body.get("reasoning"))
-    store = body.get("store")
+    user = given.get("user")
     echo.update(
-        reasoning={"effort": effort, "summary": summary},
-        store=True if store is None else _bool(store, "store"),
-        tools=body.get("tools") or [],
+        user=user if isinstance(user, str) else None,
+        reasoning=reasoning.echo,
+        store=_store(body.get("store")),
+        tools=tools.echo,
         tool_choice=body.get("tool_choice") or "auto",
         parallel_tool_calls=chat.get("parallel_tool_calls", True),
-        text={"format": text_format},
-        truncation="disabled",
+        text={"format": _text_format(body.get("text"))[0]},
+        truncation="disabled",  # truncation is accepted without effect: nothing is cut
     )
     return echo
 
 
-def _refuse_unsupported(body: dict[str, Any]) -> None:
-    for name in _NOT_SUPPORTED:
-        if body.get(name) not in (None, False):
-            raise InvalidRequest(f"'{name}' is not supported by this gateway.", param=name)
-    if body.get("truncation") not in (None, "disabled"):
-        raise InvalidRequest("Only 'truncation': 'disabled' is supported by this gateway.",
-                             param="truncation")  # fmt: skip
-    include = body.get("include") or []
+def _include(include: Any) -> list[str]:
+    if include is None:
+        return []
     if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
         raise InvalidRequest("'include' must be a list of strings.", param="include")
-    for value in include:
-        if value != ENCRYPTED:  # strings, checked above
-            raise InvalidRequest(f"'include' value '{value}' is not supported by this gateway.",
-                                 param="include")  # fmt: skip
+    for index, value in enumerate(include):
+        if value not in INCLUDABLE:
+            raise InvalidRequest(f"Invalid value for 'include[{index}]': not one the reference "
+                                 "lists.", param="include")  # fmt: skip
+    return include
 
 
-def _tools(raw: Any) -> list[dict[str, Any]]:
-    if raw is None:
-        return []
-    if not isinstance(raw, list):
-        raise InvalidRequest("'tools' must be a list.", param="tools")
-    tools = []
-    for i, tool in enumerate(raw):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        kind = kind if isinstance(kind, str) else None
-        if kind in _BUILT_IN:
-            raise InvalidRequest(f"Built-in tool '{kind}' is not supported by this gateway: "
-                                 "only function tools.", param=f"tools[{i}].type")  # fmt: skip
-        if kind != "function":
-            raise InvalidRequest(f"Invalid value for 'tools[{i}].type'.", param=f"tools[{i}].type")
-        assert isinstance(tool, dict)
-        name = tool.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidRequest(f"Missing required parameter: 'tools[{i}].name'.",
-                                 param=f"tools[{i}].name")  # fmt: skip
-        function: dict[str, Any] = {"name": name}
-        for key in ("description", "parameters"):
-            if tool.get(key) is not None:
-                function[key] = tool[key]
-        if tool.get("strict") is not None:
-            function["strict"] = _bool(tool["strict"], f"tools[{i}].strict")
-        tools.append({"type": "function", "function": function})
-    return tools
-
-
-def _tool_choice(raw: Any, tools: list[dict[str, Any]]) -> Any:
-    if raw is None:
-        return None
-    if isinstance(raw, str) and raw in ("none", "auto", "required"):
-        if raw == "required" and not tools:
-            raise InvalidRequest("'tool_choice': 'required' needs 'tools'.", param="tool_choice")
-        return raw
-    if isinstance(raw, dict) and raw.get("type") == "function":
-        names = {t["function"]["name"] for t in tools}
-        if not isinstance(raw.get("name"), str) or raw["name"] not in names:
-            raise InvalidRequest("'tool_choice' names a function that is not in 'tools'.",
-                                 param="tool_choice.name")  # fmt: skip
-        return {"type": "function", "function": {"name": raw["name"]}}
-    kind = raw.get("type") if isinstance(raw, dict) else raw
-    if not isinstance(kind, str):
-        raise InvalidRequest("Invalid value for 'tool_choice'.", param="tool_choice")
-    raise InvalidRequest(f"'tool_choice' '{kind}' is not supported by this gateway.",
-                         param="tool_choice")  # fmt: skip
+def _top_logprobs(value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"Invalid value for 'top_logprobs': 0 to {MAX_TOP_LOGPROBS}.",
+                             param="top_logprobs")  # fmt: skip
+    return value
 
 
 def _text_format(text: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -305,15 +341,30 @@ def _bool(value: Any, name: str) -> bool:
     return value
 
 
-def _reasoning(reasoning: Any) -> tuple[str | None, str | None]:
-    """``(effort, summary)`` of the ``reasoning`` object."""
+def _store(value: Any) -> bool:
+    return True if value is None else _bool(value, "store")
+
+
+def _reasoning(reasoning: Any) -> ReasoningAsked:
+    """The ``reasoning`` object: ``effort``, ``summary`` (or ``generate_summary``, its alias),
+    ``context``; ``mode`` is OpenAI's execution mode, without effect here."""
     if reasoning is None:
-        return None, None
+        return ReasoningAsked()
     if not isinstance(reasoning, dict):
         raise InvalidRequest("Invalid value for 'reasoning'.", param="reasoning")
-    effort, summary = reasoning.get("effort"), reasoning.get("summary")
+    effort, context = reasoning.get("effort"), reasoning.get("context")
+    summary = reasoning.get("summary")
+    if summary is None:
+        summary = reasoning.get("generate_summary")
+        param = "reasoning.generate_summary"
+    else:
+        param = "reasoning.summary"
     if effort is not None and effort not in EFFORTS:
         raise InvalidRequest("Invalid value for 'reasoning.effort'.", param="reasoning.effort")
-    if summary not in (None, "auto", "concise", "detailed"):
-        raise InvalidRequest("Invalid value for 'reasoning.summary'.", param="reasoning.summary")
-    return effort, summary
+    if summary is not None and summary not in SUMMARIES:
+        raise InvalidRequest(f"Invalid value for '{param}'.", param=param)
+    if context is not None and context not in _CONTEXTS:
+        raise InvalidRequest("Invalid value for 'reasoning.context': auto, current_turn or "
+                             "all_turns.", param="reasoning.context")  # fmt: skip
+    echo = {"effort": effort, "summary": summary, **({"context": context} if context else {})}
+    return ReasoningAsked(effort, summary, _CONTEXTS.get(context) if context else None, echo)

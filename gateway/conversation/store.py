@@ -5,14 +5,17 @@
 
 - Clear columns: the id, tenant, key id, model, creation and expiry times, the previous
   response's id, and the data key id. Nothing a prompt or an answer says.
-- Sealed: ``{"response", "input_items", "conversation"}`` as JSON, with AES-256-GCM under
-  ``HKDF-SHA256(the tenant's ledger data key, salt, "thinkgate/responses/v1")``, the id and the
-  tenant as associated data. ``conversation`` is the chat messages a follow-up replays (this
-  request's turns after the instructions, which the reference does not carry over, and the
-  answer, its reasoning in ``reasoning``). Shredding the tenant makes every row unreadable: it
-  then reads as gone (404).
+- Sealed: ``{"response", "input_items", "conversation", "reasoning"}`` as JSON, with
+  AES-256-GCM under ``HKDF-SHA256(the tenant's ledger data key, salt,
+  "thinkgate/responses/v1")``, the id and the tenant as associated data. ``conversation`` is
+  the chat messages a follow-up replays (this request's turns after the instructions, which
+  the reference does not carry over, and the answer, its reasoning in ``reasoning``);
+  ``reasoning`` is the text of each reasoning item of the output, by its id (what an
+  ``item_reference`` to it gives the engine). Shredding the tenant makes every row
+  unreadable: it then reads as gone (404).
 - Tenant-scoped: every lookup is by id *and* tenant, so another tenant's id is a 404 exactly
-  like an unknown one.
+  like an unknown one. An item (``items``, for ``item_reference``) is looked up in the one
+  response its id names, the same way.
 - Retention: ``RESPONSES_RETENTION_S`` (default 30 days) from creation; an expired row is never
   returned and ``purge`` deletes them (the app runs it every ten minutes).
 """
@@ -24,7 +27,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -35,6 +38,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit.datakeys import DataKeys
+from gateway.api.items import response_of
 from gateway.conversation.sealing import aead
 from gateway.db import metadata
 
@@ -60,6 +64,15 @@ responses = Table(
 
 
 @dataclass(frozen=True, slots=True)
+class StoredItem:
+    """An item of a stored response: as listed (the key that made it was shown it so), and
+    as the engine reads it when an ``item_reference`` names it (reasoning with its text)."""
+
+    listed: dict[str, Any]
+    engine: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Stored:
     """A stored response, opened."""
 
@@ -68,6 +81,27 @@ class Stored:
     response: dict[str, Any]
     input_items: list[dict[str, Any]]
     conversation: list[dict[str, Any]]
+    reasoning: dict[str, str] = field(default_factory=dict)  # reasoning item id -> its text
+
+    def items(self, ids: list[str]) -> dict[str, StoredItem]:
+        """The input and output items of this response that ``ids`` name, by id. An output
+        reasoning item reads as its text for the engine, whatever its key was shown (the
+        same rule as ``previous_response_id``: the client may hold it only sealed)."""
+        listed = [*self.input_items, *(self.response.get("output") or [])]
+        by_id = {item.get("id"): item for item in listed if isinstance(item, dict)}
+        found = {}
+        for item_id in ids:
+            item = by_id.get(item_id)
+            if item is not None:
+                found[item_id] = StoredItem(item, self._engine(item))
+        return found
+
+    def _engine(self, item: dict[str, Any]) -> dict[str, Any]:
+        text = self.reasoning.get(item["id"]) if item.get("type") == "reasoning" else None
+        if text is None:
+            return item
+        return {"id": item["id"], "type": "reasoning", "summary": [],
+                "content": [{"type": "reasoning_text", "text": text}]}  # fmt: skip
 
 
 def _box(dek: bytes, salt: bytes) -> AESGCM:
@@ -92,7 +126,8 @@ class ResponseStore:
         dek_id, dek = await self._keys.for_sealing(tenant)
         salt, nonce = os.urandom(_SALT), os.urandom(_NONCE)
         plain = orjson.dumps({"response": stored.response, "input_items": stored.input_items,
-                              "conversation": stored.conversation})  # fmt: skip
+                              "conversation": stored.conversation,
+                              "reasoning": stored.reasoning})  # fmt: skip
         sealed = nonce + _box(dek, salt).encrypt(nonce, plain, _aad(stored.id, tenant))
         now = self._clock()
         async with self._engine.begin() as conn:
@@ -126,7 +161,24 @@ class ResponseStore:
             return None
         data = orjson.loads(plain)
         return Stored(response_id, row.model, data["response"], data["input_items"],
-                      data["conversation"])  # fmt: skip
+                      data["conversation"], data.get("reasoning") or {})  # fmt: skip
+
+    async def items(self, tenant: str, ids: list[str]) -> dict[str, StoredItem]:
+        """The items of the tenant's stored responses that ``ids`` name, by id. An id is
+        looked up in the one response it names (``gateway.api.items.item_id``); one not found
+        (unknown, not made here, another tenant's, expired, deleted) is absent, whatever the
+        reason."""
+        wanted: dict[str, list[str]] = {}
+        for item_id in ids:
+            response_id = response_of(item_id)
+            if response_id is not None:
+                wanted.setdefault(response_id, []).append(item_id)
+        found: dict[str, StoredItem] = {}
+        for response_id, named in wanted.items():
+            stored = await self.load(tenant, response_id)
+            if stored is not None:
+                found.update(stored.items(named))
+        return found
 
     async def delete(self, tenant: str, response_id: str) -> bool:
         async with self._engine.begin() as conn:

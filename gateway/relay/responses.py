@@ -2,28 +2,31 @@
 
 The same per-choice splitting as chat (``gateway.relay.rewrite``: the model's reasoning format,
 source and thinking switch, the visibility policy), then shaped as the OpenAI API reference's
-Responses objects:
+Responses objects (items and their events: ``gateway.relay.response_items``):
 
-- Output items, in the order the model produced them: a ``reasoning`` item (``content:
-  [{"type": "reasoning_text", "text"}]``, ``summary: []``) for a key allowed to see
-  reasoning, a ``message`` item with one ``output_text`` part (left out when the model only
-  called tools: whitespace alone before a call is no message), and a ``function_call`` item
-  (``call_id``, ``name``, ``arguments``) per tool call of the upstream. A hidden key never
-  gets a byte of reasoning text: no content, no delta, no count beyond ``usage``.
+- Output items, in the order the model produced them: a ``reasoning`` item for a key allowed
+  to see reasoning (its text in ``content``, and as a ``summary_text`` part too when the
+  request asked for a summary: ``ResponseMeta.summary``), a ``message`` item with one
+  ``output_text`` part (left out when the model only called tools: whitespace alone before a
+  call is no message), and per tool call of the upstream a ``function_call`` item, or a
+  ``custom_tool_call`` for a custom tool, named as the client named the tool
+  (``ResponseMeta.tools``). A hidden key never gets a byte of reasoning text: no content, no
+  summary, no delta, no count beyond ``usage``.
 - Sealed reasoning (``ResponseMeta.seal``, the request included
   ``reasoning.encrypted_content``): the reasoning item carries ``encrypted_content``, made
-  when the item closes. A hidden key then gets the item too, without ``content``, announced
+  when the item closes. A hidden key then gets the item too, without text, announced
   (``output_item.added``) and closed (``.done``) at once when its reasoning ended.
-- Streaming (``ResponsesStream``): ``response.created`` and ``response.in_progress`` first; an
-  item opens with ``response.output_item.added`` and ``response.content_part.added``, grows
-  with ``response.reasoning_text.delta`` / ``response.output_text.delta`` /
-  ``response.function_call_arguments.delta``, and closes with the matching ``.done`` events
-  and ``response.output_item.done`` when the next item starts or the stream ends. The
-  terminal event (``end``) goes out once the record is durable: ``response.completed``,
-  ``response.incomplete`` (``incomplete_details.reason: max_output_tokens`` when the engine
-  stopped at the limit) or, right after a failure's ``error`` event, ``response.failed`` (the
-  item cut short is in it, ``status: incomplete``). Every event carries its
-  ``sequence_number``, from 0.
+- Streaming (``ResponsesStream``): ``response.created`` and ``response.in_progress`` first;
+  each item is announced, grows and closes by its events when the next item starts or the
+  stream ends. The terminal event (``end``) goes out once the record is durable:
+  ``response.completed``, ``response.incomplete`` (``incomplete_details.reason:
+  max_output_tokens`` when the engine stopped at the limit) or, right after a failure's
+  ``error`` event, ``response.failed`` (the item cut short is in it, ``status: incomplete``).
+  Every event carries its ``sequence_number``, from 0.
+- ``output_text.logprobs`` (``ResponseMeta.logprobs``): streamed, the engine's logprobs of
+  each chunk whose text went to the answer as it came (a chunk that carried reasoning, or
+  whose text was held or cut, gives none: they would spell out reasoning or tags); whole, the
+  last tokens that spell the answer exactly (``answer_logprobs``).
 - ``usage``: ``input_tokens``, ``output_tokens``, ``total_tokens`` and
   ``output_tokens_details.reasoning_tokens`` (filled as on chat).
 - One choice only: the Responses API has no ``n``.
@@ -31,15 +34,24 @@ Responses objects:
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
+from gateway.api.items import new_response_id
+from gateway.api.tools import ToolMap
 from gateway.relay.choice import ChoiceState
+from gateway.relay.response_items import (
+    Emitted,
+    Item,
+    ItemKind,
+    Shown,
+    answer_logprobs,
+    logprobs_of,
+)
 from gateway.relay.rewrite import (
     EventRelay,
     Policy,
@@ -48,23 +60,23 @@ from gateway.relay.rewrite import (
     text_fields,
 )
 from gateway.relay.sse import encode_event
-from gateway.relay.toolcalls import ToolCall, ToolCallPiece
+from gateway.relay.toolcalls import ToolCallPiece
 
-ItemKind = Literal["reasoning", "message", "function_call"]
-_TEXT: dict[ItemKind, str] = {"reasoning": "reasoning_text", "message": "output_text"}
-_PREFIX: dict[ItemKind, str] = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
 Sealer = Callable[[str], str]  # reasoning text -> encrypted_content token
 
 
 @dataclass(frozen=True, slots=True)
 class ResponseMeta:
-    """What every response object of one request repeats, and how reasoning is sealed."""
+    """What every response object of one request repeats, and how its items are made."""
 
     model: str
     echo: dict[str, Any]  # the request's parameters the response repeats
-    id: str = field(default_factory=lambda: f"resp_{secrets.token_hex(16)}")
+    id: str = field(default_factory=new_response_id)
     created_at: int = field(default_factory=lambda: int(time.time()))
     seal: Sealer | None = None  # set when the request included reasoning.encrypted_content
+    tools: ToolMap = field(default_factory=ToolMap)  # the engine's names -> the client's tools
+    summary: bool = False  # the request asked for a reasoning summary
+    logprobs: bool = False  # the request asked for output_text.logprobs
 
 
 def response_object(
@@ -104,61 +116,6 @@ def responses_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-@dataclass(slots=True)
-class Item:
-    """One output item as it grows."""
-
-    kind: ItemKind
-    id: str
-    texts: list[str] = field(default_factory=list)
-    call: ToolCall | None = None  # a function_call's call
-    sealed: str | None = None  # a reasoning item's encrypted_content, made once
-
-    @classmethod
-    def new(cls, kind: ItemKind, call: ToolCall | None = None) -> Item:
-        return cls(kind, f"{_PREFIX[kind]}_{secrets.token_hex(16)}", call=call)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.call.arguments if self.call is not None else self.texts)
-
-    def seal(self, seal: Sealer | None) -> str | None:
-        """The item's ``encrypted_content`` (the same token every time it is rendered)."""
-        if seal is not None and self.sealed is None:
-            self.sealed = seal(self.text)
-        return self.sealed
-
-    def render(self, status: str, *, shown: bool = True, sealed: str | None = None,
-               empty: bool = False) -> dict[str, Any]:  # fmt: skip
-        """The item object; ``shown`` False leaves a reasoning item's text out (a hidden key
-        gets only ``encrypted_content``); ``empty``: as announced, before any text: with
-        ``content: []``, its part added by its own ``content_part.added`` event (a client that
-        accumulates, openai-node's ``responses.stream()``, adds each part it is told of)."""
-        text = self.text
-        if self.kind == "reasoning":
-            item: dict[str, Any] = {"id": self.id, "type": "reasoning", "summary": []}
-            if shown:
-                item["content"] = [] if empty else [{"type": "reasoning_text", "text": text}]
-            if sealed is not None:
-                item["encrypted_content"] = sealed
-            item["status"] = status
-            return item
-        if self.kind == "function_call":
-            call = self.call
-            assert call is not None
-            return {"id": self.id, "type": "function_call", "status": status,
-                    "call_id": call.id, "name": call.name,
-                    "arguments": "" if empty else text}  # fmt: skip
-        return {"id": self.id, "type": "message", "role": "assistant", "status": status,
-                "content": [] if empty else [_part("message", text)]}  # fmt: skip
-
-
-def _part(kind: ItemKind, text: str) -> dict[str, Any]:
-    if kind == "reasoning":
-        return {"type": "reasoning_text", "text": text}
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
 def _status(state: ChoiceState | None) -> tuple[str, str | None]:
     """``(status, incomplete reason)`` of a response whose choice ended so."""
     if state is not None and state.finish_reason == "length":
@@ -166,7 +123,35 @@ def _status(state: ChoiceState | None) -> tuple[str, str | None]:
     return "completed", None
 
 
-class ResponsesWhole(Rewriter):
+class _Shaping:
+    """What both paths share: how this key is shown reasoning, and items made and sealed."""
+
+    policy: Policy
+    meta: ResponseMeta
+
+    @property
+    def shown(self) -> Shown:
+        """A summary only for a key that may see reasoning: a hidden one gets no text."""
+        show = self.policy.show_reasoning
+        return Shown(show, show and self.meta.summary)
+
+    @property
+    def keeps_reasoning(self) -> bool:
+        """Whether a reasoning item is made at all: shown, or sealed for the key."""
+        return self.policy.show_reasoning or self.meta.seal is not None
+
+    def new(self, kind: ItemKind) -> Item:
+        return Item.new(kind, self.meta.id)
+
+    def rendered(self, item: Item, status: str = "completed") -> dict[str, Any]:
+        """The item's final object; a reasoning item sealed first (once: the same token
+        every time it is rendered)."""
+        if item.kind == "reasoning" and self.meta.seal is not None and item.sealed is None:
+            item.sealed = self.meta.seal(item.text)
+        return item.render(status, self.shown)
+
+
+class ResponsesWhole(_Shaping, Rewriter):
     """A whole chat completion as one response object."""
 
     def __init__(self, policy: Policy, meta: ResponseMeta) -> None:
@@ -179,27 +164,36 @@ class ResponsesWhole(Rewriter):
         return self.final
 
     def complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        rewrite_completion(self, body)
+        choices = body.get("choices")
+        first = choices[0] if isinstance(choices, list) and choices else None
+        raw_logprobs = first.get("logprobs") if isinstance(first, dict) else None
+        rewrite_completion(self, body)  # withholds logprobs where reasoning was: kept above
         state = self.choice(0)
         status, incomplete = _status(state)
         output = []
         reasoning, content = "".join(state.reasoning), "".join(state.content)
-        shown, seal = self.policy.show_reasoning, self.meta.seal
-        if reasoning and (shown or seal is not None):
-            item = Item.new("reasoning")
+        if reasoning and self.keeps_reasoning:
+            item = self.new("reasoning")
             item.texts.append(reasoning)
-            output.append(item.render("completed", shown=shown, sealed=item.seal(seal)))
+            output.append(self.rendered(item))
         calls = state.tools.calls
         if content.strip() or not calls:  # R1's "\n\n" before a call says nothing
-            item = Item.new("message")
+            item = self.new("message")
             item.texts.append(content)
-            output.append(item.render(status))
-        output += [Item.new("function_call", call).render("completed") for call in calls]
+            if self.meta.logprobs:
+                item.logprobs = answer_logprobs(logprobs_of(raw_logprobs), content)
+            output.append(self.rendered(item, status))
+        for call in calls:
+            item = Item.for_call(call, self.meta.tools.client(call.name), self.meta.id)
+            if item.decoder is not None:
+                item.decoder.feed("".join(call.arguments))
+                item.decoder.close()
+            output.append(self.rendered(item))
         self.final = response_object(self.meta, status, output, self.usage, incomplete=incomplete)
         return self.final
 
 
-class ResponsesStream(EventRelay):
+class ResponsesStream(_Shaping, EventRelay):
     """The chat stream as Responses events (rules in the module docstring)."""
 
     def __init__(self, policy: Policy, meta: ResponseMeta) -> None:
@@ -210,6 +204,7 @@ class ResponsesStream(EventRelay):
         self._open: Item | None = None
         self._error: dict[str, Any] | None = None
         self._space = ""  # answer text that is only whitespace so far, held (see _choice)
+        self._logprobs: list[dict[str, Any]] = []  # of answer text not sent yet
 
     def error_event(self, error_json: bytes) -> bytes:
         self._error = orjson.loads(error_json)["error"]
@@ -225,7 +220,7 @@ class ResponsesStream(EventRelay):
         elif self._open is not None:  # cut short: kept as it was, no more events after error
             item, self._open = self._open, None
             if item.kind != "reasoning" or self.policy.show_reasoning:
-                self._items.append(item.render("incomplete", shown=self.policy.show_reasoning))
+                self._items.append(item.render("incomplete", self.shown))
         if self._error is not None:
             error = {"code": self._error.get("code") or "server_error",
                      "message": self._error.get("message")}  # fmt: skip
@@ -238,17 +233,10 @@ class ResponsesStream(EventRelay):
         """The completed response object, the item still open included as completed (the
         record is written, and the response stored, before ``end`` closes it)."""
         items = list(self._items)
-        item = self._open
-        if item is not None:
-            items.append(self._rendered(item))
+        if self._open is not None:
+            items.append(self.rendered(self._open))
         status, incomplete = _status(self.choices.get(0))
         return response_object(self.meta, status, items, self.usage, incomplete=incomplete)
-
-    def _rendered(self, item: Item) -> dict[str, Any]:
-        if item.kind != "reasoning":
-            return item.render("completed")
-        shown = self.policy.show_reasoning
-        return item.render("completed", shown=shown, sealed=item.seal(self.meta.seal))
 
     def _start(self) -> list[bytes]:
         self._started = True
@@ -266,8 +254,10 @@ class ResponsesStream(EventRelay):
         delta = choice.get("delta") or {}
         text, upstream_reasoning = text_fields(delta)
         reasoning, content = state.take(text, upstream_reasoning, finish is not None)
+        if self.meta.logprobs and content and content == text and not reasoning:
+            self._logprobs += logprobs_of(choice.get("logprobs"))  # text went out as it came
         out: list[bytes] = []
-        if reasoning and (self.policy.show_reasoning or self.meta.seal is not None):
+        if reasoning and self.keeps_reasoning:
             out += self._grow("reasoning", reasoning)
         if content:
             out += self._answer(content)
@@ -292,85 +282,61 @@ class ResponsesStream(EventRelay):
         out: list[bytes] = []
         if self._open is None or self._open.kind != kind:
             out += self._close()
-            out += self._announce(Item.new(kind))
+            out += self._announce(self.new(kind))
         item = self._open
         assert item is not None
         item.texts.append(text)
         if kind == "reasoning" and not self.policy.show_reasoning:
             return out  # sealed only: the text leaves once, encrypted, when the item closes
-        body: dict[str, Any] = {"item_id": item.id, "output_index": len(self._items),
-                                "content_index": 0, "delta": text}  # fmt: skip
+        logprobs: list[dict[str, Any]] = []
         if kind == "message":
-            body["logprobs"] = []
-        out.append(self._emit(f"response.{_TEXT[kind]}.delta", body))
-        return out
+            logprobs, self._logprobs = self._logprobs, []
+            item.logprobs += logprobs
+        return out + self._events(item.grown(len(self._items), text, self.shown, logprobs))
 
     def _call(self, piece: ToolCallPiece) -> list[bytes]:
         out: list[bytes] = []
         item = self._open
         if piece.new or item is None or item.call is not piece.call:
             out += self._close()
-            item = Item.new("function_call", piece.call)
+            item = Item.for_call(piece.call, self.meta.tools.client(piece.call.name), self.meta.id)
             out += self._announce(item)
-        if piece.arguments:
-            out.append(self._emit("response.function_call_arguments.delta", {
-                "item_id": item.id, "output_index": len(self._items),
-                "delta": piece.arguments}))  # fmt: skip
+        delta = piece.arguments
+        if item.decoder is not None and delta:
+            delta = item.decoder.feed(delta)
+        if delta:
+            out += self._events(item.grown(len(self._items), delta, self.shown))
         return out
 
     def _announce(self, item: Item) -> list[bytes]:
-        """Open ``item``: ``output_item.added`` and, for text items, ``content_part.added``. A
-        reasoning item a key may not read is announced only when it closes, sealed."""
+        """Open ``item``. A reasoning item a key may not read is announced only when it
+        closes, sealed."""
         self._open = item
-        index = len(self._items)
         if item.kind == "reasoning" and not self.policy.show_reasoning:
             return []
-        added = item.render("in_progress", empty=True)
-        out = [self._emit("response.output_item.added", {"output_index": index, "item": added})]
-        if item.kind != "function_call":
-            out.append(self._emit("response.content_part.added", {
-                "item_id": item.id, "output_index": index, "content_index": 0,
-                "part": _part(item.kind, "")}))  # fmt: skip
-        return out
+        return self._events(item.opened(len(self._items), self.shown))
 
     def _close(self) -> list[bytes]:
         item, self._open = self._open, None
         if item is None:
             return []
-        index, text = len(self._items), item.text
-        done = self._rendered(item)
+        index = len(self._items)
+        out: list[bytes] = []
+        if item.decoder is not None:
+            rest = item.decoder.close()
+            out += self._events(item.grown(index, rest, self.shown)) if rest else []
+        done = self.rendered(item)
         self._items.append(done)
-        if item.kind == "function_call":
-            return [
-                self._emit(
-                    "response.function_call_arguments.done",
-                    {
-                        "item_id": item.id,
-                        "output_index": index,
-                        "name": done["name"],
-                        "arguments": text,
-                    },
-                ),
-                self._emit("response.output_item.done", {"output_index": index, "item": done}),
-            ]
         if item.kind == "reasoning" and not self.policy.show_reasoning:
             added = {**done, "status": "in_progress"}
-            return [
-                self._emit("response.output_item.added", {"output_index": index, "item": added}),
-                self._emit("response.output_item.done", {"output_index": index, "item": done}),
-            ]
-        kind = item.kind
-        body: dict[str, Any] = {"item_id": item.id, "output_index": index, "content_index": 0,
-                                "text": text}  # fmt: skip
-        if kind == "message":
-            body["logprobs"] = []
-        part = {"item_id": item.id, "output_index": index, "content_index": 0,
-                "part": _part(kind, text)}  # fmt: skip
-        return [
-            self._emit(f"response.{_TEXT[kind]}.done", body),
-            self._emit("response.content_part.done", part),
-            self._emit("response.output_item.done", {"output_index": index, "item": done}),
-        ]
+            return self._events([
+                ("response.output_item.added", {"output_index": index, "item": added}),
+                ("response.output_item.done", {"output_index": index, "item": done}),
+            ])  # fmt: skip
+        return out + self._events(item.closed(index, done, self.shown))
+
+    def _events(self, emitted: Emitted) -> list[bytes]:
+        return [self._emit(name, body) for name, body in emitted]
 
     def _emit(self, name: str, body: dict[str, Any]) -> bytes:
         data = orjson.dumps({"type": name, "sequence_number": self._sequence, **body})

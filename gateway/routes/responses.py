@@ -11,13 +11,19 @@ Stored responses (``store``, true by default, needs the ledger's keys): once a r
 completed it is kept (``gateway.conversation.store``); ``GET /v1/responses/{id}``,
 ``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items`` read it, scoped to the
 caller's tenant, a hidden key never getting reasoning text; ``previous_response_id`` replays
-its conversation (reasoning included, per the model's history rule) before the new input. A
-failure to store is logged and the response still completes (the ledger has the exchange);
-the id then reads as unknown.
+its conversation (reasoning included, per the model's history rule) before the new input; an
+``item_reference`` input item is replaced by the stored item it names (``referenced``: a
+reasoning item gives the engine its text, whatever the key was shown). A failure to store is
+logged and the response still completes (the ledger has the exchange); the id then reads as
+unknown.
+
+Notices: fields no reference names (``UNKNOWN_FIELDS=ignore``) are named in
+``x-thinkgate-ignored``, built-in tools dropped in ``x-thinkgate-dropped-tools``, and logged.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -28,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.responses import ResponsesRequest, parse_responses_request
+from gateway.api.tools import DROPPED_HEADER, dropped_header
 from gateway.auth.bearer import authenticate
 from gateway.auth.keys import KeyInfo
 from gateway.conversation.sealing import ReasoningSealer
@@ -40,6 +47,7 @@ from gateway.routes import steps
 from gateway.routes.state import AppState, app_state
 
 ENDPOINT, PATH = "responses", "/chat/completions"
+log = logging.getLogger("thinkgate")
 
 
 async def create_response(request: Request) -> Response:
@@ -47,23 +55,48 @@ async def create_response(request: Request) -> Response:
     t0, started_at = time.perf_counter(), time.time()
     key, raw = await steps.receive(state, request, "client")
     try:
-        call = await prepared(state, key, parse_responses_request(raw))
+        call = parse_responses_request(raw, state.settings.unknown_fields)
+        call = await prepared(state, key, await referenced(state, key, call))
         seal = await _sealer(state, key, call)
         relay = rewriter(state, key, call, seal)
         call = steps.budgeted(state, key, call, relay, call.chat)
     except GatewayError as exc:
         steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
         raise
+    notes = steps.unknown_fields(state, ENDPOINT, call.unknown) + _dropped(call)
     after = _keeper(state, key, call, relay) if call.store and state.stored else None
     return await steps.forward(state, request, key, call, (ENDPOINT, PATH), relay,
-                               (started_at, t0), after=after)  # fmt: skip
+                               (started_at, t0), after=after, notes=notes)  # fmt: skip
+
+
+def _dropped(call: ResponsesRequest) -> tuple[tuple[str, str], ...]:
+    """The notice of the built-in tools dropped: logged, and named in a response header."""
+    if call.dropped:
+        log.info("built-in tools dropped on %s (UNKNOWN_FIELDS=ignore): %s; named in %s",
+                 ENDPOINT, ", ".join(call.dropped), DROPPED_HEADER)  # fmt: skip
+    return dropped_header(call.dropped)
+
+
+async def referenced(state: AppState, key: KeyInfo, call: ResponsesRequest) -> ResponsesRequest:
+    """The request with each ``item_reference`` replaced by the item of this tenant's stored
+    responses it names. An id not found is a 400 naming it, the same whether it is unknown,
+    expired, deleted or another tenant's."""
+    if not call.references:
+        return call
+    found = await _store(state).items(key.tenant, [r.id for r in call.references])
+    for reference in call.references:
+        if reference.id not in found:
+            raise InvalidRequest(f"Item with id '{reference.id}' not found.",
+                                 param=reference.param)  # fmt: skip
+    engine = {item_id: item.engine for item_id, item in found.items()}
+    return call.with_references(engine, {item_id: i.listed for item_id, i in found.items()})
 
 
 async def prepared(state: AppState, key: KeyInfo, call: ResponsesRequest) -> ResponsesRequest:
     """The request with the stored conversation it continues, its sealed reasoning opened,
     the reasoning placed per the model's history rule."""
     sealed = call.history.sealed
-    if not call.history.reasoning and call.previous_response_id is None:
+    if call.upstream_body and not call.history.reasoning:
         return call  # no reasoning to place: the parser's body is final
     earlier = None
     if call.previous_response_id is not None:
@@ -92,10 +125,13 @@ def _keeper(
         if calls:
             answer["tool_calls"] = [{"id": c["id"], "type": "function", "function": {
                 "name": c["name"], "arguments": c["arguments"]}} for c in calls]  # fmt: skip
-        if record.reasoning[0]:
-            answer["reasoning"] = record.reasoning[0]
+        reasoning = record.reasoning[0]
+        if reasoning:
+            answer["reasoning"] = reasoning
+        items = {item["id"]: reasoning for item in final["output"]
+                 if item.get("type") == "reasoning" and reasoning}  # fmt: skip
         stored = Stored(final["id"], call.model, final, call.input_items,
-                        [*call.conversation, answer])  # fmt: skip
+                        [*call.conversation, answer], items)  # fmt: skip
         await state.stored.save(key.tenant, key.key_id, stored, call.previous_response_id)
 
     return keep
@@ -137,7 +173,8 @@ def rewriter(
         reasoning_field=state.settings.reasoning_field,
         include_usage=True,
     )
-    meta = ResponseMeta(call.model, call.echo, seal=seal)
+    meta = ResponseMeta(call.model, call.echo, id=call.response_id, seal=seal, tools=call.tools,
+                        summary=call.summary, logprobs=call.logprobs)  # fmt: skip
     return ResponsesStream(policy, meta) if call.stream else ResponsesWhole(policy, meta)
 
 

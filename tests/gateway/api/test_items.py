@@ -8,7 +8,17 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.api.items import MAX_TOKEN_CHARS, SealedReasoning, chat_messages
+from gateway.api.items import (
+    MAX_TOKEN_CHARS,
+    Reference,
+    SealedReasoning,
+    chat_messages,
+    item_id,
+    new_response_id,
+    references,
+    resolved,
+    response_of,
+)
 from gateway.api.responses import ResponsesRequest, parse_responses_request
 from gateway.errors import InvalidRequest
 
@@ -146,9 +156,92 @@ def test_encrypted_content_wins_over_content_in_one_item() -> None:
     assert history.with_reasoning({"tok": "hidden"}) == [assistant("", reasoning="hidden")]
 
 
-def test_a_summary_is_accepted_and_not_sent() -> None:
-    item = {"type": "reasoning", "summary": [{"type": "summary_text", "text": "s"}]}
-    assert chat_messages([item, said("a")]).with_reasoning({}) == [assistant("a")]
+def test_a_summary_is_the_reasoning_only_when_the_item_has_no_other() -> None:
+    """thinkgate's summary is the model's trace: a client that kept only it (the AI SDK with
+    ``store: false``) hands the trace back so; content or a sealed token wins over it."""
+    summary = [{"type": "summary_text", "text": "s"}]
+    alone = {"type": "reasoning", "summary": summary}
+    assert chat_messages([alone, said("a")]).with_reasoning({}) == [assistant("a", reasoning="s")]
+    with_content = {**thought("t"), "summary": summary}
+    assert chat_messages([with_content, said("a")]).with_reasoning({}) == [
+        assistant("a", reasoning="t")
+    ]
+    with_token = {**sealed("tok"), "summary": summary}
+    assert chat_messages([with_token]).with_reasoning({"tok": "o"}) == [
+        assistant("", reasoning="o")
+    ]
+    bad = {"type": "reasoning", "summary": [{"type": "summary_text", "text": 5}]}
+    assert refusal(chat_messages, [bad]).param == "input[0].summary[0].text"
+
+
+def test_custom_tool_calls_and_outputs_are_carried_as_the_function_that_carries_them() -> None:
+    custom = {"type": "custom_tool_call", "call_id": "c1", "name": "apply", "input": 'x "y"'}
+    result = {"type": "custom_tool_call_output", "call_id": "c1", "output": "done"}
+    messages = chat_messages([user("q"), custom, result]).messages
+    assert messages[1:] == [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "apply", "arguments": '{"input":"x \\"y\\""}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "done"},
+    ]  # fmt: skip
+    arguments = messages[1]["tool_calls"][0]["function"]["arguments"]
+    assert orjson.loads(arguments) == {"input": 'x "y"'}
+
+
+@pytest.mark.parametrize(
+    ("item", "flat"),
+    [
+        ({"namespace": "crm"}, "crm__f"),
+        ({"namespace": "mcp__docs__"}, "mcp__docs__f"),
+        ({"namespace": None}, "f"),
+    ],
+)
+def test_a_namespaced_call_is_sent_under_its_flat_name(item: dict[str, Any], flat: str) -> None:
+    (message,) = chat_messages([{**call("c1"), **item}]).messages
+    assert message["tool_calls"][0]["function"]["name"] == flat
+
+
+@pytest.mark.parametrize(
+    ("item", "param"),
+    [
+        ({**call("c"), "namespace": 5}, "input[0].namespace"),
+        ({"type": "custom_tool_call", "call_id": "c", "name": "a"}, "input[0].input"),
+        ({"type": "custom_tool_call", "call_id": "c", "name": "a", "input": {}}, "input[0].input"),
+        ({"type": "custom_tool_call", "name": "a", "input": "x"}, "input[0].call_id"),
+        ({"type": "custom_tool_call_output", "call_id": "c", "output": 5}, "input[0].output"),
+    ],
+)  # fmt: skip
+def test_a_malformed_tool_item_is_refused_naming_it(item: dict[str, Any], param: str) -> None:
+    assert refusal(chat_messages, [item]).param == param
+
+
+# --- item references and item ids ------------------------------------------------------------
+
+
+def test_references_are_found_checked_and_replaced() -> None:
+    items = [user("q"), {"type": "item_reference", "id": "msg_1"}, {"id": "rs_2"}, said("a")]
+    assert references(items) == [Reference("msg_1", "input[1].id"),
+                                 Reference("rs_2", "input[2].id")]  # fmt: skip
+    found = {"msg_1": said("x"), "rs_2": thought("r")}
+    assert resolved(items, found) == [user("q"), said("x"), thought("r"), said("a")]
+    history = chat_messages(items, skip_references=True)
+    assert history.with_reasoning({}) == [{"role": "user", "content": "q"}, assistant("a")]
+    assert references("a string") == []
+
+
+@pytest.mark.parametrize("ref", [{"type": "item_reference"}, {"type": "item_reference", "id": 5},
+                                 {"type": "item_reference", "id": "x" * 257}])  # fmt: skip
+def test_a_reference_without_a_usable_id_is_refused(ref: dict[str, Any]) -> None:
+    assert refusal(references, [user("q"), ref]).param == "input[1].id"
+
+
+def test_an_item_id_names_its_response() -> None:
+    response = new_response_id()
+    made = item_id("reasoning", response)
+    assert made.startswith("rs_") and made != item_id("reasoning", response)
+    assert response_of(made) == response
+    assert item_id("custom_tool_call", response).startswith("ctc_")
+    for foreign in ("msg_1", "rs_" + "g" * 40, "msg", "", "fc_" + "a" * 39):
+        assert response_of(foreign) is None
 
 
 @pytest.mark.parametrize(
@@ -249,114 +342,11 @@ def test_an_unhashable_value_where_a_name_goes_is_a_400(item: dict[str, Any]) ->
     refusal(chat_messages, [item])
 
 
-# --- the Responses request: tools ------------------------------------------------------------
+# --- text.format, include, truncation, unknown fields ---------------------------------------
 
 SCHEMA = {"type": "object", "properties": {"x": {"type": "integer"}}}
 FUNCTION = {"type": "function", "name": "f", "description": "d", "parameters": SCHEMA,
             "strict": True}  # fmt: skip
-
-
-def test_function_tools_become_chat_tools_and_are_echoed_as_given() -> None:
-    tools = [FUNCTION, {"type": "function", "name": "g"}]
-    call = parse(tools=tools)
-    assert sent(call)["tools"] == [
-        {"type": "function",
-         "function": {"name": "f", "description": "d", "parameters": SCHEMA, "strict": True}},
-        {"type": "function", "function": {"name": "g"}},
-    ]  # fmt: skip
-    assert call.echo["tools"] == tools
-    assert (call.echo["tool_choice"], call.echo["parallel_tool_calls"]) == ("auto", True)
-    assert "tool_choice" not in sent(call) and "parallel_tool_calls" not in sent(call)
-
-
-def test_no_tools_no_tool_fields() -> None:
-    call = parse()
-    assert not {"tools", "tool_choice", "parallel_tool_calls"} & set(sent(call))
-    assert call.echo["tools"] == []
-
-
-@pytest.mark.parametrize(
-    "kind",
-    ["web_search", "web_search_preview", "file_search", "code_interpreter", "computer_use_preview",
-     "image_generation", "mcp", "local_shell", "shell", "custom", "apply_patch"],
-)  # fmt: skip
-def test_built_in_tools_are_refused_naming_the_tool(kind: str) -> None:
-    refused = refusal(parse, tools=[FUNCTION, {"type": kind}])
-    assert refused.param == "tools[1].type" and f"'{kind}'" in refused.message
-
-
-@pytest.mark.parametrize(
-    ("tools", "param"),
-    [
-        ({"type": "function", "name": "f"}, "tools"),
-        (["f"], "tools[0].type"),
-        ([{"name": "f"}], "tools[0].type"),
-        ([FUNCTION, {"type": "plugin", "name": "g"}], "tools[1].type"),
-        ([{"type": "function"}], "tools[0].name"),
-        ([{"type": "function", "name": ""}], "tools[0].name"),
-        ([{"type": "function", "name": "f", "strict": "yes"}], "tools[0].strict"),
-    ],
-)
-def test_malformed_tools_are_refused(tools: Any, param: str) -> None:
-    assert refusal(parse, tools=tools).param == param
-
-
-@pytest.mark.parametrize(
-    ("choice", "chat"),
-    [
-        ("none", "none"),
-        ("auto", "auto"),
-        ("required", "required"),
-        ({"type": "function", "name": "f"}, {"type": "function", "function": {"name": "f"}}),
-    ],
-)
-def test_tool_choice_is_mapped_to_chat_and_echoed(choice: Any, chat: Any) -> None:
-    call = parse(tools=[FUNCTION], tool_choice=choice)
-    assert (sent(call)["tool_choice"], call.echo["tool_choice"]) == (chat, choice)
-
-
-@pytest.mark.parametrize(
-    ("tools", "choice", "param"),
-    [
-        (None, "required", "tool_choice"),
-        ([FUNCTION], {"type": "function", "name": "g"}, "tool_choice.name"),
-        ([FUNCTION], {"type": "function"}, "tool_choice.name"),
-        (None, {"type": "function", "name": "f"}, "tool_choice.name"),
-        ([FUNCTION], "any", "tool_choice"),
-        ([FUNCTION], {"type": "allowed_tools", "tools": [{"type": "function", "name": "f"}]},
-         "tool_choice"),
-        ([FUNCTION], {"type": "web_search"}, "tool_choice"),
-        ([FUNCTION], 1, "tool_choice"),
-    ],
-)  # fmt: skip
-def test_a_tool_choice_that_cannot_be_honoured_is_refused(
-    tools: Any, choice: Any, param: str
-) -> None:
-    assert refusal(parse, tools=tools, tool_choice=choice).param == param
-
-
-@pytest.mark.parametrize(
-    "fields",
-    [
-        {"tools": [{"type": ["function"], "name": "f"}]},
-        {"tools": [FUNCTION], "tool_choice": {"type": "function", "name": ["f"]}},
-    ],
-)
-def test_an_unhashable_tool_type_or_name_is_a_400(fields: dict[str, Any]) -> None:
-    refusal(parse, **fields)
-
-
-@pytest.mark.parametrize("value", [True, False])
-def test_parallel_tool_calls_passes_through_and_is_echoed(value: bool) -> None:
-    call = parse(tools=[FUNCTION], parallel_tool_calls=value)
-    assert (sent(call)["parallel_tool_calls"], call.echo["parallel_tool_calls"]) == (value, value)
-
-
-def test_parallel_tool_calls_must_be_a_boolean() -> None:
-    assert refusal(parse, parallel_tool_calls="no").param == "parallel_tool_calls"
-
-
-# --- text.format, include, truncation, unknown fields ---------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -400,40 +390,81 @@ def test_a_malformed_text_format_is_refused(text: Any, param: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("include", "encrypted"), [(None, False), ([], False), (["reasoning.encrypted_content"], True)]
-)
+    ("include", "encrypted"),
+    [(None, False), ([], False), (["reasoning.encrypted_content"], True),
+     (["file_search_call.results", "web_search_call.action.sources"], False)],
+)  # fmt: skip
 def test_include_asks_for_sealed_reasoning(include: Any, encrypted: bool) -> None:
-    assert parse(include=include).include_encrypted is encrypted
+    call = parse(include=include)
+    assert call.include_encrypted is encrypted and not call.logprobs
+    assert "include" not in sent(call)
 
 
 @pytest.mark.parametrize(
-    "include",
-    ["reasoning.encrypted_content", [1], ["message.output_text.logprobs"],
-     ["reasoning.encrypted_content", "file_search_call.results"]],
+    ("fields", "top"),
+    [({"include": ["message.output_text.logprobs"]}, None), ({"top_logprobs": 3}, 3),
+     ({"include": ["message.output_text.logprobs"], "top_logprobs": 2}, 2)],
 )  # fmt: skip
-def test_include_refuses_anything_else(include: Any) -> None:
-    assert refusal(parse, include=include).param == "include"
+def test_logprobs_are_asked_of_the_engine(fields: dict[str, Any], top: int | None) -> None:
+    call = parse(**fields)
+    body = sent(call)
+    assert call.logprobs and body["logprobs"] is True and body.get("top_logprobs") == top
 
 
-def test_truncation_disabled_is_the_only_one() -> None:
-    assert parse(truncation="disabled").echo["truncation"] == "disabled"
-    assert parse().echo["truncation"] == "disabled"
-    assert refusal(parse, truncation="auto").param == "truncation"
+@pytest.mark.parametrize(
+    ("include", "param"),
+    [("reasoning.encrypted_content", "include"), ([1], "include"),
+     (["reasoning.encrypted_content", "file_search_call.everything"], "include")],
+)  # fmt: skip
+def test_include_refuses_what_the_reference_does_not_list(include: Any, param: str) -> None:
+    assert refusal(parse, include=include).param == param
+
+
+@pytest.mark.parametrize("top", [-1, 21, 2.5, True])
+def test_top_logprobs_is_zero_to_twenty(top: Any) -> None:
+    assert refusal(parse, top_logprobs=top).param == "top_logprobs"
+
+
+@pytest.mark.parametrize("truncation", ["disabled", "auto", None])
+def test_truncation_is_accepted_and_nothing_is_cut(truncation: Any) -> None:
+    call = parse(truncation=truncation)
+    assert call.echo["truncation"] == "disabled" and "truncation" not in sent(call)
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"frobnicate": 1}, "frobnicate"),
-        ({"zeta": 1, "alpha": 2}, "alpha"),
-        ({"messages": []}, "messages"),
         ({"background": True}, "background"),
         ({"conversation": "conv_1"}, "conversation"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+        ({"n": 2}, "n"),
+        ({"moderation": {"policy": "block"}}, "moderation"),
     ],
 )
-def test_unknown_and_unsupported_fields_are_refused(fields: dict[str, Any], param: str) -> None:
+def test_fields_whose_loss_would_change_the_answer_are_refused(
+    fields: dict[str, Any], param: str
+) -> None:
     assert refusal(parse, **fields).param == param
+
+
+def test_fields_no_reference_names_are_dropped_and_named_or_refused() -> None:
+    call = parse(frobnicate=1, messages=[])
+    assert call.unknown == ("frobnicate", "messages")
+    body = sent(call)
+    assert "frobnicate" not in body and body["messages"] == [{"role": "user", "content": "hi"}]
+    raw = orjson.dumps({"model": "m", "input": "hi", "zeta": 1, "alpha": 2})
+    with pytest.raises(InvalidRequest) as refused:
+        parse_responses_request(raw, "refuse")
+    assert refused.value.param == "zeta" and "Unknown parameter" in refused.value.message
+
+
+def test_codex_clis_fields_are_accepted_without_effect() -> None:
+    call = parse(client_metadata={"traceparent": "00-x"}, prompt_cache_key="k", n=1,
+                 safety_identifier="s", service_tier="auto", max_tool_calls=3,
+                 stream_options={"include_obfuscation": False}, store=False, user="u")  # fmt: skip
+    body = sent(call)
+    assert set(body) == {"model", "messages"} and call.unknown == ()
+    assert call.echo["user"] == "u"
 
 
 def test_background_false_is_accepted() -> None:
@@ -454,21 +485,50 @@ def test_store_must_be_a_boolean() -> None:
 
 
 @pytest.mark.parametrize(
-    ("reasoning", "echo"),
+    ("reasoning", "echo", "summary"),
     [
-        (None, {"effort": None, "summary": None}),
-        ({"summary": "auto"}, {"effort": None, "summary": "auto"}),
-        ({"effort": "low", "summary": "detailed"}, {"effort": "low", "summary": "detailed"}),
+        (None, {"effort": None, "summary": None}, False),
+        ({"summary": "auto"}, {"effort": None, "summary": "auto"}, True),
+        ({"effort": "low", "summary": "detailed"}, {"effort": "low", "summary": "detailed"}, True),
+        ({"generate_summary": "concise"}, {"effort": None, "summary": "concise"}, True),
+        ({"context": "all_turns", "mode": "pro"},
+         {"effort": None, "summary": None, "context": "all_turns"}, False),
     ],
-)
-def test_reasoning_summary_is_echoed_not_sent(reasoning: Any, echo: dict[str, Any]) -> None:
+)  # fmt: skip
+def test_reasoning_summary_is_asked_and_echoed_not_sent(
+    reasoning: Any, echo: dict[str, Any], summary: bool
+) -> None:
     call = parse(reasoning=reasoning)
-    assert call.echo["reasoning"] == echo
-    assert "summary" not in orjson.dumps(sent(call)).decode()
+    assert call.echo["reasoning"] == echo and call.summary is summary
+    assert set(sent(call)) <= {"model", "messages", "reasoning_effort"}
 
 
-def test_an_unknown_reasoning_summary_is_refused() -> None:
-    assert refusal(parse, reasoning={"summary": "verbose"}).param == "reasoning.summary"
+@pytest.mark.parametrize(
+    ("reasoning", "param"),
+    [({"summary": "verbose"}, "reasoning.summary"),
+     ({"generate_summary": "long"}, "reasoning.generate_summary"),
+     ({"context": "yesterday"}, "reasoning.context"), ("high", "reasoning")],
+)  # fmt: skip
+def test_a_reasoning_value_the_reference_does_not_list_is_refused(
+    reasoning: Any, param: str
+) -> None:
+    assert refusal(parse, reasoning=reasoning).param == param
+
+
+@pytest.mark.parametrize(
+    ("context", "rule", "kept"),
+    [(None, "all", ["old", "thought"]), (None, "tool_turns", ["thought"]),
+     ("auto", "tool_turns", ["thought"]), ("all_turns", "tool_turns", ["old", "thought"]),
+     ("current_turn", "all", ["thought"])],
+)  # fmt: skip
+def test_reasoning_context_picks_the_turns_that_keep_their_reasoning(
+    context: str | None, rule: str, kept: list[str]
+) -> None:
+    """``current_turn``: only the turns after the last user message; ``all_turns``: every
+    turn; ``auto`` or none: the model's rule (``rule``)."""
+    call = parse(reasoning={"context": context}, input=[user("q"), sealed("tok"), said("a")])
+    built = call.build({"tok": "thought"}, "reasoning", EARLIER, turns=rule)
+    assert [m["reasoning"] for m in sent(built)["messages"] if "reasoning" in m] == kept
 
 
 EARLIER = [
