@@ -7,17 +7,28 @@ reference shapes a message:
   (``thinking``, ``signature``: the gateway's seal of the text, so a changed block is refused when
   it comes back) for a key allowed to see reasoning, or a ``redacted_thinking`` block (``data``:
   the reasoning sealed) for a hidden key, never a byte of the text; both only when the request
-  asked for thinking (``MessageMeta.thinking``). Then a ``text`` block (left out when the model
-  only called tools: whitespace alone before a call is no answer) and a ``tool_use`` block
-  (``id``, ``name``, ``input`` parsed from the arguments) per tool call.
+  asked for thinking (``MessageMeta.thinking``). With ``thinking.display: "omitted"``
+  (``MessageMeta.omit_thinking``) the block is a ``thinking`` block with its ``signature`` and
+  empty ``thinking`` text, for any key: no reasoning text at all. Then a ``text`` block (left
+  out when the model only called tools: whitespace alone before a call is no answer) and a
+  ``tool_use`` block (``id``, ``name``, ``input`` parsed from the arguments) per tool call.
 - ``stop_reason``: ``end_turn``, ``stop_sequence`` (with ``stop_sequence``: the engine's
   ``stop_reason`` names the string that matched), ``max_tokens``, ``tool_use``.
 - ``usage``: ``input_tokens``, ``output_tokens`` (the reasoning included, as Anthropic counts
-  it), the cache fields 0.
+  it), the cache fields 0. The engine counts the prompt only once it answers (its usage comes
+  with the last chunk), so ``message_start`` carries the gateway's estimate
+  (``MessageMeta.input_tokens``: bytes / 4 of the messages and tools sent, as ``count_tokens``
+  without a tokenizer; no round trip to the engine's ``/tokenize`` on the way to the first
+  byte), and ``message_delta`` the engine's exact figures (the estimate again should the
+  engine's usage never come).
+- ``context_management`` (``MessageMeta.context_management``, when the request sent one): the
+  context edits applied (``gateway.api.context_edits``), on the whole message and on the
+  streamed ``message_delta``, as Anthropic reports them.
 - Streaming (``MessagesStream``): ``message_start``; per block ``content_block_start``,
   ``content_block_delta`` (``thinking_delta``, then one ``signature_delta``; ``text_delta``;
-  ``input_json_delta``) and ``content_block_stop``; a hidden key's ``redacted_thinking`` block
-  starts and stops at once when its reasoning ended; then ``message_delta`` (``stop_reason``,
+  ``input_json_delta``) and ``content_block_stop``; a hidden key's ``redacted_thinking`` block,
+  and an omitted ``thinking`` block (start, ``signature_delta``, stop), are sent at once when
+  the reasoning ended; then ``message_delta`` (``stop_reason``,
   ``stop_sequence``, ``usage``) and ``message_stop``, sent once the record is durable. A failure
   after the start is one ``error`` event and the stream ends. While withheld reasoning runs, the
   keep-alive is a ``ping`` event.
@@ -44,7 +55,7 @@ from gateway.relay.rewrite import (
 from gateway.relay.sse import encode_event
 from gateway.relay.toolcalls import ToolCall, ToolCallPiece
 
-BlockKind = Literal["thinking", "redacted_thinking", "text", "tool_use"]
+BlockKind = Literal["thinking", "omitted_thinking", "redacted_thinking", "text", "tool_use"]
 Sealer = Callable[[str], str]  # reasoning text -> signature / data token
 PING = encode_event("ping", b'{"type":"ping"}')
 _STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -57,12 +68,25 @@ class MessageMeta:
     stop_sequences: tuple[str, ...] = ()
     seal: Sealer | None = None
     id: str = field(default_factory=lambda: f"msg_{secrets.token_hex(12)}")
+    omit_thinking: bool = False  # thinking.display "omitted": blocks carry no text
+    input_tokens: int = 0  # the prompt's estimate, for message_start
+    context_management: dict[str, Any] | None = None  # the context edits' report
+
+    def sealed_kind(self, show: bool) -> BlockKind | None:
+        """The kind of block reasoning goes out in once it ended, sealed; ``None`` when it is
+        streamed as it comes (visible, shown) or not sent at all."""
+        if self.omit_thinking and (show or self.seal is not None):
+            return "omitted_thinking"
+        if show or self.seal is None:
+            return None
+        return "redacted_thinking"
 
 
-def message_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
+def message_usage(usage: dict[str, Any] | None, estimate: int = 0) -> dict[str, Any]:
+    """Anthropic's usage of the engine's; ``estimate`` the input tokens while it has none."""
     usage = usage or {}
     return {
-        "input_tokens": int(usage.get("prompt_tokens") or 0),
+        "input_tokens": int(usage.get("prompt_tokens") or estimate),
         "output_tokens": int(usage.get("completion_tokens") or 0),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": 0,
@@ -90,19 +114,25 @@ def _thinking_blocks(meta: MessageMeta, policy: Policy, reasoning: str) -> list[
     if not reasoning or not meta.thinking:
         return []
     seal = meta.seal
+    kind = meta.sealed_kind(policy.show_reasoning)
+    signature = seal(reasoning) if seal is not None else ""
+    if kind == "omitted_thinking":
+        return [{"type": "thinking", "thinking": "", "signature": signature}]
+    if kind == "redacted_thinking":
+        return [{"type": "redacted_thinking", "data": signature}]
     if policy.show_reasoning:
-        signature = seal(reasoning) if seal is not None else ""
         return [{"type": "thinking", "thinking": reasoning, "signature": signature}]
-    if seal is None:
-        return []
-    return [{"type": "redacted_thinking", "data": seal(reasoning)}]
+    return []
 
 
 def _message(meta: MessageMeta, content: list[dict[str, Any]], stop: tuple[str | None, str | None],
              usage: dict[str, Any] | None) -> dict[str, Any]:  # fmt: skip
-    return {"id": meta.id, "type": "message", "role": "assistant", "model": meta.model,
-            "content": content, "stop_reason": stop[0], "stop_sequence": stop[1],
-            "usage": message_usage(usage)}  # fmt: skip
+    message = {"id": meta.id, "type": "message", "role": "assistant", "model": meta.model,
+               "content": content, "stop_reason": stop[0], "stop_sequence": stop[1],
+               "usage": message_usage(usage, meta.input_tokens)}  # fmt: skip
+    if meta.context_management is not None:
+        message["context_management"] = meta.context_management
+    return message
 
 
 class MessagesWhole(Rewriter):
@@ -166,17 +196,24 @@ class MessagesStream(EventRelay):
         out += self._close()
         state = self.choices.get(0)
         stop = stop_of(self.meta, state.finish_reason if state else None, self._matched)
-        usage = message_usage(self.usage)
-        out.append(_emit("message_delta", {
-            "type": "message_delta", "delta": {"stop_reason": stop[0], "stop_sequence": stop[1]},
-            "usage": {"input_tokens": usage["input_tokens"],
-                      "output_tokens": usage["output_tokens"]}}))  # fmt: skip
+        out.append(_emit("message_delta", self._delta(stop)))
         out.append(_emit("message_stop", {"type": "message_stop"}))
         return b"".join(out)
+
+    def _delta(self, stop: tuple[str | None, str | None]) -> dict[str, Any]:
+        usage = message_usage(self.usage, self.meta.input_tokens)
+        delta = {"type": "message_delta",
+                 "delta": {"stop_reason": stop[0], "stop_sequence": stop[1]},
+                 "usage": {"input_tokens": usage["input_tokens"],
+                           "output_tokens": usage["output_tokens"]}}  # fmt: skip
+        if self.meta.context_management is not None:
+            delta["context_management"] = self.meta.context_management
+        return delta
 
     def _start(self) -> list[bytes]:
         self._started = True
         shell = _message(self.meta, [], (None, None), None)
+        shell.pop("context_management", None)  # reported once known to be final: at the end
         return [_emit("message_start", {"type": "message_start", "message": shell})]
 
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:
@@ -204,14 +241,13 @@ class MessagesStream(EventRelay):
     def _reasoning(self, text: str) -> list[bytes]:
         if not self.meta.thinking:
             return []
-        if self.policy.show_reasoning:
-            return self._grow("thinking", text)
-        if self.meta.seal is None:
-            return []
+        kind = self.meta.sealed_kind(self.policy.show_reasoning)
+        if kind is None:
+            return self._grow("thinking", text) if self.policy.show_reasoning else []
         out: list[bytes] = []
-        if self._open is None or self._open.kind != "redacted_thinking":
+        if self._open is None or self._open.kind != kind:
             out += self._close()
-            self._open = self._new("redacted_thinking")  # announced when it closes, sealed
+            self._open = self._new(kind)  # announced when it closes, sealed
         self._open.texts.append(text)
         return out
 
@@ -279,7 +315,18 @@ class MessagesStream(EventRelay):
             start = {"type": "redacted_thinking", "data": seal(text)}
             return [_emit("content_block_start", {"type": "content_block_start",
                           "index": block.index, "content_block": start}), stop]  # fmt: skip
+        if block.kind == "omitted_thinking":
+            return [*self._omitted(block.index, seal(text) if seal else ""), stop]
         return [stop]
+
+    def _omitted(self, index: int, signature: str) -> list[bytes]:
+        """An omitted thinking block's start and signature: no text, ever."""
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        delta = {"type": "signature_delta", "signature": signature}
+        return [_emit("content_block_start", {"type": "content_block_start", "index": index,
+                                              "content_block": start}),
+                _emit("content_block_delta", {"type": "content_block_delta", "index": index,
+                                              "delta": delta})]  # fmt: skip
 
 
 def _error_type(error: dict[str, Any]) -> str:

@@ -285,7 +285,7 @@ async def test_a_hidden_keys_redacted_thinking_goes_back_to_the_engine_only(
         ("x-api-key:visible", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
          400, "invalid_request_error"),  # no max_tokens
         ("x-api-key:visible", ask([IMAGE]), 400, "invalid_request_error"),
-        ("x-api-key:visible", ask(frobnicate=1), 400, "invalid_request_error"),
+        ("x-api-key:visible", ask(thread={"id": "t"}), 400, "invalid_request_error"),
         ("x-api-key:visible", ask(model="no-such-model"), 404, "not_found_error"),
         ("x-api-key:nope", ask(), 401, "authentication_error"),
         ("x-api-key:revoked", ask(), 401, "authentication_error"),

@@ -65,7 +65,7 @@ async def test_a_coding_agents_streamed_turn_calls_a_tool_after_thinking(
     system = "You are a coding agent.\nWork in the repository the user names."
     assert sent["messages"][0] == {"role": "system", "content": system}
     assert [t["function"]["name"] for t in sent["tools"]] == [t["name"] for t in TOOLS]
-    assert sent["user"] == "user_0123"
+    assert "user" not in sent and "metadata" not in sent  # MESSAGES: metadata is ignored
     # R1 behind a text-splitting gateway: the gateway keeps the 2,048-token budget itself
     assert "thinking_token_budget" not in sent
     assert sent["stream_options"]["continuous_usage_stats"] is True

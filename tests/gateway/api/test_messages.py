@@ -51,18 +51,18 @@ def test_a_stream_always_asks_for_usage() -> None:
     assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}
 
 
-def test_sampling_stops_user_and_engine_extras_pass_through() -> None:
+def test_sampling_stops_and_engine_extras_pass_through_fields_without_effect_do_not() -> None:
     call = parsed(temperature=0.5, top_p=1, top_k=3, stop_sequences=["END", "##"],
                   metadata={"user_id": "u-7"}, service_tier="auto", seed=1, min_p=0.1,
                   chat_template_kwargs={"x": 1})  # fmt: skip
     chat = orjson.loads(call.upstream_body)
     assert {k: v for k, v in chat.items() if k != "messages"} == {
         "model": "m", "max_tokens": 64, "temperature": 0.5, "top_p": 1, "top_k": 3,
-        "stop": ["END", "##"], "user": "u-7", "seed": 1, "min_p": 0.1,
-        "chat_template_kwargs": {"x": 1},
+        "stop": ["END", "##"], "seed": 1, "min_p": 0.1, "chat_template_kwargs": {"x": 1},
     }  # fmt: skip
     assert call.stop_sequences == ("END", "##")
-    assert "service_tier" not in chat and call.params["service_tier"] == "auto"
+    # MESSAGES: metadata and service_tier are ignored, neither sent on nor kept
+    assert not {"metadata", "service_tier"} & set(call.params)
 
 
 @pytest.mark.parametrize("value", [..., 0, -1, True, 1_000_001, 1.5, "8"])
@@ -79,16 +79,15 @@ def test_max_tokens_bounds_are_inclusive() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"zeta": 1, "alpha": 2}, "alpha"),
-        ({"container": "c"}, "container"),
-        ({"mcp_servers": []}, "mcp_servers"),
-        ({"context_management": {}}, "context_management"),
+        ({"mcp_servers": [{"type": "url", "url": "https://x", "name": "x"}]}, "mcp_servers"),
+        ({"compaction": {"instructions": "sum up"}}, "compaction"),
+        ({"thread": {"id": "t"}}, "thread"),
+        ({"context_management": []}, "context_management"),
         ({"model": ""}, "model"),
         ({"stream": "yes"}, "stream"),
         ({"temperature": True}, "temperature"),
         ({"top_k": -1}, "top_k"),
         ({"stop_sequences": [""]}, "stop_sequences"),
-        ({"metadata": "u"}, "metadata"),
         ({"system": 5}, "system"),
         ({"system": [{"type": "text", "text": "a"}, {"type": "image"}]}, "system[1]"),
         ({"system": [{"type": "text"}]}, "system[0].text"),
@@ -110,15 +109,24 @@ def test_system_as_a_string_and_as_text_blocks() -> None:
     assert sent(system=blocks)["messages"] == [{"role": "system", "content": "One.\nTwo."}, HI]
 
 
-def test_tools_become_function_tools_and_server_tools_are_refused() -> None:
+def test_tools_become_function_tools_and_server_tools_are_dropped_or_refused_when_strict() -> None:
     tools = [TOOL, {"type": "custom", "name": "bare", "input_schema": {}}]
     assert sent(tools=tools)["tools"] == [
         {"type": "function", "function": {"name": "lookup", "description": "Look up",
                                           "parameters": {"type": "object"}}},
         {"type": "function", "function": {"name": "bare", "parameters": {}}},
     ]  # fmt: skip
-    server = {"type": "web_search_20250305", "name": "web_search"}
-    assert refused(body(tools=[TOOL, server])) == "tools[1].type"
+    server = {"type": "web_search_20250305", "name": "web_search", "max_uses": 8}
+    bash = {"type": "bash_20250124\n", "name": "bash"}
+    call = parsed(tools=[TOOL, server, bash, server])
+    assert [t["function"]["name"] for t in orjson.loads(call.upstream_body)["tools"]] == [
+        "lookup"]  # fmt: skip
+    assert call.dropped == ("web_search_20250305", "bash_20250124?")
+    with pytest.raises(InvalidRequest) as strict:
+        parse_messages_request(body(tools=[TOOL, server]), "refuse")
+    assert strict.value.param == "tools[1].type"
+    assert refused(body(tools=[TOOL, server], tool_choice={"type": "tool", "name": "web_search"})
+                   ) == "tool_choice.name"  # fmt: skip
     assert refused(body(tools=[{"name": "f"}])) == "tools[0].input_schema"
     assert refused(body(tools=[{"input_schema": {}}])) == "tools[0].name"
 
@@ -217,7 +225,8 @@ def test_malformed_assistant_blocks(block: Any, param: str) -> None:
     ("messages", "param"),
     [
         ([], "messages"),
-        ([{"role": "system", "content": "x"}], "messages[0].role"),
+        ([{"role": "system", "content": "x"}], "messages"),
+        ([{"role": "developer", "content": "x"}], "messages[0].role"),
         ([{"role": "user", "content": 5}], "messages[0].content"),
         (
             [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1"}]}],

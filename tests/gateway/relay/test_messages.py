@@ -276,3 +276,57 @@ def test_tool_arguments_that_are_no_json_object_are_the_upstreams_fault(argument
     body = whole("x</think>", "tool_calls", tool_calls=[call])
     with pytest.raises(RemoteProtocolError):
         MessagesWhole(policy(), meta()).complete(body)
+
+
+def test_message_start_carries_the_prompts_estimate_and_message_delta_the_engines_count() -> None:
+    estimated = MessageMeta("m", False, (), seal, id="msg_1", input_tokens=42)
+    _, sent = streamed(MessagesStream(policy(), estimated), token_events(R1))
+    assert sent[0][1]["message"]["usage"]["input_tokens"] == 42
+    assert sent[-2][1]["usage"] == {"input_tokens": 5, "output_tokens": 8}
+    # no usage from the engine (its last chunk lost): the estimate, never a 0 over it
+    no_usage = [e for e in token_events(R1) if b'"usage"' not in e.data]
+    _, bare = streamed(MessagesStream(policy(), estimated), no_usage)
+    assert bare[-2][1]["usage"]["input_tokens"] == 42
+    message = MessagesWhole(policy(), estimated).complete({**whole("x</think>Blue"), "usage": None})
+    assert message["usage"]["input_tokens"] == 42
+
+
+EDITS = {"applied_edits": [{"type": "clear_thinking_20251015", "cleared_thinking_turns": 2,
+                            "cleared_input_tokens": 310}]}  # fmt: skip
+
+
+def test_the_context_edits_are_reported_on_the_message_and_the_last_delta() -> None:
+    managed = MessageMeta("m", True, (), seal, id="msg_1", context_management=EDITS)
+    _, sent = streamed(MessagesStream(policy(), managed), token_events(R1))
+    assert "context_management" not in sent[0][1]["message"]
+    assert sent[-2][1]["context_management"] == EDITS
+    assert MessagesWhole(policy(), managed).complete(whole("x</think>Blue"))[
+        "context_management"] == EDITS  # fmt: skip
+    _, plain = streamed(MessagesStream(policy(), meta()), token_events(R1))
+    assert all("context_management" not in data for _, data in plain)
+    assert "context_management" not in MessagesWhole(policy(), meta()).complete(whole("Blue"))
+
+
+@pytest.mark.parametrize("show", [True, False], ids=["visible", "hidden"])
+def test_display_omitted_sends_the_signature_and_no_byte_of_the_reasoning(show: bool) -> None:
+    omitted = MessageMeta("m", True, (), seal, id="msg_1", omit_thinking=True)
+    raw, sent = streamed(MessagesStream(policy(show), omitted), token_events(SECRET))
+    assert b"Secret" not in raw and b"plan" not in raw and b"thinking_delta" not in raw
+    assert shape(sent)[1:4] == [
+        ("content_block_start", 0, "thinking"),
+        ("content_block_delta", 0, "signature_delta"),
+        ("content_block_stop", 0, None),
+    ]
+    blocks = [{"type": "thinking", "thinking": "", "signature": seal("Secret plan.\n")},
+              {"type": "text", "text": "\n\nBlue."}]  # fmt: skip
+    assert assembled(sent) == blocks
+    message = MessagesWhole(policy(show), omitted).complete(whole("".join(SECRET)))
+    assert message["content"] == blocks and b"Secret" not in orjson.dumps(message)
+
+
+def test_display_omitted_without_a_sealer_sends_a_hidden_key_nothing() -> None:
+    unsealed = MessageMeta("m", True, (), None, id="msg_1", omit_thinking=True)
+    raw, sent = streamed(MessagesStream(policy(False), unsealed), token_events(SECRET))
+    assert assembled(sent) == [{"type": "text", "text": "\n\nBlue."}] and b"Secret" not in raw
+    _, visible = streamed(MessagesStream(policy(True), unsealed), token_events(SECRET))
+    assert assembled(visible)[0] == {"type": "thinking", "thinking": "", "signature": ""}
