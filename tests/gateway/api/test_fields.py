@@ -7,6 +7,7 @@ what ``to`` names is there instead. A field no row names follows ``UNKNOWN_FIELD
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -15,6 +16,7 @@ import pytest
 from gateway.api.chat import parse_chat_request
 from gateway.api.completions import parse_completions_request, parse_embeddings_request
 from gateway.api.fields import CHAT, COMPLETIONS, EMBEDDINGS, TABLES, FieldRule, markdown_table
+from gateway.api.fieldsdoc import document
 from gateway.api.screen import ignored_header, screen
 from gateway.errors import InvalidRequest
 
@@ -102,3 +104,9 @@ def test_each_table_renders_as_the_docs_show_it(path: str) -> None:
     table = markdown_table(TABLES[path])
     for name, rule in TABLES[path].items():
         assert f"`{name}`" in table and rule.policy in table
+
+
+def test_the_docs_page_is_the_tables() -> None:
+    """docs/fields.md is rendered from the tables (``python -m gateway.api.fieldsdoc``)."""
+    page = (Path(__file__).parents[3] / "docs" / "fields.md").read_text()
+    assert page == document(), "docs/fields.md is stale: python -m gateway.api.fieldsdoc"
