@@ -52,14 +52,15 @@ from gateway.api.items import (
     chat_messages,
     handed_back,
     input_items,
-    new_response_id,
     references,
     resolved,
 )
 from gateway.api.jsonbody import json_object
 from gateway.api.screen import screen
-from gateway.api.tools import ToolMap, Tools, translate_tool_choice, translate_tools
+from gateway.api.tools import Tools, translate_tool_choice, translate_tools
 from gateway.errors import InvalidRequest
+from gateway.names.ids import new_response_id
+from gateway.names.tools import ToolMap
 
 ENCRYPTED = "reasoning.encrypted_content"
 LOGPROBS = "message.output_text.logprobs"

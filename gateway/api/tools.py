@@ -38,15 +38,15 @@ that tool.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from gateway.api.fields import UnknownFields
 from gateway.errors import InvalidRequest
+from gateway.names.tools import ClientTool, ToolMap
 
 DROPPED_HEADER = "x-thinkgate-dropped-tools"
 DROPPED = frozenset({
@@ -56,26 +56,6 @@ DROPPED = frozenset({
 })  # fmt: skip
 REFUSED = frozenset({"mcp", "shell", "local_shell", "apply_patch"})
 CUSTOM_INPUT = "input"  # the one parameter of a custom tool carried as a function
-ToolKind = Literal["function", "custom"]
-
-
-@dataclass(frozen=True, slots=True)
-class ClientTool:
-    """A tool as the client named it."""
-
-    name: str
-    namespace: str | None = None
-    kind: ToolKind = "function"
-
-
-@dataclass(frozen=True, slots=True)
-class ToolMap:
-    """The engine's function names, each mapped back to the client's tool."""
-
-    tools: Mapping[str, ClientTool] = field(default_factory=lambda: MappingProxyType({}))
-
-    def client(self, flat: str) -> ClientTool:
-        return self.tools.get(flat) or ClientTool(flat)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,9 +38,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit.datakeys import DataKeys
-from gateway.api.items import response_of
 from gateway.conversation.sealing import aead
 from gateway.db import metadata
+from gateway.names.ids import response_of
 
 log = logging.getLogger("thinkgate")
 _INFO = b"thinkgate/responses/v1"

@@ -30,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.api.items import item_id
-from gateway.api.tools import ClientTool
+from gateway.names.ids import item_id
+from gateway.names.tools import ClientTool
 from gateway.relay.freeform import InputDecoder
 from gateway.relay.toolcalls import ToolCall
 

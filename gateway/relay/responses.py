@@ -41,8 +41,8 @@ from typing import Any
 
 import orjson
 
-from gateway.api.items import new_response_id
-from gateway.api.tools import ToolMap
+from gateway.names.ids import new_response_id
+from gateway.names.tools import ToolMap
 from gateway.relay.choice import ChoiceState
 from gateway.relay.response_items import (
     Emitted,

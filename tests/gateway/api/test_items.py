@@ -13,14 +13,12 @@ from gateway.api.items import (
     Reference,
     SealedReasoning,
     chat_messages,
-    item_id,
-    new_response_id,
     references,
     resolved,
-    response_of,
 )
 from gateway.api.responses import ResponsesRequest, parse_responses_request
 from gateway.errors import InvalidRequest
+from gateway.names.ids import item_id, new_response_id, response_of
 
 
 def parse(**fields: Any) -> ResponsesRequest:

@@ -13,9 +13,9 @@ import pytest
 from audit import migrate
 from audit.crypto import FileKeyProvider
 from audit.datakeys import DataKeys
-from gateway.api.items import item_id, new_response_id
 from gateway.conversation.store import ResponseStore, Stored, StoredItem
 from gateway.db import create_engine, upgrade_schema
+from gateway.names.ids import item_id, new_response_id
 from tests.clock import FakeClock
 
 RETENTION_S = 3_600.0

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.api.tools import ClientTool, ToolMap
+from gateway.names.tools import ClientTool, ToolMap
 from gateway.relay.response_items import answer_logprobs, logprobs_of
 from gateway.relay.responses import ResponseMeta, ResponsesStream, ResponsesWhole
 from gateway.relay.rewrite import Policy
