@@ -80,3 +80,21 @@ async def test_a_body_too_large_from_a_valid_key_is_logged_with_its_tenant(
     assert response.status_code == 413
     fields = [r.__dict__.get("fields", {}) for r in caplog.records if r.name == "thinkgate.access"]
     assert [(f.get("tenant"), f.get("status")) for f in fields] == [("acme", "invalid")]
+
+
+async def test_a_refused_field_is_logged_with_its_endpoint_model_and_name(
+    stack_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An operator sees which client field was refused, on which API, for which model: never
+    its value."""
+    import logging
+
+    stack = await stack_factory()
+    caplog.set_level(logging.INFO, logger="thinkgate.access")
+    response = await post(stack, GOOD + b',"audio":{"voice":"secret-voice-7"}}')
+    assert response.status_code == 400
+    fields = [r.__dict__.get("fields", {}) for r in caplog.records if r.name == "thinkgate.access"]
+    [refused] = [f for f in fields if f.get("status") == "invalid"]
+    assert (refused["endpoint"], refused["model"], refused["param"]) == (
+        "chat.completions", "deepseek-r1", "audio")  # fmt: skip
+    assert "secret-voice-7" not in caplog.text
