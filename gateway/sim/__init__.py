@@ -2,10 +2,13 @@
 
 ``create_sim_app(SimConfig(...))`` returns an ASGI app whose ``state.sim`` (a ``SimState``)
 exposes live counters and ``wait_for``. It reproduces vLLM 0.32's observable behaviour, each
-rule in the sans-I/O module that implements it: the generated text (``gateway.sim.script``), stop
-strings and ``max_tokens`` (``stops``), the deepseek_r1 reasoning parser (``reasoning``), streamed
-deltas, merged tokens and vllm-project/vllm#51641 (``deltas``), the bytes on the wire (``wire``),
-KV accounting (``kv``) and the Prometheus metrics (``metrics``).
+rule in the sans-I/O module that implements it: the generated text (``gateway.sim.script``), what
+it is about and whether it calls a tool, as a model in an agent loop (``turn``: the user's
+question without the clients' wrappers, or the tool result to answer; ``tools``, ``fit`` and
+``arguments``: the call), stop strings and ``max_tokens`` (``stops``), the deepseek_r1
+reasoning parser (``reasoning``), streamed deltas, merged tokens and vllm-project/vllm#51641
+(``deltas``), the bytes on the wire (``wire``), KV accounting (``kv``) and the Prometheus
+metrics (``metrics``).
 """
 
 from gateway.sim.app import SimApp, create_sim_app

@@ -24,8 +24,9 @@ from gateway.sim.asgi import read_body, send_whole
 from gateway.sim.chat import SimulatedDrop, serve_chat
 from gateway.sim.completions import AsCompletions, completions_request, embeddings_body
 from gateway.sim.config import SimConfig
+from gateway.sim.errors import SimRequestError
 from gateway.sim.metrics import CONTENT_TYPE, render_metrics
-from gateway.sim.request import SimRequestError, parse_chat_request
+from gateway.sim.request import parse_chat_request
 from gateway.sim.state import SimState
 from gateway.sim.wire import models_body
 

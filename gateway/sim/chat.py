@@ -38,7 +38,8 @@ from starlette.types import Receive, Send
 from gateway.sim.asgi import race_disconnect, send_part, send_start, send_whole
 from gateway.sim.config import SimConfig
 from gateway.sim.deltas import Emission, interleave, leak_width
-from gateway.sim.request import SimRequest, error_body
+from gateway.sim.errors import error_body
+from gateway.sim.request import SimRequest
 from gateway.sim.script import Script, build_script
 from gateway.sim.state import FailMode, Outcome, SimState
 from gateway.sim.wire import DONE, ChunkEncoder, SimUsage, completion_body, usage_for
@@ -110,6 +111,7 @@ def _plan(request: SimRequest) -> list[Script]:
             tool=tool if tool is None or index == 0 else tool.again(),
             continuing=request.continuing,
             question=request.question,
+            result=request.result,
         )
         for index in range(request.n)
     ]

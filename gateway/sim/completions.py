@@ -27,7 +27,8 @@ from typing import Any
 import orjson
 from starlette.types import Message, Send
 
-from gateway.sim.request import SimRequest, SimRequestError, error_body, parse_chat_request
+from gateway.sim.errors import SimRequestError, error_body
+from gateway.sim.request import SimRequest, parse_chat_request
 from gateway.sim.script import count_prompt_tokens
 
 DIMENSIONS = 8

@@ -1,10 +1,11 @@
 """What the simulated model thinks and answers: prose about the question asked (sans-I/O).
 
-``compose_text(rng, question) -> Composition`` (the untokenised reasoning and answer).
+``compose_text(rng, question, result=None) -> Composition`` (the untokenised reasoning and
+answer).
 
 Rules:
 
-- The question is the last user message (``gateway.sim.request``), a template's special tokens
+- The question is the user's last question (``gateway.sim.turn``), a template's special tokens
   (``<think>``, ``<｜User｜>``: anything in angle brackets without spaces) removed. Its subjects
   are its words
   minus function words (``what``, ``is``, ``the`` ...), in order, each once (case-insensitive),
@@ -16,6 +17,13 @@ Rules:
   a doubt (``Wait, ...``) and ``So the answer is ...``. The answer is ``<Subject>: in short,
   <conclusion>.`` (naming the first two subjects) and one or two closing sentences. Those
   markers are fixed, so tests can cut at them (stop strings, budgets).
+- After a tool result (``result``: the function's name and its output, ``gateway.sim.turn``)
+  the reasoning opens with ``the NAME tool returned “FIRST LINE”, and the user asks: ...`` and
+  the answer with ``The NAME tool returned “FIRST LINE”.`` (the output's first line with text,
+  whitespace collapsed, cut at 120 characters; past an ``Output:`` line if there is one, as
+  Codex's ``exec_command`` heads the command's output with its own lines; ``nothing`` for an
+  empty output); a question with no subjects takes the first line's. The rest is as without a
+  result.
 - No sentence repeats: steps, connectors, doubts and closing sentences are drawn without
   replacement, and the subjects they name rotate through the question's.
 - Determinism: every draw comes from ``rng`` (seeded by the caller); the same seed and question
@@ -28,7 +36,9 @@ import random
 import re
 from dataclasses import dataclass
 
-__all__ = ["Composition", "compose_text", "subjects"]
+from gateway.sim.turn import ToolResult
+
+__all__ = ["FUNCTION_WORDS", "Composition", "compose_text", "subjects"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +49,7 @@ class Composition:
     answer: str
 
 
-_FUNCTION_WORDS = frozenset(
+FUNCTION_WORDS = frozenset(
     """a an the and or but if then so of to in on at by for with from about into over under as
     is are was were be been being am do does did doing have has had having can could shall should
     will would may might must what why how when where which who whom whose that this these those
@@ -111,7 +121,7 @@ def subjects(question: str) -> list[str]:
     previous = ""
     for word in _WORDS.findall(question):
         lower = word.lower()
-        if lower not in _FUNCTION_WORDS and lower not in seen and not lower.isdigit():
+        if lower not in FUNCTION_WORDS and lower not in seen and not lower.isdigit():
             seen.add(lower)
             found.append(f"{previous} {word}" if previous in _ARTICLES else word)
             if len(found) == _MAX_SUBJECTS:
@@ -120,18 +130,12 @@ def subjects(question: str) -> list[str]:
     return found
 
 
-def compose_text(rng: random.Random, question: str = "") -> Composition:
-    """The reasoning and answer for ``question`` (rules in the module docstring)."""
-    question = " ".join(_MARKUP.sub(" ", question).split())
-    found = subjects(question)
-    if found:
-        quoted = question
-        if len(quoted) > _QUOTE_CHARS:
-            quoted = quoted[: _QUOTE_CHARS - 1].rstrip() + "…"
-        asks = f"the user asks: “{quoted}”" + ("" if quoted[-1] in ".?!…" else ".")
-    else:
-        topic = rng.choice(_TOPICS)
-        found, asks = [topic], f"the user asks about {topic}."
+def compose_text(
+    rng: random.Random, question: str = "", result: ToolResult | None = None
+) -> Composition:
+    """The reasoning and answer for ``question``, after ``result`` if the model answers a tool
+    result (rules in the module docstring)."""
+    found, asks = _framing(rng, question, result)
     names = _Rotation(found)
     count = rng.randint(1, 4)
     steps = [
@@ -151,7 +155,50 @@ def compose_text(rng: random.Random, question: str = "") -> Composition:
     closings = " ".join(names.fill(c) for c in rng.sample(_CLOSINGS, rng.randint(1, 2)))
     subject = found[0]
     answer = f"{subject[0].upper()}{subject[1:]}: in short, {_plain(conclusion)}. {closings}"
+    if result is not None:
+        reported = _reported(result)
+        answer = f"{reported[0].upper()}{reported[1:]}. {answer}"
     return Composition(reasoning, answer)
+
+
+def _framing(rng: random.Random, question: str, result: ToolResult | None) -> tuple[list[str], str]:
+    """The subjects, and how the reasoning states what it was asked."""
+    question = " ".join(_MARKUP.sub(" ", question).split())
+    found = subjects(question)
+    told = subjects(_first_line(result.text)) if result is not None else []
+    if found:
+        asks = f"the user asks: {_quoted(question)}"
+    elif told:
+        found, asks = told, "the user wants to know what it means."
+    else:
+        topic = rng.choice(_TOPICS)
+        found, asks = [topic], f"the user asks about {topic}."
+    if result is not None:
+        asks = f"{_reported(result)}, and {asks}"
+    return found, asks
+
+
+def _quoted(text: str) -> str:
+    """``text`` in quotes, cut at ``_QUOTE_CHARS``, a full stop after it unless it has one."""
+    if len(text) > _QUOTE_CHARS:
+        text = text[: _QUOTE_CHARS - 1].rstrip() + "…"
+    return f"“{text}”" + ("" if text[-1] in ".?!…" else ".")
+
+
+def _reported(result: ToolResult) -> str:
+    """``the NAME tool returned “FIRST LINE”`` (``nothing`` for an empty result)."""
+    line = _first_line(result.text)
+    if len(line) > _QUOTE_CHARS:
+        line = line[: _QUOTE_CHARS - 1].rstrip() + "…"
+    return f"the {result.name} tool returned " + (f"“{line}”" if line else "nothing")
+
+
+def _first_line(text: str) -> str:
+    """The first line with text, whitespace collapsed; past an ``Output:`` line if there is
+    one (Codex's ``exec_command`` puts its own header before the command's output)."""
+    lines = text.splitlines()
+    marker = next((i for i, line in enumerate(lines) if line.strip().lower() == "output:"), -1)
+    return next((" ".join(line.split()) for line in lines[marker + 1 :] if line.strip()), "")
 
 
 def _plain(conclusion: str) -> str:

@@ -14,7 +14,7 @@ Rules (vLLM 0.32 behaviour where it has one):
   ``gateway.sim.deltas`` (vLLM #51641).
 - ``n`` >= 1; choice ``i`` uses seed ``seed + i``. The seed is the request's ``seed``, else
   ``sim.seed``, else a stable hash of the message text (same prompt, same output). What the
-  model says is about the last user message (``question``; ``gateway.sim.prose``).
+  model says is about the user's question (``question``; ``gateway.sim.prose``).
 - The extra ``sim`` object scripts the simulator for tests; every field is optional:
   ``chunks`` (strings, each one ``content`` token, or ``[channel, text]`` pairs that set the
   channel explicitly), ``mode``, ``seed``, ``ttft_ms``, ``itl_ms``, ``stall_ms``, ``fail``
@@ -24,15 +24,14 @@ Rules (vLLM 0.32 behaviour where it has one):
   ``format`` (a ``gateway.relay.formats`` name with text markers: the model writes its markers;
   default: the model's, see ``SimConfig.formats``), ``empty_reasoning`` (bool: the model
   thinks nothing, see ``gateway.sim.script``).
-- Tools (vLLM with ``--enable-auto-tool-choice --tool-call-parser``): ``tools`` is a list of
-  ``{"type": "function", "function": {"name", "parameters"?}}`` (else 400); ``tool_choice`` is
-  ``"none"``, ``"auto"`` (the default with tools), ``"required"`` or ``{"type": "function",
-  "function": {"name"}}`` naming one of them. The model calls a tool when told to
-  (``required``, a named one) and, on ``auto``, unless the last message is a ``tool`` result
-  (so an agent loop ends: call, result, answer). It calls the named function, else the first;
-  the arguments are ``sim.tool_arguments`` (an object) if given, else built from the schema's
-  required properties (string ``"sim"``, number/integer ``1``, boolean ``true``, else
-  ``null``). The call id is a fresh ``chatcmpl-tool-<hex>``.
+- Tools: ``tools`` and ``tool_choice`` are checked, and the call decided, by
+  ``gateway.sim.tools``: on ``auto`` the model calls only when the conversation ends with the
+  user's question and a tool fits it (``gateway.sim.fit``), with arguments sampled from the
+  tool's schema (``gateway.sim.arguments``) or ``sim.tool_arguments`` (an object) if given;
+  after a tool result it answers in prose, about the result (``SimRequest.result``).
+- What the model talks about (``SimRequest.question``) is the user's last question, read by
+  ``gateway.sim.turn``: agent clients' wrapper blocks (``<system-reminder>``,
+  ``<environment_context>`` ...) removed, the last text part that has text.
 - ``continue_final_message: true`` (with ``add_generation_prompt: false``) after an assistant
   message whose text holds the format's close marker continues that turn after its
   reasoning: the model writes only its answer, as content (``gateway.sim.script``). This is
@@ -51,33 +50,29 @@ import orjson
 
 from gateway.relay.formats import BUILTIN
 from gateway.sim.config import SimConfig
+from gateway.sim.errors import SimRequestError, bad_request, error_body
 from gateway.sim.script import (
     Channel,
     Piece,
-    ScriptedCall,
     SimMode,
     ToolPlan,
     count_prompt_tokens,
     derive_seed,
-    new_call_id,
 )
 from gateway.sim.state import FailMode
+from gateway.sim.tools import plan_tool
+from gateway.sim.turn import ToolResult, read_turn
+
+__all__ = [
+    "ReasoningOverride",
+    "SimOptions",
+    "SimRequest",
+    "SimRequestError",
+    "error_body",
+    "parse_chat_request",
+]
 
 ReasoningOverride = int | None | Literal["auto"]
-
-
-class SimRequestError(Exception):
-    """The client sent a request vLLM would refuse; carries the HTTP status and error type."""
-
-    def __init__(self, status: int, error_type: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.error_type = error_type
-        self.message = message
-        self.param = param
-
-    def body(self) -> bytes:
-        return error_body(self.message, self.error_type, self.param, self.status)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,13 +113,8 @@ class SimRequest:
     tool: ToolPlan | None = None
     body: dict[str, Any] = field(default_factory=dict)  # the request as received
     continuing: bool = False  # continues an assistant turn whose reasoning is closed
-    question: str = ""  # the last user message: what the model's text is about
-
-
-def error_body(message: str, error_type: str, param: str | None, code: int) -> bytes:
-    """vLLM's error object."""
-    error = {"message": message, "type": error_type, "param": param, "code": code}
-    return orjson.dumps({"error": error})
+    question: str = ""  # the user's question: what the model's text is about
+    result: ToolResult | None = None  # the tool result the model answers, if it answers one
 
 
 def parse_chat_request(body: bytes, config: SimConfig) -> SimRequest:
@@ -136,6 +126,7 @@ def parse_chat_request(body: bytes, config: SimConfig) -> SimRequest:
     sim = _parse_sim(data.get("sim"))
     stream = _typed(data, "stream", bool, False)
     options = data.get("stream_options")
+    turn = read_turn(data["messages"])
     return SimRequest(
         model=model,
         mode=sim.mode or config.models[model],
@@ -149,80 +140,18 @@ def parse_chat_request(body: bytes, config: SimConfig) -> SimRequest:
         sim=sim,
         markers=_markers(sim.format or config.formats.get(model, "deepseek_r1")),
         thinking=_thinking(data),
-        tool=_tool(data, sim),
+        tool=plan_tool(data, turn, sim.tool_arguments),
         body=data,
         continuing=_continuing(data, config.formats.get(model, "deepseek_r1"), sim),
-        question=_question(data["messages"]),
+        question=turn.question,
+        result=turn.result,
     )
-
-
-def _tool(data: dict[str, Any], sim: SimOptions) -> ToolPlan | None:
-    """The tool call the model makes, if any (rules in the module docstring)."""
-    tools = _tools(data.get("tools"))
-    choice = data.get("tool_choice", "auto" if tools else "none")
-    named = None
-    if isinstance(choice, dict):
-        function = choice.get("function")
-        named = function.get("name") if isinstance(function, dict) else None
-        if choice.get("type") != "function" or not isinstance(named, str) or named not in tools:
-            raise _bad("'tool_choice' must name a function in 'tools'", "tool_choice")
-    elif choice not in ("none", "auto", "required"):
-        raise _bad("'tool_choice' must be none, auto, required or a named function",
-                   "tool_choice")  # fmt: skip
-    if choice != "none" and not tools:
-        raise _bad("'tool_choice' needs 'tools'", "tool_choice")
-    messages = data.get("messages") or [{}]
-    last_is_result = isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
-    if choice == "none" or (choice == "auto" and last_is_result):
-        return None
-    name = named or next(iter(tools))
-    arguments = sim.tool_arguments
-    if arguments is None:
-        arguments = _arguments_for(tools[name])
-    call = ScriptedCall(new_call_id(), name)
-    return ToolPlan(call, orjson.dumps(arguments).decode())
-
-
-def _tools(raw: object) -> dict[str, dict[str, Any]]:
-    """``name -> parameters schema`` of the request's function tools, in order."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, list):
-        raise _bad("'tools' must be a list", "tools")
-    tools: dict[str, dict[str, Any]] = {}
-    for tool in raw:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not name:
-            raise _bad("each tool must be {'type': 'function', 'function': {'name': ...}}",
-                       "tools")  # fmt: skip
-        if not isinstance(name, str):
-            raise _bad("a tool's name must be a string", "tools")
-        parameters = function.get("parameters")  # type: ignore[union-attr]
-        tools[name] = parameters if isinstance(parameters, dict) else {}
-    return tools
-
-
-_SAMPLE: dict[str, Any] = {"string": "sim", "number": 1, "integer": 1, "boolean": True}
-
-
-def _arguments_for(schema: dict[str, Any]) -> dict[str, Any]:
-    properties = schema.get("properties")
-    properties = properties if isinstance(properties, dict) else {}
-    required = schema.get("required")
-    names = required if isinstance(required, list) else []
-    arguments: dict[str, Any] = {}
-    for name in names:
-        spec = properties.get(name)
-        kind = spec.get("type") if isinstance(spec, dict) else None
-        arguments[str(name)] = _SAMPLE.get(kind) if isinstance(kind, str) else None
-    return arguments
 
 
 def _markers(name: str) -> tuple[str | None, str]:
     fmt = BUILTIN.get(name)
     if fmt is None or not fmt.splits or fmt.close is None:
-        raise _bad("'sim.format' must name a format with text markers", "sim")
+        raise bad_request("'sim.format' must name a format with text markers", "sim")
     return fmt.open, fmt.close
 
 
@@ -248,17 +177,13 @@ def _thinking(data: dict[str, Any]) -> bool:
     return data.get("reasoning_effort") != "none"
 
 
-def _bad(message: str, param: str | None = None) -> SimRequestError:
-    return SimRequestError(400, "BadRequestError", message, param)
-
-
 def _load_object(body: bytes) -> dict[str, Any]:
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        raise _bad(f"Invalid JSON body: {exc}") from None
+        raise bad_request(f"Invalid JSON body: {exc}") from None
     if not isinstance(data, dict):
-        raise _bad("The request body must be a JSON object")
+        raise bad_request("The request body must be a JSON object")
     return data
 
 
@@ -274,27 +199,19 @@ def _resolve_model(model: object, config: SimConfig) -> str:
 def _prompt_text(messages: object) -> str:
     """All message text joined; what the simulator counts and hashes."""
     if not isinstance(messages, list) or not messages:
-        raise _bad("Field required: 'messages' must be a non-empty list", "messages")
+        raise bad_request("Field required: 'messages' must be a non-empty list", "messages")
     return "\n".join(_content_text(message) for message in messages)
-
-
-def _question(messages: list[Any]) -> str:
-    """The last user message's text (the prompt text was checked by ``_prompt_text``)."""
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            return _content_text(message)
-    return ""
 
 
 def _content_text(message: object) -> str:
     if not isinstance(message, dict):
-        raise _bad("Each message must be an object", "messages")
+        raise bad_request("Each message must be an object", "messages")
     content = message.get("content")
     if content is None or isinstance(content, str):
         return content or ""
     if isinstance(content, list):
         return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    raise _bad("Message content must be a string or a list of parts", "messages")
+    raise bad_request("Message content must be a string or a list of parts", "messages")
 
 
 def _typed(data: dict[str, Any], key: str, kind: type[Any], default: Any) -> Any:
@@ -303,14 +220,14 @@ def _typed(data: dict[str, Any], key: str, kind: type[Any], default: Any) -> Any
     if value is None:
         return default
     if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise _bad(f"'{key}' must be of type {kind.__name__}", key)
+        raise bad_request(f"'{key}' must be of type {kind.__name__}", key)
     return value
 
 
 def _positive(data: dict[str, Any], key: str, default: int | None) -> Any:
     value = _typed(data, key, int, default)
     if value is not None and value < 1:
-        raise _bad(f"'{key}' must be at least 1, got {value}", key)
+        raise bad_request(f"'{key}' must be at least 1, got {value}", key)
     return value
 
 
@@ -321,7 +238,7 @@ def _max_tokens(data: dict[str, Any], prompt_tokens: int, max_model_len: int) ->
     )
     completion = max(1, max_model_len - prompt_tokens) if requested is None else int(requested)
     if prompt_tokens + completion > max_model_len:
-        raise _bad(
+        raise bad_request(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {prompt_tokens + completion} tokens ({prompt_tokens} in the messages, "
             f"{completion} in the completion). Please reduce the length of the messages or "
@@ -342,7 +259,7 @@ def _parse_sim(raw: object) -> SimOptions:
     if raw is None:
         return SimOptions()
     if not isinstance(raw, dict):
-        raise _bad("'sim' must be an object", "sim")
+        raise bad_request("'sim' must be an object", "sim")
     return SimOptions(
         chunks=_chunks(raw.get("chunks")),
         mode=_choice(raw, "mode", get_args(SimMode)),
@@ -368,13 +285,13 @@ def _stops(raw: object) -> tuple[str, ...]:
         return (raw,) if raw else ()
     if isinstance(raw, list) and all(isinstance(stop, str) for stop in raw):
         return tuple(stop for stop in raw if stop)
-    raise _bad("'stop' must be a string or a list of strings", "stop")
+    raise bad_request("'stop' must be a string or a list of strings", "stop")
 
 
 def _choice(raw: dict[str, Any], key: str, allowed: tuple[str, ...]) -> Any:
     value = _typed(raw, key, str, None)
     if value is not None and value not in allowed:
-        raise _bad(f"'sim.{key}' must be one of {', '.join(allowed)}", "sim")
+        raise bad_request(f"'sim.{key}' must be one of {', '.join(allowed)}", "sim")
     return value
 
 
@@ -383,7 +300,7 @@ def _delay(raw: dict[str, Any], key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise _bad(f"'sim.{key}' must be a number >= 0", "sim")
+        raise bad_request(f"'sim.{key}' must be a number >= 0", "sim")
     return float(value)
 
 
@@ -391,7 +308,7 @@ def _chunks(raw: object) -> tuple[Piece, ...] | None:
     if raw is None:
         return None
     if not isinstance(raw, list):
-        raise _bad("'sim.chunks' must be a list", "sim")
+        raise bad_request("'sim.chunks' must be a list", "sim")
     return tuple(_chunk(item) for item in raw)
 
 
@@ -404,4 +321,4 @@ def _chunk(item: object) -> Piece:
         for channel in channels:
             if item[0] == channel:
                 return Piece(channel, item[1])
-    raise _bad("'sim.chunks' items must be strings or [channel, text] pairs", "sim")
+    raise bad_request("'sim.chunks' items must be strings or [channel, text] pairs", "sim")

@@ -7,9 +7,10 @@ token counts, the finish reason and where the ``</think>`` tag starts.
 Rules:
 
 - Determinism: everything is drawn from one ``random.Random(seed)``: first the texts (an R1-style
-  reasoning monologue and an answer about the ``question``, ``gateway.sim.prose``), then the
-  tokenisation. The same seed and question always give the same pieces; the process-global
-  ``random`` is never touched.
+  reasoning monologue and an answer about the ``question``, and about the tool ``result`` when
+  the model answers one, ``gateway.sim.prose``), then the tokenisation. The same seed,
+  question and result always give the same pieces; the process-global ``random`` is never
+  touched.
 - Modes (how the raw model output reaches the client, per vLLM 0.32)::
 
     template   content: reasoning + "\\n</think>\\n\\n" + answer    (R1: the template opened it)
@@ -42,7 +43,7 @@ Rules:
 - Scripted chunks (tests) replace the generated pieces verbatim, one chunk per token (and in
   ``separated`` mode go through the parser too).
 - A tool call (``tool``: the function and its JSON arguments, decided by
-  ``gateway.sim.request``): the model reasons as usual, then, instead of the answer, writes the
+  ``gateway.sim.tools``): the model reasons as usual, then, instead of the answer, writes the
   arguments as ``tool`` pieces (after the close marker in the modes with markers); the choice
   ends with ``tool_calls`` unless ``max_tokens`` or a stop string cut it. Scripted chunks
   make no call. A reasoning parser never moves them
@@ -75,6 +76,7 @@ from gateway.sim.pieces import (
 from gateway.sim.prose import Composition, compose_text
 from gateway.sim.reasoning import separate
 from gateway.sim.stops import end_generation
+from gateway.sim.turn import ToolResult
 
 __all__ = [
     "CLOSE_TAG",
@@ -123,10 +125,10 @@ def derive_seed(text: str) -> int:
     return int.from_bytes(digest, "big")
 
 
-def compose(seed: int, question: str = "") -> Composition:
-    """The reasoning and answer texts for ``seed`` and ``question`` (the first draws
-    ``build_script`` makes; ``gateway.sim.prose``)."""
-    return compose_text(random.Random(seed), question)
+def compose(seed: int, question: str = "", result: ToolResult | None = None) -> Composition:
+    """The reasoning and answer texts for ``seed`` and ``question`` (and the tool ``result``
+    answered, if any): the first draws ``build_script`` makes (``gateway.sim.prose``)."""
+    return compose_text(random.Random(seed), question, result)
 
 
 def build_script(
@@ -143,6 +145,7 @@ def build_script(
     tool: ToolPlan | None = None,
     continuing: bool = False,
     question: str = "",
+    result: ToolResult | None = None,
 ) -> Script:
     """Plan one choice: scripted ``chunks`` verbatim, else text generated from ``seed``;
     then end it at a stop string or ``max_tokens`` and, in ``separated`` mode, parse it.
@@ -154,7 +157,7 @@ def build_script(
         planned, tool = list(chunks), None  # scripted: the chunks are all there is
     else:
         rng = random.Random(seed)
-        text = compose_text(rng, question)
+        text = compose_text(rng, question, result)
         if tool is not None:
             text = Composition(text.reasoning, "")
         if not thinking:

@@ -1,10 +1,12 @@
 """Every model the demo lists behaves as the README says: the simulated models with the formats
 ``--demo`` configures for them (``gateway.app.DEMO_MODELS``); for each, a visible key gets the
 answer in ``content`` (and reasoning only where the model reasons), a hidden key the same
-answer and no reasoning; both are about the question asked."""
+answer and no reasoning; both are about the question asked. In an agent's tool loop each calls
+the tool that fits, then answers its result in prose (``gateway.sim.tools``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -38,3 +40,59 @@ async def test_each_demo_model_answers_in_content_for_every_key(
         assert not reasoning or "“Why is the sky blue?”" in reasoning
         answers[key] = message.content
     assert answers["visible"] == answers["hidden"]
+
+
+REMINDER = "<system-reminder>\nToday's date is 2026-01-01. Keep answers short.\n</system-reminder>"
+TOOLS: list[Any] = [
+    {"type": "function", "function": {
+        "name": "Bash", "description": "Executes a bash command and returns its output.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                       "required": ["command"]}}},
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}},
+]  # fmt: skip
+
+
+def run_tool(name: str, arguments: str) -> str:
+    assert name == "get_weather" and json.loads(arguments) == {"city": "sim"}
+    return "Sunny, 24 °C\nwind: light"
+
+
+@pytest.mark.parametrize("model", sorted(SimConfig().models))
+async def test_an_agent_loop_calls_once_and_ends_in_prose_about_the_result(
+    stack_factory: Any, model: str
+) -> None:
+    """``make run`` as an agent's engine: the question comes among reminders with tools the
+    agent offers; the model calls the tool that fits, then answers its result in prose and
+    the loop ends (a loop that would not end fails here, it does not hang)."""
+    stack = await stack_factory(models={m: o.model_dump(exclude_none=True)
+                                        for m, o in DEMO_MODELS.items()})  # fmt: skip
+    messages: list[Any] = [
+        {"role": "system", "content": "You are an agent. Use the tools."},
+        {"role": "user", "content": [{"type": "text", "text": REMINDER},
+                                     {"type": "text", "text": "What is the weather in Paris?"}]},
+    ]  # fmt: skip
+    finishes = []
+    async with openai.AsyncOpenAI(base_url=stack.url, api_key=stack.keys["visible"],
+                                  max_retries=0) as client:  # fmt: skip
+        for _ in range(4):
+            choice = (await client.chat.completions.create(
+                model=model, messages=messages, tools=TOOLS, max_tokens=2000,
+            )).choices[0]  # fmt: skip
+            finishes.append(choice.finish_reason)
+            calls = choice.message.tool_calls or []
+            if not calls:
+                break
+            messages.append({"role": "assistant", "content": choice.message.content,
+                             "tool_calls": [c.model_dump() for c in calls]})  # fmt: skip
+            messages += [
+                {"role": "tool", "tool_call_id": c.id,
+                 "content": run_tool(c.function.name, c.function.arguments)}  # type: ignore[union-attr]
+                for c in calls
+            ]  # fmt: skip
+    assert finishes == ["tool_calls", "stop"], model
+    answer = (choice.message.content or "").lstrip()  # R1 templates: "\n\n" after the tag
+    assert answer.startswith("The get_weather tool returned “Sunny, 24 °C”. "), answer
+    assert "weather" in answer and "system-reminder" not in answer and "2026" not in answer

@@ -10,6 +10,7 @@ import pytest
 
 from gateway.sim.prose import compose_text, subjects
 from gateway.sim.script import compose
+from gateway.sim.turn import ToolResult
 
 QUESTIONS = [
     "Why is the sky blue?",
@@ -92,3 +93,38 @@ def test_a_long_question_is_quoted_cut() -> None:
     quoted = text.reasoning.split("“", 1)[1].split("”", 1)[0]
     assert len(quoted) <= 120 and quoted.endswith("…")
     assert "\n" not in quoted
+
+
+def test_after_a_tool_result_both_texts_report_its_first_line() -> None:
+    result = ToolResult("Bash", "\n  README.md   src\ntests\n")
+    text = compose(3, "list the files here", result)
+    assert text.reasoning.startswith(
+        "Okay, the Bash tool returned “README.md src”, and the user asks: “list the files here”."
+        " Let me think."
+    )
+    assert text.answer.startswith("The Bash tool returned “README.md src”. ")
+    plain = compose(3, "list the files here")
+    assert text.answer.endswith(plain.answer)  # the rest as without a result
+    assert "tests" not in text.answer  # the first line only
+
+
+def test_codexs_command_header_is_skipped() -> None:
+    output = "Chunk ID: 430a3f\nWall time: 0.0000 seconds\nProcess exited with code 0\n"
+    output += "Output:\nhello.txt\n"
+    answer = compose(1, "list the files here", ToolResult("exec_command", output)).answer
+    assert answer.startswith("The exec_command tool returned “hello.txt”. ")
+
+
+def test_an_empty_result_returned_nothing_and_a_long_one_is_cut() -> None:
+    assert compose(1, "go on", ToolResult("Read", "  \n")).answer.startswith(
+        "The Read tool returned nothing. "
+    )
+    long = compose(1, "go on", ToolResult("Read", "x" * 500)).answer
+    assert long.startswith(f"The Read tool returned “{'x' * 119}…”. ")
+
+
+def test_a_question_without_subjects_talks_about_the_result() -> None:
+    text = compose(2, "hi", ToolResult("get_weather", "Sunny in Paris"))
+    assert text.answer.startswith("The get_weather tool returned “Sunny in Paris”. Sunny: in short")
+    for topic in ("binary search", "prime numbers", "photosynthesis"):  # no topic drawn
+        assert topic not in text.reasoning + text.answer
