@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.api.tools import custom_arguments, flat_name
+from gateway.api.tools import custom_arguments, flat_name, required_string
 from gateway.errors import InvalidRequest
 from gateway.names.ids import item_id
 
@@ -226,7 +226,7 @@ class _Builder:
             self._call(item, kind, where)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             self._flush()
-            call_id = _string(item, "call_id", where)
+            call_id = required_string(item, "call_id", where)
             output = _text(item.get("output"), f"{where}.output")
             self.messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
@@ -258,7 +258,10 @@ class _Builder:
     def _call(self, item: dict[str, Any], kind: str, where: str) -> None:
         """A function call, or a custom tool call as the function that carries it
         (``gateway.api.tools``), its name flattened when it names a namespace."""
-        call_id, name = _string(item, "call_id", where), _string(item, "name", where)
+        call_id, name = (
+            required_string(item, "call_id", where),
+            required_string(item, "name", where),
+        )
         namespace = item.get("namespace")
         if namespace is not None and not isinstance(namespace, str):
             raise _invalid(f"{where}.namespace", "must be a string")
@@ -348,14 +351,6 @@ def _name(value: Any) -> str | None:
     """A client's value where a name is expected: a string, else nothing (a list or object
     cannot even be looked up)."""
     return value if isinstance(value, str) else None
-
-
-def _string(item: dict[str, Any], name: str, where: str) -> str:
-    value = item.get(name)
-    if not isinstance(value, str) or not value:
-        raise InvalidRequest(f"Missing required parameter: '{where}.{name}'.",
-                             param=f"{where}.{name}")  # fmt: skip
-    return value
 
 
 def _invalid(param: str, why: str) -> InvalidRequest:

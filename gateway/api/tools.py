@@ -121,7 +121,7 @@ class _Builder:
         self.echo.append(tool)
 
     def _namespace(self, tool: dict[str, Any], where: str) -> None:
-        namespace = _string(tool, "name", where)
+        namespace = required_string(tool, "name", where)
         description = tool.get("description")
         description = description if isinstance(description, str) else ""
         inner = tool.get("tools")
@@ -137,7 +137,7 @@ class _Builder:
 
     def _tool(self, tool: dict[str, Any], kind: str, where: str, namespace: str | None,
               lead: str) -> None:  # fmt: skip
-        name = _string(tool, "name", where)
+        name = required_string(tool, "name", where)
         flat = flat_name(namespace, name)
         if flat in self.names:
             raise InvalidRequest(f"Tool name '{flat}' is used twice (namespaces are flattened "
@@ -262,7 +262,8 @@ def _type(item: Any) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def _string(item: dict[str, Any], name: str, where: str) -> str:
+def required_string(item: dict[str, Any], name: str, where: str) -> str:
+    """``item[name]``, a non-empty string; else a 400 naming ``where.name`` as missing."""
     value = item.get(name)
     if not isinstance(value, str) or not value:
         raise InvalidRequest(f"Missing required parameter: '{where}.{name}'.",

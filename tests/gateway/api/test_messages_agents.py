@@ -11,28 +11,15 @@ import orjson
 import pytest
 
 from gateway.api.messages import (
-    MessagesRequest,
     parse_count_tokens_request,
     parse_messages_request,
     prompt_estimate,
 )
 from gateway.errors import InvalidRequest
+from tests.gateway.api.test_messages import HI, body, parsed, sent
 
-HI = {"role": "user", "content": "hi"}
 TOOL = {"name": "Read", "description": "Read a file",
         "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}  # fmt: skip
-
-
-def body(**fields: Any) -> bytes:
-    return orjson.dumps({"model": "m", "max_tokens": 64, "messages": [HI], **fields})
-
-
-def parsed(**fields: Any) -> MessagesRequest:
-    return parse_messages_request(body(**fields))
-
-
-def sent(**fields: Any) -> dict[str, Any]:
-    return orjson.loads(parsed(**fields).upstream_body)
 
 
 def refused(raw: bytes) -> str | None:
