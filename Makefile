@@ -24,18 +24,20 @@ PORT ?= 8080
 run: $(VENV)/.installed-run
 	$(BIN)/thinkgate serve --demo --port $(PORT)
 
+# The agent clients tests/e2e/test_agent_clients.py drives (Claude Code, Codex CLI, the AI SDK,
+# openai-node), at the exact versions of tests/clients/package-lock.json (npm, from the
+# registry; about 900 MB, 30 s); installed again when the lock file changes. Defined before
+# the rule that needs it: make expands prerequisites as it reads them.
+CLIENTS := tests/clients
+$(CLIENTS)/node_modules/.installed: $(CLIENTS)/package-lock.json
+	npm ci --prefix $(CLIENTS) --no-audit --no-fund --loglevel=error
+	touch $@
+
 # Two workers (the machine's two cores; tests are mostly waiting on sockets and processes);
 # the real-vLLM tests all go to one of them, so its servers start once.
 test: $(VENV)/.installed-dev $(VLLM_VENV)/.installed $(CLIENTS)/node_modules/.installed
 	$(BIN)/pytest -q -n 2 --dist loadgroup
 
-# The agent clients tests/e2e/test_agent_clients.py drives (Claude Code, Codex CLI, the AI SDK,
-# openai-node), at the exact versions of tests/clients/package-lock.json (npm, from the
-# registry; about 900 MB, 30 s); installed again when the lock file changes.
-CLIENTS := tests/clients
-$(CLIENTS)/node_modules/.installed: $(CLIENTS)/package-lock.json
-	npm ci --prefix $(CLIENTS) --no-audit --no-fund --loglevel=error
-	touch $@
 
 check: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .
