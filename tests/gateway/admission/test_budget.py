@@ -6,13 +6,11 @@ store that granted it, whatever the circuit says by then."""
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.admission import budget
 from gateway.admission.budget import Grant, KVAdmission, open_admission, priority_of
@@ -26,6 +24,7 @@ from ratelimit.aimd import Tuning
 from ratelimit.fairness import Priority
 from ratelimit.kvbudget import Ask, KVBudgetStore, Lease, MemoryKVBudgetStore, Placement, Rules
 from tests.clock import FakeClock
+from tests.gateway.admission.outage import Outage
 from tests.waiting import eventually
 
 
@@ -261,19 +260,12 @@ async def test_a_standard_request_that_fits_only_into_the_critical_headroom_is_r
 # -- a lease goes back to the store that granted it -------------------------------------------
 
 
-class FlakyStore:
-    """An in-process store standing in for Redis: while ``down``, every call fails as a Redis
-    that is away would; ``calls`` counts each operation asked for, failed or not."""
+class FlakyStore(Outage):
+    """An in-process store standing in for Redis, which can be away (``Outage``)."""
 
     def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
         self.inner = MemoryKVBudgetStore(clock)
-        self.down = False
-        self.calls: Counter[str] = Counter()
-
-    def _asked(self, operation: str) -> None:
-        self.calls[operation] += 1
-        if self.down:
-            raise RedisConnectionError("away")
 
     async def admit(self, ask: Ask, ttl_s: float, rules: Rules) -> Placement:
         self._asked("admit")

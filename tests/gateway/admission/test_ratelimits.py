@@ -8,13 +8,11 @@ prefix, the circuit ``closed`` so a Redis failure fails the test instead of fall
 from __future__ import annotations
 
 import secrets
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.admission.circuit import REDIS_ERRORS, Circuit
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
@@ -25,6 +23,7 @@ from gateway.settings import Settings, TenantPolicy
 from ratelimit.autopipe import AutoPipeline
 from ratelimit.limits import MemoryBackend, RateLimitBackend, RedisBackend, Scope, Verdict
 from tests.clock import FakeClock
+from tests.gateway.admission.outage import Outage
 
 LimiterFactory = Callable[..., KeyLimiter]
 UNREACHABLE = "redis://127.0.0.1:1/0"
@@ -203,19 +202,12 @@ async def test_fail_closed_answers_service_unavailable() -> None:
 # -- a refund goes to the backend that took the reservation -----------------------------------
 
 
-class FlakyBackend:
-    """In-process limits standing in for Redis: while ``down``, every call fails as a Redis
-    that is away would; ``calls`` counts each operation asked for, failed or not."""
+class FlakyBackend(Outage):
+    """In-process limits standing in for Redis, which can be away (``Outage``)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.inner = MemoryBackend()
-        self.down = False
-        self.calls: Counter[str] = Counter()
-
-    def _asked(self, operation: str) -> None:
-        self.calls[operation] += 1
-        if self.down:
-            raise RedisConnectionError("away")
 
     async def reserve(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> Verdict:
         self._asked("reserve")
