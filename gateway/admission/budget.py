@@ -54,8 +54,9 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -228,33 +229,48 @@ class KVAdmission:
             queue.remove(waiter)
             if not queue:
                 del self.queues[ask.tenant]
-            await self._notify()  # the next in line may ask now
+            # the next in line may ask now; not awaited here, where a cancellation would lose
+            # the placement just made
+            self._spawn(self._notify())
 
     async def _attempt(self, ask: Ask) -> Granted:
         """One store call; the placement and the store that made it (the circuit picks it)."""
-        asked: list[KVBudgetStore] = []  # the stores it went to (the circuit may fall back)
 
         async def place(store: KVBudgetStore) -> Granted:
-            asked.append(store)
             return await store.admit(ask, LEASE_TTL_S, self.rules), store
 
+        call = asyncio.ensure_future(self.store.call(place))
         try:
-            return await self.store.call(place)
+            return await asyncio.shield(call)
         except asyncio.CancelledError:
-            # The script may still run: give back whatever it might reserve, at once rather
-            # than when the lease would expire, where it would be reserved.
-            task = asyncio.ensure_future(self._forget(ask, asked))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            # The script may still run: its answer is awaited and a lease it granted given
+            # back at once. (Releasing without waiting could reach Redis before the admission,
+            # on another pooled connection, and leave the lease booked until it expires.)
+            self._spawn(self._give_back(call))
             raise
 
-    async def _forget(self, ask: Ask, stores: Sequence[KVBudgetStore]) -> None:
-        for store in stores:
-            for choice in ask.choices:
-                lease = Lease(choice.engine, ask.lease_id, choice.tokens, ask.tenant,
-                              ask.priority)  # fmt: skip
-                with contextlib.suppress(Exception):
-                    await self.store.call_on(store, functools.partial(_release, lease=lease))
+    async def _give_back(self, call: asyncio.Future[Granted]) -> None:
+        with contextlib.suppress(Exception):
+            placement, store = await call
+            if placement.decision == "admit" and placement.lease is not None:
+                await self.release(Grant(None, placement.lease, store))
+
+    def abandon(self, admitting: asyncio.Future[tuple[Grant, list[Upstream]]]) -> None:
+        """An ``admit`` whose caller went away: cancelled, and its grant given back should it
+        have been made after all (however many times the caller is cancelled meanwhile)."""
+        admitting.cancel()
+
+        async def give_back() -> None:
+            with contextlib.suppress(BaseException):
+                grant, _ = await admitting
+                await self.release(grant)
+
+        self._spawn(give_back())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _wait(self, seconds: float) -> None:
         async with self._changed:

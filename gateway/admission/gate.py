@@ -13,13 +13,13 @@ Rules:
 - A refusal of the KV budget (429 ``kv_budget_exhausted``) still carries the limiter's
   ``x-ratelimit-*`` headers: they are part of the refusal, given when it is made.
 - Cancellation while both are asked leaves nothing reserved: a grant already made is released,
-  one still in flight is awaited and released.
+  one still in flight is awaited and released (``KVAdmission.abandon``, in a task of its own:
+  a caller cancelled again cannot interrupt it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,13 +60,13 @@ class Gate:
         try:
             admission = await self.limiter.admit(key, tokens)
         except BaseException:
-            kv.cancel()  # a grant it already had is released below; one in flight, by the task
-            with contextlib.suppress(BaseException):
-                await self.kv.release((await kv)[0])
+            self.kv.abandon(kv)  # a grant it already had, or makes yet, is given back
             raise
         try:
             grant, ordered = await kv
         except BaseException as exc:
+            # Cancelled here, the grant may be made and not yet read: it is given back too.
+            self.kv.abandon(kv)
             await self.limiter.settle(admission, 0)  # refused: the reservation comes back whole
             if isinstance(exc, GatewayError):
                 raise exc.with_headers(admission.headers) from None

@@ -208,3 +208,32 @@ async def test_cancelled_while_waiting_for_the_budget_nothing_stays_reserved(
     await eventually(only_the_held, within_s=2)
     again = await gate.limiter.admit(caller, 600)  # the limiter's reservation came back
     assert dict(again.headers)["x-ratelimit-remaining-tokens"] == "400"
+
+
+@pytest.mark.parametrize("cancels", [1, 2])
+async def test_a_caller_cancelled_at_any_point_of_admission_leaves_nothing_reserved(
+    make_gate: GateFactory, cancels: int
+) -> None:
+    """Cancelled after 0, 1, 2 ... turns of the loop (and once more a turn later: a client
+    gone and a server shutting down), whatever both had granted by then is given back; one
+    that got its ticket before the cancellation is settled, as its owner would."""
+    gate = make_gate()
+    engine = Upstream("http://engine/v1")
+
+    async def nothing_reserved() -> bool:
+        return await reserved(gate.kv, engine) == 0 and not gate.kv.leases
+
+    for turns in range(30):
+        task = asyncio.create_task(gate.admit(key(), [engine], "standard", 300))
+        for _ in range(turns):
+            await asyncio.sleep(0)  # one turn of the loop: where the cancellation lands
+        for _ in range(cancels):
+            task.cancel()
+            await asyncio.sleep(0)
+        try:
+            ticket, _ = await task
+        except asyncio.CancelledError:
+            pass
+        else:
+            assert await gate.settle(ticket, 0) == []
+        await eventually(nothing_reserved, within_s=2)
