@@ -12,7 +12,8 @@ import dataclasses
 import gc
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -34,6 +35,8 @@ from gateway.admission.limiter import Limiter
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
 from gateway.admission.redisconn import open_redis
 from gateway.auth.keystore import KeyStore
+from gateway.conversation.background import BackgroundStore
+from gateway.conversation.conversations import ConversationStore
 from gateway.conversation.sealing import ReasoningSealer
 from gateway.conversation.store import ResponseStore
 from gateway.db import DatabaseHealth, create_engine, upgrade_schema
@@ -49,6 +52,7 @@ from gateway.routes import (
     auditor,
     chat,
     completions,
+    conversations,
     health,
     messages,
     models,
@@ -125,6 +129,7 @@ def create_app(
     chat.add_routes(app)
     models.add_routes(app)
     responses.add_routes(app)
+    conversations.add_routes(app)
     messages.add_routes(app)
     completions.add_routes(app)
     health.add_routes(app)
@@ -187,16 +192,14 @@ async def _start(
     keys = await _tenant_keys(settings, engine, ledger)
     if keys is not None:
         _reload_on_sighup(stack, keys)
-    sealer = ReasoningSealer(keys, settings.reasoning_token_ttl_s) if keys else None
-    stored = ResponseStore(engine, keys, settings.responses_retention_s) if keys else None
+    kept = _KeptState.open(engine, keys, settings)
     upstreams = UpstreamPool(transport, settings)
     stack.callback(upstreams.close)
     kv = open_admission(settings, transport, redis)
     metrics = observe(settings, upstreams, kv, limiter, ledger)
     background = [kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),
                   upstreams.probe_forever()]  # fmt: skip
-    if stored is not None:
-        background.append(stored.purge_forever())
+    background += kept.purges()
     if ledger is not None and settings.tsa_url:
         roots = (audit_timestamps.load_roots(settings.tsa_roots_file.read_bytes())
                  if settings.tsa_roots_file else [])  # fmt: skip
@@ -213,7 +216,7 @@ async def _start(
     for work in background:
         task = asyncio.create_task(work)
         stack.push_async_callback(_cancel, task)
-    return AppState(
+    state = AppState(
         settings=settings,
         transport=transport,
         upstreams=upstreams,
@@ -230,9 +233,39 @@ async def _start(
         ledger=ledger,
         metrics=metrics,
         redis=redis,
-        sealer=sealer,
-        stored=stored,
+        sealer=kept.sealer,
+        stored=kept.stored,
+        conversations=kept.conversations,
+        background_store=kept.background,
     )
+    if state.background is not None:  # stopped before the database goes (a LIFO stack)
+        sweeping = asyncio.create_task(state.background.sweep_forever())
+        stack.push_async_callback(state.background.stop_all)
+        stack.push_async_callback(_cancel, sweeping)
+    return state
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _KeptState:
+    """What the gateway keeps sealed with the ledger's tenant keys (none without them)."""
+
+    sealer: ReasoningSealer | None = None
+    stored: ResponseStore | None = None
+    conversations: ConversationStore | None = None
+    background: BackgroundStore | None = None
+
+    @classmethod
+    def open(cls, engine: AsyncEngine, keys: DataKeys | None, settings: Settings) -> _KeptState:
+        if keys is None:
+            return cls()
+        kept, stale = settings.responses_retention_s, settings.background_stale_s
+        return cls(ReasoningSealer(keys, settings.reasoning_token_ttl_s),
+                   ResponseStore(engine, keys, kept), ConversationStore(engine, keys, kept),
+                   BackgroundStore(engine, keys, kept, stale))  # fmt: skip
+
+    def purges(self) -> list[Coroutine[Any, Any, None]]:
+        stores = (self.stored, self.conversations, self.background)
+        return [store.purge_forever() for store in stores if store is not None]
 
 
 def _reload_on_sighup(stack: contextlib.AsyncExitStack, keys: DataKeys) -> None:

@@ -215,6 +215,12 @@ class Settings(BaseSettings):
     reasoning_token_ttl_s: float = Field(30 * 86400.0, gt=0)
     # How long a stored response (Responses API, ``store: true``) is kept.
     responses_retention_s: float = Field(30 * 86400.0, gt=0)
+    # Background responses (``background: true``): how many may run at once per key and per
+    # tenant (429 beyond), and how long a replica may go without a heartbeat before another
+    # marks its running responses failed (``gateway.exchange.background``).
+    background_max_per_key: int = Field(16, ge=1)
+    background_max_per_tenant: int = Field(256, ge=1)
+    background_stale_s: float = Field(30.0, ge=2)
     models: Mapping[str, ModelOverride] = Field(default_factory=dict)
     audit_mode: Literal["strict", "async"] = "strict"
     audit_capture: Literal["full", "reasoning", "metadata"] = "full"

@@ -400,9 +400,10 @@ RESPONSES: Mapping[str, FieldRule] = MappingProxyType(
             "the engine's, in output_text.logprobs; withheld where reasoning is, for a hidden key",
         ),
         "top_p": _honour(_SAMPLER),
-        "truncation": _ignore(
-            "auto would drop the oldest items to fit; an input too long is "
-            "refused by the engine, never cut silently"
+        "truncation": _honour(
+            "auto: the oldest turns dropped to fit the engine's context, said in "
+            "x-thinkgate-truncated; disabled (the default): nothing is cut, an input too long "
+            "is the engine's to refuse"
         ),
         "user": _ignore("echoed; " + _IGNORED_BY_VLLM),
         # beyond the reference

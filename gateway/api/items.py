@@ -42,6 +42,7 @@ body goes upstream.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,13 +136,20 @@ def input_items(items: Any, response_id: str) -> list[dict[str, Any]]:
     as the items ``GET /v1/responses/{id}/input_items`` lists: each with an ``id`` (its own,
     else a new one, ``item_id``) and ``type``; a string is one user message; message content
     as parts."""
+    return listed_items(items, lambda kind: item_id(kind, response_id))
+
+
+def listed_items(items: Any, new_id: Callable[[str], str]) -> list[dict[str, Any]]:
+    """``input_items`` with the ids of items that have none from ``new_id(kind)`` (a
+    conversation's items name no response)."""
     if isinstance(items, str):
         items = [{"role": "user", "content": items}]
     listed = []
     for item in items:
         kind = item.get("type", "message")
         out = {**item, "type": kind}
-        out.setdefault("id", item_id(kind, response_id))
+        if out.get("id") is None:
+            out["id"] = new_id(kind)
         if kind == "message":
             part = "output_text" if item.get("role") == "assistant" else "input_text"
             if isinstance(item.get("content"), str):

@@ -8,11 +8,16 @@ finishes it once the route has what needs I/O (the stored conversation of
 ``encrypted_content`` tokens, the model's history rule).
 
 - Fields without effect here (``client_metadata``, ``prompt_cache_key``, ``safety_identifier``,
-  ``service_tier``, ``truncation``, ``max_tool_calls``, ``user`` (echoed),
+  ``service_tier``, ``max_tool_calls`` (it bounds built-in tools, which do not run here),
+  ``user`` (echoed),
   ...) are accepted and not sent on; ``prompt``, ``moderation`` and ``n`` above 1 are refused
   naming them; a field no reference names follows ``UNKNOWN_FIELDS`` (``unknown``: dropped and
-  named in ``x-thinkgate-ignored``, or refused). ``background`` and ``conversation`` are
-  refused until they are honoured (issue 30), ``false`` / ``null`` accepted.
+  named in ``x-thinkgate-ignored``, or refused).
+- ``conversation`` (an id, or ``{"id": ...}``): the route puts the conversation's items first
+  (``with_conversation``) and appends the turn once it completed; not with
+  ``previous_response_id``.
+- ``background``: the route runs the response detached (``gateway.exchange.background``); the
+  engine is then asked to stream whatever the client's ``stream``.
 - ``input``: a string (one user message) or a list of items (``gateway.api.items``);
   ``item_reference`` items are resolved by the route (``with_references``); ``instructions``
   becomes a leading system message.
@@ -35,6 +40,8 @@ finishes it once the route has what needs I/O (the stored conversation of
   without effect (those tools do not run); any other value is a 400 naming it.
 - ``store`` (default true), ``previous_response_id``: kept for the route
   (``gateway.conversation``).
+- ``truncation``: ``auto`` has the route drop the oldest turns to fit the engine's context
+  (``gateway.api.room.truncated``); ``disabled`` (the default) cuts nothing.
 """
 
 from __future__ import annotations
@@ -69,7 +76,6 @@ INCLUDABLE = {
     "web_search_call.action.sources", "message.input_image.image_url",
     "computer_call_output.output.image_url", "code_interpreter_call.outputs",
 }  # fmt: skip
-_PENDING = ("background", "conversation")  # honoured by issue 30; refused until then
 MAX_OUTPUT_TOKENS = 1_000_000
 MAX_TOP_LOGPROBS = 20
 # The reference's efforts (gateway.relay.effort.EFFORTS says what each costs; a test keeps
@@ -119,6 +125,9 @@ class ResponsesRequest:
     summary: bool = False  # summary_text parts asked for
     turns: str | None = None  # reasoning.context's turns, else the model's rule
     logprobs: bool = False  # output_text.logprobs asked for
+    background: bool = False  # runs detached; the engine is then always asked to stream
+    truncation: str = "disabled"  # "auto": the oldest turns dropped to fit (the route's work)
+    conversation_id: str | None = None  # the conversation the turn continues and is added to
 
     @property
     def params_for_thinking(self) -> dict[str, Any]:
@@ -137,6 +146,21 @@ class ResponsesRequest:
         history = chat_messages(resolved(self.raw_input, engine))
         listing = input_items(resolved(self.raw_input, listed), self.response_id)
         return dataclasses.replace(self, history=history, input_items=listing, references=[])
+
+    def with_conversation(self, items: list[dict[str, Any]]) -> ResponsesRequest:
+        """The request with the conversation's ``items`` (as the engine reads them) before
+        its input; the route then calls ``build``."""
+        earlier = chat_messages(items, "conversation") if items else History([], {})
+        shift = len(earlier.messages)
+        later = {i + shift: parts for i, parts in self.history.reasoning.items()}
+        reasoning = {**earlier.reasoning, **later}
+        history = History([*earlier.messages, *self.history.messages], reasoning)
+        return dataclasses.replace(self, history=history, upstream_body=b"")
+
+    def with_messages(self, messages: list[dict[str, Any]]) -> ResponsesRequest:
+        """The request with these messages sent instead (``truncation: "auto"``)."""
+        body = {**self.chat, "messages": messages}
+        return dataclasses.replace(self, messages=messages, upstream_body=orjson.dumps(body))
 
     def build(
         self, opened: dict[str, str], history_field: HistoryField,
@@ -162,7 +186,6 @@ def parse_responses_request(raw: bytes, unknown: UnknownFields = "ignore") -> Re
     given = json_object(raw)
     screened = screen(given, RESPONSES, unknown)
     body = screened.body
-    _refuse_pending(body)
     model = body.get("model")
     if not isinstance(model, str) or not model or len(model) > 256:
         raise InvalidRequest("Missing required parameter: 'model'.", param="model")
@@ -173,9 +196,14 @@ def parse_responses_request(raw: bytes, unknown: UnknownFields = "ignore") -> Re
     chat: dict[str, Any] = {"model": model, **_sampling(body, reasoning), **_tooling(body, tools)}
     chat.update(_outputs(body))
     previous = _previous(body.get("previous_response_id"))
+    conversation = _conversation(body.get("conversation"), previous)
     include = _include(body.get("include"))
+    background = _bool(body.get("background"), "background")
+    stream = bool(chat.get("stream"))
+    if background:  # detached, the response is built from the engine's stream either way
+        chat["stream"], chat["stream_options"] = True, {"include_usage": True}
     call = ResponsesRequest(
-        model, bool(chat.get("stream")), chat.get("max_tokens"), [],
+        model, stream, chat.get("max_tokens"), [],
         {k: v for k, v in body.items() if k != "input"}, b"",
         _echo(body, given, chat, tools, reasoning), history=history, chat=chat,
         instructions=_instructions(body.get("instructions")),
@@ -183,18 +211,13 @@ def parse_responses_request(raw: bytes, unknown: UnknownFields = "ignore") -> Re
         previous_response_id=previous, references=refs, raw_input=body.get("input"),
         tools=tools.names, dropped=tools.dropped, unknown=screened.unknown,
         summary=reasoning.summary is not None, turns=reasoning.turns,
-        logprobs=bool(chat.get("logprobs")),
+        logprobs=bool(chat.get("logprobs")), background=background,
+        truncation=_truncation(body.get("truncation")), conversation_id=conversation,
     )  # fmt: skip
     if not refs:
         call = dataclasses.replace(call, input_items=input_items(body["input"], call.response_id))
-    final = not history.sealed and previous is None and not refs
+    final = not history.sealed and previous is None and not refs and conversation is None
     return call.build({}, "reasoning") if final else call
-
-
-def _refuse_pending(body: dict[str, Any]) -> None:
-    for name in _PENDING:
-        if body.get(name) not in (None, False):
-            raise InvalidRequest(f"'{name}' is not supported by this gateway yet.", param=name)
 
 
 def _previous(previous: Any) -> str | None:
@@ -202,6 +225,21 @@ def _previous(previous: Any) -> str | None:
         raise InvalidRequest("Invalid value for 'previous_response_id'.",
                              param="previous_response_id")  # fmt: skip
     return previous
+
+
+def _conversation(value: Any, previous: str | None) -> str | None:
+    """The conversation's id, given as itself or as ``{"id": ...}``."""
+    if value is None:
+        return None
+    found = value.get("id") if isinstance(value, dict) else value
+    if not isinstance(found, str) or not found or len(found) > 64:
+        raise InvalidRequest("Invalid value for 'conversation': a conversation id.",
+                             param="conversation")  # fmt: skip
+    if previous is not None:
+        raise InvalidRequest("Mutually exclusive parameters: provide one of "
+                             "'previous_response_id' or 'conversation'.",
+                             param="conversation")  # fmt: skip
+    return found
 
 
 def _sampling(body: dict[str, Any], reasoning: ReasoningAsked) -> dict[str, Any]:
@@ -262,9 +300,27 @@ def _echo(body: dict[str, Any], given: dict[str, Any], chat: dict[str, Any], too
         tool_choice=body.get("tool_choice") or "auto",
         parallel_tool_calls=chat.get("parallel_tool_calls", True),
         text={"format": _text_format(body.get("text"))[0]},
-        truncation="disabled",  # truncation is accepted without effect: nothing is cut
+        truncation=_truncation(body.get("truncation")),
+        background=bool(body.get("background")),
+        conversation=_echoed_conversation(body.get("conversation")),
     )
     return echo
+
+
+def _echoed_conversation(value: Any) -> dict[str, Any] | None:
+    """``{"id": ...}`` of a conversation already validated (``_conversation``)."""
+    if value is None:
+        return None
+    return {"id": value["id"] if isinstance(value, dict) else value}
+
+
+def _truncation(value: Any) -> str:
+    if value is None:
+        return "disabled"
+    if value not in ("auto", "disabled"):
+        raise InvalidRequest("Invalid value for 'truncation': auto or disabled.",
+                             param="truncation")  # fmt: skip
+    return str(value)
 
 
 def _include(include: Any) -> list[str]:

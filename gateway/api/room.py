@@ -49,3 +49,38 @@ def clamp(upstream_body: bytes, asked: int, room: int, *, strict: bool) -> bytes
 
 def clamped_header(asked: int, room: int, context: int) -> tuple[str, str]:
     return (CLAMPED_HEADER, f"max_tokens={room}; asked={asked}; context={context}")
+
+
+TRUNCATED_HEADER = "x-thinkgate-truncated"
+
+
+def truncated(
+    messages: list[dict[str, Any]], rest_bytes: int, context: int, reserve: int
+) -> tuple[list[dict[str, Any]], int]:
+    """``truncation: "auto"`` (Responses API): the messages with the oldest turns dropped until
+    the prompt (the messages and ``rest_bytes`` of the body around them, estimated at bytes /
+    4) leaves ``reserve`` tokens of ``context`` for the answer; and how many were dropped.
+
+    System messages (the instructions) and the last message are never dropped. A turn goes
+    whole: after the oldest message, every assistant or tool message that now leads the
+    conversation goes too (a tool result without the call that asked for it, or an answer
+    without its question, is no conversation), so what is kept starts with a user message.
+    When even that does not fit, as much as can go has gone: the engine has the last word."""
+    sizes = [len(orjson.dumps(m)) + 1 for m in messages]
+    budget = (context - reserve) * 4
+    total = rest_bytes + sum(sizes)
+    if total <= budget:
+        return messages, 0
+    droppable = [i for i, m in enumerate(messages[:-1]) if m.get("role") != "system"]
+    dropped: set[int] = set()
+    for index in droppable:
+        if total <= budget and messages[index].get("role") == "user":
+            break
+        dropped.add(index)
+        total -= sizes[index]
+    kept = [m for i, m in enumerate(messages) if i not in dropped]
+    return kept, len(dropped)
+
+
+def truncated_header(dropped: int, context: int) -> tuple[str, str]:
+    return (TRUNCATED_HEADER, f"dropped={dropped}; context={context}")

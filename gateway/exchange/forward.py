@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -116,6 +117,33 @@ class Forwarder:
             await push_stream(ex, leg, relay, writer, self.keepalive_s)
 
         return RelayResponse(body, watcher, cleanup, headers, push if leg.stream.wire else None)
+
+    async def detached(self, ex: Exchange, candidates: Sequence[Upstream]) -> AsyncIterator[bytes]:
+        """The exchange with no client attached (a background response): every piece a
+        client would get (no keep-alive comments), the terminal event last, and the exchange
+        finished once. Closing or cancelling the iteration aborts the engine request and
+        finishes the exchange with the status its owner set (``cancelled``)."""
+        relay = ex.rewriter
+        assert isinstance(relay, StreamRelay)
+        ex.overhead_s = time.perf_counter() - ex.t0
+        try:
+            leg = await self._leg(ex, candidates, ex.request.upstream_body)
+        except GatewayError as exc:
+            if ex.upstream is None and isinstance(exc, UpstreamError):
+                ex.upstream = exc.upstream_url
+            yield _failed(ex, relay, exc)
+            await _finish_quietly(ex)
+            yield relay.end()
+            return
+        except BaseException:
+            await _finish_quietly(ex)
+            raise
+        try:
+            async for piece in relay_stream(ex, leg, relay, math.inf):
+                yield piece
+        finally:
+            await leg.stream.aclose(ending=relay.done)
+            await _finish_quietly(ex)
 
     async def _leg(self, ex: Exchange, candidates: Sequence[Upstream], body: bytes) -> Leg:
         """The upstream stream of ``body``, opened on the first candidate that answers; a

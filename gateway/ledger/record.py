@@ -19,7 +19,7 @@ __all__ = ["CompletionRecord", "DiscardSink", "RecordSink", "Status", "Usage", "
            "parse_usage", "status_of"]  # fmt: skip
 from gateway.errors import InvalidRequest, Outcome
 
-Status = Literal["ok", "invalid", "upstream_error", "client_disconnected", "error"]
+Status = Literal["ok", "invalid", "upstream_error", "client_disconnected", "cancelled", "error"]
 
 
 @dataclass(frozen=True, slots=True)

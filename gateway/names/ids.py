@@ -1,6 +1,7 @@
 """Responses ids (sans-I/O): a response's, and its items', which name the response that made
 them, so an ``item_reference`` finds its item by loading that one response (scoped to the tenant
-as every load is) rather than searching every stored response."""
+as every load is) rather than searching every stored response. A conversation's id, and the id
+of an item a client adds to one, are random and name nothing."""
 
 from __future__ import annotations
 
@@ -10,10 +11,22 @@ _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "
               "reasoning": "rs", "custom_tool_call": "ctc",
               "custom_tool_call_output": "ctco"}  # fmt: skip
 _RESPONSE_HEX, _ITEM_HEX = 32, 8
+_LONE_HEX = 48  # != _RESPONSE_HEX + _ITEM_HEX: never taken for a response's item
 
 
 def new_response_id() -> str:
     return f"resp_{secrets.token_hex(_RESPONSE_HEX // 2)}"
+
+
+def new_conversation_id() -> str:
+    """``conv_`` and 48 random hex digits, as OpenAI's conversation ids look."""
+    return f"conv_{secrets.token_hex(_LONE_HEX // 2)}"
+
+
+def lone_item_id(kind: str) -> str:
+    """A new id for an item no response made (one a client adds to a conversation):
+    ``<prefix>_<48 random hex>``, a length ``response_of`` never reads as a response's."""
+    return f"{_ID_PREFIX.get(kind, 'item')}_{secrets.token_hex(_LONE_HEX // 2)}"
 
 
 def item_id(kind: str, response_id: str) -> str:

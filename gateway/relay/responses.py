@@ -16,13 +16,14 @@ Responses objects (items and their events: ``gateway.relay.response_items``):
   ``reasoning.encrypted_content``): the reasoning item carries ``encrypted_content``, made
   when the item closes. A hidden key then gets the item too, without text, announced
   (``output_item.added``) and closed (``.done``) at once when its reasoning ended.
-- Streaming (``ResponsesStream``): ``response.created`` and ``response.in_progress`` first;
-  each item is announced, grows and closes by its events when the next item starts or the
-  stream ends. The terminal event (``end``) goes out once the record is durable:
-  ``response.completed``, ``response.incomplete`` (``incomplete_details.reason:
-  max_output_tokens`` when the engine stopped at the limit) or, right after a failure's
-  ``error`` event, ``response.failed`` (the item cut short is in it, ``status: incomplete``).
-  Every event carries its ``sequence_number``, from 0.
+- Streaming (``ResponsesStream``): ``response.created`` and ``response.in_progress`` first
+  (a background response: ``created`` and ``response.queued`` at once, status ``queued``,
+  ``in_progress`` with the engine's first chunk); each item is announced, grows and closes
+  by its events when the next item starts or the stream ends. The terminal event (``end``)
+  goes out once the record is durable: ``response.completed``, ``response.incomplete``
+  (``incomplete_details.reason: max_output_tokens`` when the engine stopped at the limit) or,
+  right after a failure's ``error`` event, ``response.failed`` (the item cut short is in it,
+  ``status: incomplete``). Every event carries its ``sequence_number``, from 0.
 - ``output_text.logprobs`` (``ResponseMeta.logprobs``): streamed, the engine's logprobs of
   each chunk whose text went to the answer as it came (a chunk that carried reasoning, or
   whose text was held or cut, gives none: they would spell out reasoning or tags); whole, the
@@ -98,6 +99,8 @@ def response_object(
         "tool_choice": echo.get("tool_choice", "auto"), "tools": echo.get("tools", []),
         "text": echo.get("text", {"format": {"type": "text"}}),
         "truncation": echo.get("truncation", "disabled"),
+        "background": echo.get("background", False),
+        "conversation": echo.get("conversation"),
         "usage": responses_usage(usage),
     }  # fmt: skip
 
@@ -205,6 +208,7 @@ class ResponsesStream(_Shaping, EventRelay):
         self._error: dict[str, Any] | None = None
         self._space = ""  # answer text that is only whitespace so far, held (see _choice)
         self._logprobs: list[dict[str, Any]] = []  # of answer text not sent yet
+        self._queued = False  # a background response announced itself before the engine
 
     def error_event(self, error_json: bytes) -> bytes:
         self._error = orjson.loads(error_json)["error"]
@@ -238,13 +242,21 @@ class ResponsesStream(_Shaping, EventRelay):
         status, incomplete = _status(self.choices.get(0))
         return response_object(self.meta, status, items, self.usage, incomplete=incomplete)
 
+    def queued(self) -> bytes:
+        """A background response's first events, before the engine is asked:
+        ``response.created`` and ``response.queued`` (status ``queued``);
+        ``response.in_progress`` follows with the engine's first chunk."""
+        self._queued = True
+        shell = response_object(self.meta, "queued", [], None)
+        return self._emit("response.created", {"response": shell}) + self._emit(
+            "response.queued", {"response": shell}
+        )
+
     def _start(self) -> list[bytes]:
         self._started = True
         shell = response_object(self.meta, "in_progress", [], None)
-        return [
-            self._emit("response.created", {"response": shell}),
-            self._emit("response.in_progress", {"response": shell}),
-        ]
+        created = [] if self._queued else [self._emit("response.created", {"response": shell})]
+        return [*created, self._emit("response.in_progress", {"response": shell})]
 
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:
         state = self.choice(0)

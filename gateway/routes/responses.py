@@ -17,6 +17,13 @@ reasoning item gives the engine its text, whatever the key was shown). A failure
 logged and the response still completes (the ledger has the exchange); the id then reads as
 unknown.
 
+``conversation`` (``gateway.conversation.conversations``): the conversation's items, as the
+engine reads them, come before the input (an unknown id, or another tenant's, is a 404 naming
+``conversation``); once the response completed its turn is appended (``_add_turn``), whether or
+not the response itself is stored. ``background`` runs the response detached
+(``gateway.routes.background``); ``truncation: "auto"`` drops the oldest turns to fit the
+engine's context (``truncated_to_fit``).
+
 Notices: fields no reference names (``UNKNOWN_FIELDS=ignore``) are named in
 ``x-thinkgate-ignored``, built-in tools dropped in ``x-thinkgate-dropped-tools``, and logged.
 """
@@ -34,16 +41,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.api.responses import ResponsesRequest, parse_responses_request
+from gateway.api.room import truncated, truncated_header
 from gateway.api.tools import DROPPED_HEADER, dropped_header
 from gateway.auth.bearer import authenticate
 from gateway.auth.keys import KeyInfo
+from gateway.conversation.conversations import ConversationStore
 from gateway.conversation.sealing import ReasoningSealer
 from gateway.conversation.store import ResponseStore, Stored
+from gateway.conversation.visibility import for_key, for_key_item
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.ledger.record import CompletionRecord
+from gateway.names.ids import item_id
 from gateway.relay.responses import ResponseMeta, ResponsesStream, ResponsesWhole, Sealer
 from gateway.relay.rewrite import Policy
-from gateway.routes import steps
+from gateway.routes import background, steps
 from gateway.routes.state import AppState, app_state
 
 ENDPOINT, PATH = "responses", "/chat/completions"
@@ -57,14 +68,20 @@ async def create_response(request: Request) -> Response:
     try:
         call = parse_responses_request(raw, state.settings.unknown_fields)
         call = await prepared(state, key, await referenced(state, key, call))
+        call, cut = await truncated_to_fit(state, call)
         seal = await _sealer(state, key, call)
         relay = rewriter(state, key, call, seal)
         call = steps.budgeted(state, key, call, relay, call.chat)
     except GatewayError as exc:
         steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
         raise
-    notes = steps.unknown_fields(state, ENDPOINT, call.unknown) + _dropped(call)
-    after = _keeper(state, key, call, relay) if call.store and state.stored else None
+    notes = steps.unknown_fields(state, ENDPOINT, call.unknown) + _dropped(call) + cut
+    keeps = call.store or call.conversation_id is not None
+    after = _keeper(state, key, call, relay) if keeps and state.stored else None
+    if call.background:
+        assert isinstance(relay, ResponsesStream)
+        return await background.create(state, request, key, call, relay, (started_at, t0),
+                                       after=after, notes=notes)  # fmt: skip
     return await steps.forward(state, request, key, call, (ENDPOINT, PATH), relay,
                                (started_at, t0), after=after, notes=notes)  # fmt: skip
 
@@ -92,9 +109,36 @@ async def referenced(state: AppState, key: KeyInfo, call: ResponsesRequest) -> R
     return call.with_references(engine, {item_id: i.listed for item_id, i in found.items()})
 
 
+async def truncated_to_fit(
+    state: AppState, call: ResponsesRequest
+) -> tuple[ResponsesRequest, tuple[tuple[str, str], ...]]:
+    """``truncation: "auto"``: the oldest turns dropped until the prompt leaves the answer
+    ``min(max_output_tokens, a quarter of the context)`` (``gateway.api.room.truncated``),
+    said in ``x-thinkgate-truncated``; nothing when the engines report no context."""
+    if call.truncation != "auto":
+        return call, ()
+    context = await state.upstreams.context_length(call.model)
+    if context is None:
+        return call, ()
+    reserve = min(call.max_tokens or state.settings.default_max_tokens, context // 4)
+    rest = len(call.upstream_body) - len(orjson.dumps(call.messages))
+    messages, dropped = truncated(call.messages, rest, context, reserve)
+    if not dropped:
+        return call, ()
+    log.info("truncation auto dropped the %d oldest messages to fit a context of %d tokens",
+             dropped, context)  # fmt: skip
+    return call.with_messages(messages), (truncated_header(dropped, context),)
+
+
 async def prepared(state: AppState, key: KeyInfo, call: ResponsesRequest) -> ResponsesRequest:
     """The request with the stored conversation it continues, its sealed reasoning opened,
     the reasoning placed per the model's history rule."""
+    if call.conversation_id is not None:
+        items = await _conversations(state).engine_items(key.tenant, call.conversation_id)
+        if items is None:
+            raise NotFound(f"Conversation with id '{call.conversation_id}' not found.",
+                           param="conversation")  # fmt: skip
+        call = call.with_conversation(items)
     sealed = call.history.sealed
     if call.upstream_body and not call.history.reasoning:
         return call  # no reasoning to place: the parser's body is final
@@ -112,7 +156,8 @@ async def prepared(state: AppState, key: KeyInfo, call: ResponsesRequest) -> Res
 def _keeper(
     state: AppState, key: KeyInfo, call: ResponsesRequest, relay: ResponsesWhole | ResponsesStream
 ) -> Callable[[CompletionRecord], Awaitable[None]]:
-    """Stores the response once it completed (``Exchange.after``)."""
+    """Stores the response once it completed (``Exchange.after``), and adds its turn to its
+    conversation."""
 
     async def keep(record: CompletionRecord) -> None:
         final = relay.final_object()
@@ -132,9 +177,47 @@ def _keeper(
                  if item.get("type") == "reasoning" and reasoning}  # fmt: skip
         stored = Stored(final["id"], call.model, final, call.input_items,
                         [*call.conversation, answer], items)  # fmt: skip
-        await state.stored.save(key.tenant, key.key_id, stored, call.previous_response_id)
+        if call.conversation_id is not None:  # first: a poll that sees it done sees the turn
+            await _add_turn(state, key, call, final, reasoning)
+        if call.store:
+            await state.stored.save(key.tenant, key.key_id, stored, call.previous_response_id)
 
     return keep
+
+
+async def _add_turn(
+    state: AppState, key: KeyInfo, call: ResponsesRequest, final: dict[str, Any], reasoning: str
+) -> None:
+    """The turn appended to its conversation: the input items, then the output items (a
+    reasoning item as its key was shown it, and with its text for the engine; a key that saw
+    none gets a reasoning item without text, so the engine still has it next turn). Items
+    whose ids the conversation already has (a client that sent them back) are not added
+    twice."""
+    store = _conversations(state)
+    have = {item.get("id") for item in await store.engine_items(key.tenant,
+                                                                  call.conversation_id or "")
+            or []}  # fmt: skip
+    pairs = [(item, item) for item in call.input_items]
+    output = list(final["output"])
+    if reasoning and not any(item.get("type") == "reasoning" for item in output):
+        output.insert(0, {"id": item_id("reasoning", final["id"]), "type": "reasoning",
+                          "summary": []})  # fmt: skip
+    for item in output:
+        engine = item
+        if item.get("type") == "reasoning" and reasoning:
+            engine = {"id": item["id"], "type": "reasoning", "summary": [],
+                      "content": [{"type": "reasoning_text", "text": reasoning}]}  # fmt: skip
+        pairs.append((item, engine))
+    fresh = [(listed, engine) for listed, engine in pairs if listed.get("id") not in have]
+    if not await store.append(key.tenant, call.conversation_id or "", fresh):
+        log.warning("conversation of response %s is gone: its turn was not added", final["id"])
+
+
+def _conversations(state: AppState) -> ConversationStore:
+    if state.conversations is None:
+        raise InvalidRequest("Conversations need the ledger's keys, which this gateway does not "
+                             "have.", param="conversation")  # fmt: skip
+    return state.conversations
 
 
 async def _sealer(state: AppState, key: KeyInfo, call: ResponsesRequest) -> Sealer | None:
@@ -175,30 +258,41 @@ def rewriter(
     )
     meta = ResponseMeta(call.model, call.echo, id=call.response_id, seal=seal, tools=call.tools,
                         summary=call.summary, logprobs=call.logprobs)  # fmt: skip
-    return ResponsesStream(policy, meta) if call.stream else ResponsesWhole(policy, meta)
+    streamed = call.stream or call.background  # a background response is built from events
+    return ResponsesStream(policy, meta) if streamed else ResponsesWhole(policy, meta)
 
 
-async def _stored(request: Request) -> tuple[KeyInfo, Stored]:
+async def _caller(request: Request) -> tuple[AppState, KeyInfo, str]:
     state = app_state(request)
     key = await authenticate(state.keys, request.headers.get("authorization"), "client")
-    response_id = request.path_params["response_id"]
-    stored = await _store(state).load(key.tenant, response_id)
-    if stored is None:
-        raise _not_found(response_id)
-    return key, stored
+    return state, key, request.path_params["response_id"]
 
 
 async def retrieve_response(request: Request) -> Response:
-    """``GET /v1/responses/{id}``: as created, minus reasoning text for a hidden key."""
-    key, stored = await _stored(request)
-    return _json(for_key(stored.response, key.reasoning == "visible"))
+    """``GET /v1/responses/{id}``: as created (a background one as it stands), minus
+    reasoning text for a hidden key; ``stream=true``: its stored stream
+    (``gateway.routes.background``)."""
+    state, key, response_id = await _caller(request)
+    if request.query_params.get("stream") == "true":
+        return await background.stream_of(state, request, key, response_id)
+    stored = await _store(state).load(key.tenant, response_id)
+    found = stored.response if stored is not None else await background.snapshot(
+        state, key, response_id
+    )  # fmt: skip
+    if found is None:
+        raise _not_found(response_id)
+    return _json(for_key(found, key.reasoning == "visible"))
+
+
+async def cancel_response(request: Request) -> Response:
+    state, key, _ = await _caller(request)
+    return await background.cancel(request, state, key)
 
 
 async def delete_response(request: Request) -> Response:
-    state = app_state(request)
-    key = await authenticate(state.keys, request.headers.get("authorization"), "client")
-    response_id = request.path_params["response_id"]
-    if not await _store(state).delete(key.tenant, response_id):
+    state, key, response_id = await _caller(request)
+    ran = await background.forget(state, key, response_id)
+    if not await _store(state).delete(key.tenant, response_id) and not ran:
         raise _not_found(response_id)
     return _json({"id": response_id, "object": "response", "deleted": True})
 
@@ -206,7 +300,13 @@ async def delete_response(request: Request) -> Response:
 async def list_input_items(request: Request) -> Response:
     """``GET /v1/responses/{id}/input_items``: ``order`` (``desc`` by default), ``limit``
     (1-100, default 20), ``after`` / ``before`` an item id (cursors)."""
-    key, stored = await _stored(request)
+    state, key, response_id = await _caller(request)
+    stored = await _store(state).load(key.tenant, response_id)
+    listed = stored.input_items if stored is not None else await background.input_items(
+        state, key, response_id
+    )  # fmt: skip
+    if listed is None:
+        raise _not_found(response_id)
     q = request.query_params
     order = q.get("order", "desc")
     if order not in ("asc", "desc"):
@@ -215,7 +315,7 @@ async def list_input_items(request: Request) -> Response:
     if not limit.isdigit() or not 1 <= int(limit) <= 100:
         raise InvalidRequest("Invalid value for 'limit': 1 to 100.", param="limit")
     shown = key.reasoning == "visible"
-    items = [for_key_item(i, shown) for i in stored.input_items]
+    items = [for_key_item(i, shown) for i in listed]
     items = items if order == "asc" else items[::-1]
     ids = [i["id"] for i in items]
     for cursor in ("after", "before"):
@@ -231,22 +331,6 @@ async def list_input_items(request: Request) -> Response:
                   "has_more": len(items) > len(page)})  # fmt: skip
 
 
-def for_key(response: dict[str, Any], shown: bool) -> dict[str, Any]:
-    """The stored response as a key may read it: a hidden key gets no reasoning text (the
-    reasoning item only if it carries ``encrypted_content``)."""
-    if shown:
-        return response
-    output = [for_key_item(item, False) for item in response.get("output") or []]
-    output = [i for i in output if i.get("type") != "reasoning" or i.get("encrypted_content")]
-    return {**response, "output": output}
-
-
-def for_key_item(item: dict[str, Any], shown: bool) -> dict[str, Any]:
-    if shown or item.get("type") != "reasoning":
-        return item
-    return {k: v for k, v in item.items() if k not in ("content", "summary")} | {"summary": []}
-
-
 def _json(body: dict[str, Any]) -> Response:
     return Response(orjson.dumps(body), media_type="application/json")
 
@@ -256,6 +340,8 @@ def add_routes(app: FastAPI) -> None:
     app.add_api_route("/v1/responses/{response_id}", retrieve_response, methods=["GET"],
                       response_model=None)  # fmt: skip
     app.add_api_route("/v1/responses/{response_id}", delete_response, methods=["DELETE"],
+                      response_model=None)  # fmt: skip
+    app.add_api_route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"],
                       response_model=None)  # fmt: skip
     app.add_api_route("/v1/responses/{response_id}/input_items", list_input_items,
                       methods=["GET"], response_model=None)  # fmt: skip

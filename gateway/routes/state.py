@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 import httpx
@@ -13,8 +14,11 @@ from gateway.admission.budget import KVAdmission
 from gateway.admission.gate import Gate
 from gateway.admission.limiter import Limiter
 from gateway.auth.keystore import KeyStore
+from gateway.conversation.background import BackgroundStore
+from gateway.conversation.conversations import ConversationStore
 from gateway.conversation.sealing import ReasoningSealer
 from gateway.conversation.store import ResponseStore
+from gateway.exchange.background import Runner
 from gateway.exchange.forward import Forwarder
 from gateway.ledger.record import RecordSink
 from gateway.settings import Settings
@@ -39,15 +43,25 @@ class AppState:
     instrument: bool = True  # measure each request (off only in benchmarks of the metrics)
     sealer: ReasoningSealer | None = None  # reasoning tokens; None without ledger keys
     stored: ResponseStore | None = None  # stored responses; None without ledger keys
+    conversations: ConversationStore | None = None  # None without ledger keys
+    # background responses' state and events; None without ledger keys
+    background_store: BackgroundStore | None = None
+    replica: str = field(default_factory=lambda: secrets.token_hex(8))  # this process's id
 
     gate: Gate = field(init=False)  # the limiter and the KV budget, asked at once
     forwarder: Forwarder = field(init=False)  # the forward loop over the upstream pool
+    background: Runner | None = field(init=False)  # runs background responses
 
     def __post_init__(self) -> None:
         s = self.settings
         object.__setattr__(self, "gate", Gate(self.limiter, self.kv))
         forwarder = Forwarder(self.upstreams, s.max_sse_event_bytes, s.keepalive_s)
         object.__setattr__(self, "forwarder", forwarder)
+        runner = None
+        if self.background_store is not None:
+            beat_s = min(1.0, self.background_store.stale_s / 4)
+            runner = Runner(self.background_store, forwarder, self.replica, beat_s=beat_s)
+        object.__setattr__(self, "background", runner)
 
 
 def app_state(request: Request) -> AppState:

@@ -145,6 +145,19 @@ async def forward(
     rewriter built: admit (``tokens``, by default OpenAI's reservation rule), then the
     exchange, forwarded (``route``: endpoint and upstream path); ``notes`` are response
     headers the parse decided (``unknown_fields``)."""
+    ex, candidates = await admitted(state, request, key, call, route, rewriter, started,
+                                    tokens=tokens, after=after, notes=notes)  # fmt: skip
+    return await state.forwarder.run(ex, candidates, request.receive)
+
+
+async def admitted(
+    state: AppState, request: Request, key: KeyInfo, call: _Call, route: tuple[str, str],
+    rewriter: Rewriter, started: tuple[float, float], *, tokens: int | None = None,
+    after: Callable[[CompletionRecord], Awaitable[None]] | None = None,
+    notes: tuple[tuple[str, str], ...] = (),
+) -> tuple[Exchange, list[Upstream]]:  # fmt: skip
+    """``forward``'s first half: the admitted exchange and its candidates, for the caller to
+    run (a background response runs it detached); its owner must finish it."""
     try:  # no byte of an answer goes out unless its record can be written
         check_recordable(call.messages, call.params)
         call, clamped = await with_room(state, call)
@@ -157,7 +170,7 @@ async def forward(
     ticket, candidates = await admit(state, request, key, call.model, call.stream, tokens)
     ex = exchange(state, request, key, call, route, rewriter, ticket, started, after)
     ex.notes = notes
-    return await state.forwarder.run(ex, candidates, request.receive)
+    return ex, candidates
 
 
 async def with_room(state: AppState, call: C) -> tuple[C, tuple[tuple[str, str], ...]]:

@@ -127,7 +127,7 @@ async def test_the_limit_makes_the_response_incomplete(
          "tools[0].name"),
         ({"model": "deepseek-r1", "input": "x", "tool_choice": {"type": "function", "name": "f"}},
          "tool_choice.name"),
-        ({"model": "deepseek-r1", "input": "x", "background": True}, "background"),
+        ({"model": "deepseek-r1", "input": "x", "background": "yes"}, "background"),
         ({"model": "deepseek-r1", "input": "x", "prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"model": "deepseek-r1", "input": [{"type": "function_call_output"}]},
          "input[0].call_id"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from gateway.sim.app import SimApp, SimConfig
@@ -68,3 +69,31 @@ async def test_a_limit_within_the_context_is_left_alone(stack_factory: StackFact
         )  # fmt: skip
     assert response.status_code == 200 and "x-thinkgate-clamped" not in response.headers
     assert isinstance(stack.sim, SimApp) and stack.sim.sim.received[-1]["max_tokens"] == 64
+
+
+@pytest.mark.parametrize("truncation", ["auto", "disabled"])
+async def test_truncation_auto_drops_the_oldest_turns_to_fit_through_the_sdk(
+    stack_factory: StackFactory, truncation: str
+) -> None:
+    """A conversation longer than the engine's context: with ``auto`` its oldest turns go
+    (said in ``x-thinkgate-truncated``, echoed), and the engine answers; with ``disabled``
+    nothing is cut and the engine refuses it, as vLLM does."""
+    stack = await stack_factory(sim=SimConfig(max_model_len=CONTEXT))
+    long = "lorem ipsum " * 400  # some 1,200 tokens by the estimate
+    history: list[Any] = [{"role": "user", "content": f"first {long}"},
+                          {"role": "assistant", "content": f"answer {long}"},
+                          {"role": "user", "content": "Why?"}]  # fmt: skip
+    async with openai.AsyncOpenAI(base_url=stack.url, api_key=stack.keys["visible"],
+                                  max_retries=0) as client:  # fmt: skip
+        raw = client.responses.with_raw_response
+        if truncation == "disabled":
+            with pytest.raises(openai.BadRequestError):
+                await raw.create(model="deepseek-r1", input=history, truncation="disabled")
+            return
+        reply = await raw.create(model="deepseek-r1", input=history, truncation="auto",
+                                 max_output_tokens=256)  # fmt: skip
+    done = reply.parse()
+    assert done.status == "completed" and done.truncation == "auto"
+    assert reply.headers["x-thinkgate-truncated"] == f"dropped=2; context={CONTEXT}"
+    assert isinstance(stack.sim, SimApp)
+    assert stack.sim.sim.received[-1]["messages"] == [{"role": "user", "content": "Why?"}]

@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.responses import ResponseFormatTextJSONSchemaConfigParam
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
 from gateway.edge.servers import BackgroundServer
@@ -21,6 +23,7 @@ from gateway.settings import Settings
 from ratelimit.engine_metrics import parse_engine_metrics
 from tests.e2e.conftest import RecordingSink, ledger_files, make_keys
 from tests.integration_vllm.conftest import TinyModel, VllmServer
+from tests.waiting import eventually
 
 QUESTION = [{"role": "user", "content": "What is 6 times 7?"}]
 REASONING = "The user asks for 6 times 7. That is 42.\n"
@@ -612,3 +615,93 @@ async def test_embeddings_pass_through_to_vllms_pooling_runner(gateway: Gateway)
     record = [r for r in gateway.sink.records if r.endpoint == "embeddings"][-1]
     assert record.status == "ok" and record.usage is not None
     assert record.usage.prompt_tokens == result.usage.prompt_tokens
+
+
+# -- background responses (gateway.exchange.background) --------------------------------------
+
+# The engine's structured output pins a five-token answer that ends the request (vLLM's
+# enable_in_reasoning: the template opened the think block, so it is all reasoning to R1).
+PINNED_ANSWER: ResponseFormatTextJSONSchemaConfigParam = {
+    "type": "json_schema", "name": "answer", "strict": True,
+    "schema": {"type": "string", "enum": ["42"]},
+}  # fmt: skip
+
+
+async def status_once(client: openai.AsyncOpenAI, response_id: str, *wanted: str) -> Any:
+    """The response if its status is one of ``wanted``, else ``None`` (for ``eventually``)."""
+    response = await client.responses.retrieve(response_id)
+    return response if response.status in wanted else None
+
+
+async def test_a_background_response_completes_on_real_vllm(gateway: Gateway) -> None:
+    async with gateway.sdk() as client:
+        queued = await client.responses.create(
+            model="tiny-r1", input="What is 6 times 7?", background=True, temperature=0,
+            max_output_tokens=16, text={"format": PINNED_ANSWER},
+        )  # fmt: skip
+        assert (queued.status, queued.background) == ("queued", True)
+        done = await eventually(
+            lambda: status_once(client, queued.id, "completed", "incomplete", "failed",
+                                "cancelled"), within_s=60, every=0.05,
+        )  # fmt: skip
+    assert done.status == "completed", done
+    [item] = done.output
+    assert item.type == "reasoning" and [c.text for c in item.content or []] == ['"42"']
+    assert done.usage is not None and 0 < done.usage.output_tokens <= 16
+    assert done.usage.input_tokens > 0
+    [record] = await gateway.sink.wait_for(1)
+    assert (record.endpoint, record.status) == ("responses", "ok")
+
+
+async def engine_counts(server: VllmServer) -> dict[str, float]:
+    """vLLM's own counters: requests running, started (a first token), finished (any
+    ``finished_reason``) and tokens generated."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{server.root}/metrics")).text
+    names = {
+        "vllm:num_requests_running": "running",
+        "vllm:time_to_first_token_seconds_count": "started",
+        "vllm:request_success_total": "finished",
+        "vllm:generation_tokens_total": "generated",
+    }  # fmt: skip
+    counts = dict.fromkeys(names.values(), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                counts[names[sample.name]] += sample.value
+    return counts
+
+
+async def test_cancelling_a_background_response_aborts_vllms_request(
+    gateway: Gateway, vllm_servers: dict[str, VllmServer]
+) -> None:
+    """At temperature 0 this model writes "\n" until ``max_output_tokens`` (seconds on this
+    CPU); cancelled as soon as it is ``in_progress`` (the gateway's status once vLLM sent the
+    first chunk), the engine's request goes. vLLM 0.32 counts no abort in
+    ``request_success_total{finished_reason="abort"}``: the proof is that the request started,
+    left the running ones without finishing under any reason, and generated fewer tokens than
+    asked for."""
+    server, limit = vllm_servers["raw"], 400  # tiny-r1's server
+    before = await engine_counts(server)
+    async with gateway.sdk() as client:
+        queued = await client.responses.create(
+            model="tiny-r1", input="What is 6 times 7?", background=True, temperature=0,
+            max_output_tokens=limit,
+        )  # fmt: skip
+        await eventually(lambda: status_once(client, queued.id, "in_progress"), within_s=60,
+                         every=0.02)  # fmt: skip
+        cancelled = await client.responses.cancel(queued.id)
+        again = await client.responses.retrieve(queued.id)
+    assert (cancelled.status, again.status) == ("cancelled", "cancelled")
+
+    async def gone() -> dict[str, float] | None:
+        now = await engine_counts(server)
+        return now if now["running"] == 0 and now["started"] > before["started"] else None
+
+    after = await eventually(gone, within_s=20, every=0.05)
+    assert after["started"] - before["started"] == 1
+    assert after["finished"] == before["finished"]  # neither stop nor length: aborted
+    assert 0 < after["generated"] - before["generated"] < limit
+    [record] = await gateway.sink.wait_for(1)
+    assert (record.endpoint, record.status, record.error_code) == (
+        "responses", "cancelled", "cancelled")  # fmt: skip

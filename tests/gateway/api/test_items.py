@@ -423,17 +423,22 @@ def test_top_logprobs_is_zero_to_twenty(top: Any) -> None:
     assert refusal(parse, top_logprobs=top).param == "top_logprobs"
 
 
-@pytest.mark.parametrize("truncation", ["disabled", "auto", None])
-def test_truncation_is_accepted_and_nothing_is_cut(truncation: Any) -> None:
+@pytest.mark.parametrize(("truncation", "echoed"), [("disabled", "disabled"), ("auto", "auto"),
+                                                   (None, "disabled")])  # fmt: skip
+def test_truncation_is_kept_for_the_route_and_echoed(truncation: Any, echoed: str) -> None:
     call = parse(truncation=truncation)
-    assert call.echo["truncation"] == "disabled" and "truncation" not in sent(call)
+    assert call.echo["truncation"] == call.truncation == echoed
+    assert "truncation" not in sent(call)  # the route cuts, the engine is never asked to
+
+
+def test_a_truncation_no_reference_names_is_refused() -> None:
+    assert refusal(parse, truncation="middle").param == "truncation"
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"background": True}, "background"),
-        ({"conversation": "conv_1"}, "conversation"),
+        ({"conversation": "conv_1", "previous_response_id": "resp_1"}, "conversation"),
         ({"prompt": {"id": "pmpt_1"}}, "prompt"),
         ({"n": 2}, "n"),
         ({"moderation": {"policy": "block"}}, "moderation"),
