@@ -240,6 +240,7 @@ class BackgroundStore:
             ).values(**values).returning(background.c.cancel_requested))  # fmt: skip
             found = result.first()
             if found is None:
+                self._boxes.pop((tenant, response_id), None)
                 raise Lost(response_id)
             if chunk:
                 await self._insert_events(conn, box, tenant, response_id, first_seq, chunk, now)
