@@ -14,7 +14,9 @@ Rules of the transaction:
 3. append the leaves: each record gets the next index, and every complete subtree its leaf
    finishes is a new node row (so the node table stays insert-only);
 4. insert the data keys made while the database was away, the entries, the nodes, and one
-   checkpoint signed over the new root (none when nothing was appended).
+   checkpoint signed over the new root (none when nothing was appended; none either with
+   ``checkpoint=False``, the interval mode, where a later script with no batch publishes one
+   over the whole tree if its size has none yet).
 
 The caller adopts the returned tree only once the transaction committed.
 """
@@ -105,6 +107,7 @@ def commit_script(
     signing: Signing,
     *,
     replay: bool = False,
+    checkpoint: bool = True,
 ) -> Script:
     rows = yield Query("SELECT max(idx) FROM ledger_entries")
     size = 0 if rows[0][0] is None else int(rows[0][0]) + 1
@@ -122,14 +125,23 @@ def commit_script(
         yield ExecMany(_insert_key(sql), [k.values() for k in keys])
     if batch:
         entries, nodes = _extend(tree, batch)
-        root = tree.root()
-        note = signing.sign(Checkpoint(signing.origin, tree.size, root).body())
         yield ExecMany(sql.insert("ledger_entries", ENTRY_COLUMNS), entries)
         yield ExecMany(sql.insert("ledger_nodes", ("level", "idx", "hash")), nodes)
-        checkpoint = (tree.size, root, note, signing.now())
-        yield ExecMany(sql.insert("ledger_checkpoints", ("size", "root", "note", "created_at")),
-                       [checkpoint])  # fmt: skip
+        if checkpoint:
+            yield _signed(sql, tree, signing)
+    elif checkpoint and tree.size:  # publish: a checkpoint over the tree, if it has none yet
+        rows = yield Query("SELECT max(size) FROM ledger_checkpoints")
+        if rows[0][0] is None or int(rows[0][0]) < tree.size:
+            yield _signed(sql, tree, signing)
     return tree
+
+
+def _signed(sql: Statements, tree: CompactRange, signing: Signing) -> ExecMany:
+    root = tree.root()
+    note = signing.sign(Checkpoint(signing.origin, tree.size, root).body())
+    checkpoint = (tree.size, root, note, signing.now())
+    return ExecMany(sql.insert("ledger_checkpoints", ("size", "root", "note", "created_at")),
+                    [checkpoint])  # fmt: skip
 
 
 def _insert_key(sql: Statements) -> str:

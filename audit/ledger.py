@@ -223,14 +223,19 @@ class Ledger(LedgerReader):
         mode: Mode = "strict",
         max_batch: int = 1024,
         retry_s: float = 1.0,
+        checkpoint_interval_s: float = 0.0,
     ) -> Ledger:
+        """``checkpoint_interval_s``: 0 signs a checkpoint per commit, else one per interval
+        over everything committed in it (``audit.writer``)."""
         await migrate.upgrade(engine)
         keys = DataKeys(engine, provider)
-        sequencer = Sequencer(engine, signer, origin, keys)
+        sequencer = Sequencer(engine, signer, origin, keys,
+                              sign_each_commit=not checkpoint_interval_s)  # fmt: skip
         spool = Spool(spool_path)
         writer = LedgerWriter(
-            sequencer, spool, keys, mode=mode, max_batch=max_batch, retry_s=retry_s
-        )
+            sequencer, spool, keys, mode=mode, max_batch=max_batch, retry_s=retry_s,
+            checkpoint_interval_s=checkpoint_interval_s,
+        )  # fmt: skip
         writer.start()
         return cls(engine, keys, signer, writer, origin)
 

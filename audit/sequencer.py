@@ -3,8 +3,10 @@
 It keeps the tree's compact range (the right frontier, O(log n) hashes) between commits and
 hands a commit script (``audit.commit``, where the transaction's rules are) to the database's
 driver (``audit.drivers``). So indexes are contiguous across replicas, the node table is
-insert-only, and every batch leaves a signed tree head behind. The new frontier and the saved
-data keys are adopted only once the transaction committed: a failed one leaves no trace here.
+insert-only, and every batch leaves a signed tree head behind (``sign_each_commit``), or, in
+the interval mode, ``publish`` signs one over everything committed since the last. The new
+frontier and the saved data keys are adopted only once the transaction committed: a failed one
+leaves no trace here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Callable, Sequence
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit import store
-from audit.commit import Signing, commit_script
+from audit.commit import Script, Signing, commit_script
 from audit.datakeys import DataKeys
 from audit.drivers import open_driver
 from audit.merkle import CompactRange
@@ -31,8 +33,11 @@ class Sequencer:
         origin: str,
         keys: DataKeys,
         clock: Callable[[], float] = time.time,
+        *,
+        sign_each_commit: bool = True,
     ) -> None:
         self._engine = engine
+        self._sign_each_commit = sign_each_commit  # False: ``publish`` signs, per interval
         self._driver = open_driver(engine)
         self._signing = Signing(origin, signer.sign, clock)
         self._keys = keys
@@ -47,12 +52,24 @@ class Sequencer:
         """Append ``batch`` in order; with ``replay``, skip records the ledger already holds.
         Returns the new tree size."""
         keys = list(self._keys.unsaved.values())
+        tree = await self._run(lambda: commit_script(
+            self._driver.statements, self._tree, batch, keys, self._signing, replay=replay,
+            checkpoint=self._sign_each_commit))  # fmt: skip
+        self._keys.saved([k.dek_id for k in keys])
+        self._tree = tree
+        return tree.size
+
+    async def publish(self) -> int:
+        """Sign a checkpoint over the whole tree, if its size has none yet (the interval mode;
+        also after a crash between a commit and its checkpoint); the tree size."""
+        sql, signing = self._driver.statements, self._signing
+        self._tree = await self._run(lambda: commit_script(sql, self._tree, [], [], signing))
+        return self._tree.size
+
+    async def _run(self, script: Callable[[], Script]) -> CompactRange:
         for last_try in (False, True):
-            script = commit_script(self._driver.statements, self._tree, batch, keys,
-                                   self._signing, replay=replay)  # fmt: skip
             try:
-                tree = await self._driver.run(script)
-                break
+                return await self._driver.run(script())
             except store.DB_ERRORS:
                 # A kept connection may have died while idle (database restarted, idle
                 # timeout): one more try on a fresh one before calling the database away.
@@ -61,9 +78,7 @@ class Sequencer:
             except BaseException:
                 await self._driver.reset()  # its state is unknown: a fresh one next time
                 raise
-        self._keys.saved([k.dek_id for k in keys])
-        self._tree = tree
-        return tree.size
+        raise AssertionError("unreachable")
 
     async def ping(self) -> bool:
         """Whether the database answers."""

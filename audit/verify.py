@@ -45,6 +45,7 @@ class LedgerCorrupt(AuditError):
 class Report:
     size: int
     checkpoints: int
+    pending: int = 0  # records after the last checkpoint (the interval mode's next covers them)
 
 
 async def verify(
@@ -52,7 +53,11 @@ async def verify(
     verifier: NoteVerifier,
     origin: str,
     progress: Callable[[int, int], None] = lambda done, total: None,
+    *,
+    pending_ok: bool = False,
 ) -> Report:
+    """``pending_ok``: records after the last checkpoint are reported (``Report.pending``)
+    rather than failing: with ``CHECKPOINT_INTERVAL_MS`` they are there until the next one."""
     async with engine.connect() as conn:
         size = await store.tree_size(conn)
         checker = _Checker(verifier, origin)
@@ -60,8 +65,8 @@ async def verify(
             end = min(first + CHUNK, size)
             await checker.chunk(conn, first, end)
             progress(end, size)
-        await checker.finish(conn, size)
-    return Report(size, checker.checkpoints)
+        pending = await checker.finish(conn, size, pending_ok)
+    return Report(size, checker.checkpoints, pending)
 
 
 class _Checker:
@@ -121,7 +126,7 @@ class _Checker:
         self._last_signed = size
         self.checkpoints += 1
 
-    async def finish(self, conn: AsyncConnection, size: int) -> None:
+    async def finish(self, conn: AsyncConnection, size: int, pending_ok: bool) -> int:
         query = select(checkpoints.c.size).where(checkpoints.c.size > size).limit(1)
         beyond = (await conn.execute(query)).scalar()
         if beyond is not None:
@@ -129,10 +134,11 @@ class _Checker:
                 f"checkpoint at size {beyond}: the ledger holds only {size} records "
                 f"(index {size} and later were removed)"
             )
-        if self._last_signed != size:
+        if self._last_signed != size and not pending_ok:
             raise LedgerCorrupt(
                 f"index {self._last_signed}: records from here on are not covered by a checkpoint"
             )
+        return size - self._last_signed
 
 
 async def _entries(conn: AsyncConnection, first: int, end: int) -> list[Row[Any]]:

@@ -17,6 +17,12 @@ so does every later batch until a replay succeeds: replay is attempted at most o
 ``retry_s``, also with no traffic, commits the spooled records in their order (skipping those
 already stored), then clears the spool. New records never overtake spooled ones.
 
+Checkpoints (``checkpoint_interval_s``, the gateway's ``CHECKPOINT_INTERVAL_MS``): 0 signs one per
+commit; otherwise records are committed (durable) as before and one checkpoint is signed over
+everything committed, at most one interval after the first commit it covers, at start (what a
+crash left uncovered) and at stop. A record's inclusion proof against a checkpoint is there
+once the next checkpoint is out.
+
 When the spool cannot take a batch either (disk full, read-only), or anything else fails (a
 spool damaged under us), the batch's submitters get ``WriterUnavailable`` and ``accepting()``
 turns false until a commit or replay succeeds again. The writer task itself never dies of it:
@@ -89,8 +95,12 @@ class LedgerWriter:
         max_batch: int = 1024,
         queue_limit: int = 10_000,
         retry_s: float = 1.0,
+        checkpoint_interval_s: float = 0.0,
     ) -> None:
         self._sequencer = sequencer
+        # 0: the sequencer signs each commit; else one checkpoint per interval (``_publish``)
+        self._interval = checkpoint_interval_s
+        self._checkpoint_due: float | None = 0.0 if checkpoint_interval_s else None
         self._spool = spool
         self._keys = keys
         self._mode = mode
@@ -145,14 +155,38 @@ class LedgerWriter:
                 self._unavailable = True
                 self.stats.failed += len(batch)
                 _resolve(batch, WriterUnavailable("The audit ledger cannot store records."))
+            if self._checkpoint_due is not None and (stop or self._checkpoint_due <= _now()):
+                await self._publish()
             if stop:
                 return
+
+    async def _publish(self) -> None:
+        """The interval mode's checkpoint over everything committed (at start too: records a
+        crash left without one are covered now). A database that is away delays it to the
+        next try (``retry_s``); nothing is lost, the records are committed."""
+        try:
+            await self._sequencer.publish()
+        except DB_ERRORS as exc:
+            log.warning("ledger checkpoint delayed: database unreachable (%s)",
+                        type(exc).__name__)  # fmt: skip
+            self._checkpoint_due = _now() + self._retry_s
+            return
+        except Exception as exc:  # never the writer's death
+            log.error("ledger checkpoint failed (%s)", type(exc).__name__)
+            self._checkpoint_due = _now() + self._retry_s
+            return
+        self._checkpoint_due = None  # until the next commit
+        self.stats.last_checkpoint_at = time.time()
+        self._tell(0, None)
 
     def _spool_pending_or_down(self) -> bool:
         return len(self._spool) > 0 or self._unavailable
 
     async def _next_batch(self) -> tuple[list[_Item], bool]:
         timeout = self._retry_s if self._spool_pending_or_down() else None
+        if self._checkpoint_due is not None:
+            until = max(0.0, self._checkpoint_due - _now())
+            timeout = until if timeout is None else min(timeout, until)
         try:
             first = await asyncio.wait_for(self._queue.get(), timeout)
         except TimeoutError:
@@ -181,7 +215,11 @@ class LedgerWriter:
         self.stats.committed += count
         self.stats.batches += 1
         self.stats.last_commit_seconds = seconds
-        self.stats.last_checkpoint_at = time.time()
+        if self._interval:  # the checkpoint that covers it comes within the interval
+            if self._checkpoint_due is None:
+                self._checkpoint_due = _now() + self._interval
+        else:
+            self.stats.last_checkpoint_at = time.time()
         self._unavailable = False
         self._tell(count, seconds)
 
@@ -229,7 +267,10 @@ class LedgerWriter:
         await asyncio.to_thread(self._spool.clear)
         self._spooled_keys.clear()
         self.stats.replayed += len(records)
-        self.stats.last_checkpoint_at = time.time()
+        if self._interval and self._checkpoint_due is None:
+            self._checkpoint_due = _now() + self._interval
+        elif not self._interval:
+            self.stats.last_checkpoint_at = time.time()
         log.info("ledger replayed %d spooled records", len(records))
         self._tell(len(records), None)
         return True
@@ -240,6 +281,10 @@ class LedgerWriter:
         for start in range(0, len(records), self._max_batch):
             await self._sequencer.commit(records[start : start + self._max_batch], replay=True)
         self._unavailable = False
+
+
+def _now() -> float:
+    return time.monotonic()
 
 
 def _parse_spool(payloads: Sequence[bytes]) -> tuple[list[DataKeyRow], list[Sealed]]:

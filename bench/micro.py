@@ -78,6 +78,14 @@ def _sse_parser() -> Callable[[], object]:
     return lambda: parser.feed(EVENT_BYTES)
 
 
+def _sse_parser_byte() -> Callable[[], object]:
+    """One byte of a line that never ends: the cost of a read stays the same however long
+    the line already is (the parser joins a line's reads once, at its end)."""
+    parser = SSEParser(max_event=1 << 31)
+    parser.feed(b"data: ")
+    return lambda: parser.feed(b"x")
+
+
 def _relay(show_reasoning: bool, answer: bool) -> Callable[[], Callable[[], object]]:
     def make() -> Callable[[], object]:
         relay = StreamRelay(Policy.named("deepseek_r1", show_reasoning, "reasoning_content"))
@@ -111,6 +119,7 @@ _CASES: list[tuple[str, Callable[[], Callable[[], object]]]] = [
     ("Marker scan: reasoning chunk with '<', R1", _splitter_format("deepseek_r1", " a<b")),
     ("Marker scan: reasoning chunk with '<', Kimi K3", _splitter_format("kimi_k3", " a<b")),
     ("SSEParser.feed, one event", _sse_parser),
+    ("SSEParser.feed, one byte of a line 1M bytes long", _sse_parser_byte),
     ("StreamRelay.feed, reasoning shown", _relay(show_reasoning=True, answer=False)),
     ("StreamRelay.feed, reasoning hidden", _relay(show_reasoning=False, answer=False)),
     ("StreamRelay.feed, answer", _relay(show_reasoning=True, answer=True)),

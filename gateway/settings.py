@@ -222,6 +222,10 @@ class Settings(BaseSettings):
     background_max_per_tenant: int = Field(256, ge=1)
     background_stale_s: float = Field(30.0, ge=2)
     models: Mapping[str, ModelOverride] = Field(default_factory=dict)
+    # One checkpoint per interval over everything committed in it (records are durable before
+    # [DONE] either way); 0, the default, signs one per commit. In the interval mode a
+    # record's inclusion proof is available once the next checkpoint is out.
+    checkpoint_interval_ms: int = Field(0, ge=0)
     audit_mode: Literal["strict", "async"] = "strict"
     audit_capture: Literal["full", "reasoning", "metadata"] = "full"
     audit_fail: Literal["closed", "open"] = "closed"

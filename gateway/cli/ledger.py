@@ -83,7 +83,8 @@ async def verify_database(settings: Settings, verifier: NoteVerifier, progress: 
     """Needs the database and the public key only: nothing is decrypted."""
     engine = create_engine(settings.database_url)
     try:
-        return await verify(engine, verifier, settings.audit_origin, progress)
+        return await verify(engine, verifier, settings.audit_origin, progress,
+                            pending_ok=settings.checkpoint_interval_ms > 0)  # fmt: skip
     finally:
         await engine.dispose()
 

@@ -461,7 +461,9 @@ def cmd_ledger_verify(args: argparse.Namespace) -> int:
     except (LedgerCorrupt, ExportInvalid) as exc:
         print(f"ledger verification FAILED: {exc}", file=sys.stderr)
         return 1
-    print(f"ledger OK: {report.size} records, {report.checkpoints} checkpoints verified")
+    pending = (f"; {report.pending} committed since the last checkpoint (the next, within "
+               "CHECKPOINT_INTERVAL_MS, covers them)" if report.pending else "")  # fmt: skip
+    print(f"ledger OK: {report.size} records, {report.checkpoints} checkpoints verified{pending}")
     return 0
 
 

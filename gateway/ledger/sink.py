@@ -177,4 +177,5 @@ async def open_ledger(settings: Settings, engine: AsyncEngine) -> Ledger:
         spool_path=settings.audit_spool_file,
         mode=settings.audit_mode,
         max_batch=settings.audit_batch_max,
+        checkpoint_interval_s=settings.checkpoint_interval_ms / 1000,
     )

@@ -17,8 +17,10 @@ OpenAI-compatible server sends:
   never sends a line end.
 
 Each byte is scanned once: complete lines are cut off the buffer with one ``rfind`` and split in
-C by ``bytes.splitlines`` (which, for bytes, breaks on exactly CR, LF and CRLF). When nothing is
-pending and the input has no CR, whole ``data:`` events are cut out with one ``split`` instead.
+C by ``bytes.splitlines`` (which, for bytes, breaks on exactly CR, LF and CRLF); the bytes of an
+unfinished line are kept as the reads brought them and joined once its line end arrives, so a
+long line fed one byte at a time costs linear time. When nothing is pending and the input has
+no CR, whole ``data:`` events are cut out with one ``split`` instead.
 """
 
 from __future__ import annotations
@@ -46,11 +48,15 @@ class Event:
 class SSEParser:
     """Incremental SSE parser: ``feed(bytes) -> list[Event]``, ``close() -> list[Event]``."""
 
-    __slots__ = ("_buf", "_closed", "_data", "_event", "_max_event", "_pending_size", "_skip_lf")
+    __slots__ = ("_buf", "_buf_size", "_closed", "_data", "_event", "_max_event",
+                 "_pending_size", "_skip_lf")  # fmt: skip
 
     def __init__(self, max_event: int = DEFAULT_MAX_EVENT) -> None:
         self._max_event = max_event
-        self._buf = b""  # bytes after the last line end seen
+        # the bytes after the last line end seen, as the reads brought them: joined only once
+        # a line end arrives, so a long line fed in small reads costs linear time
+        self._buf: list[bytes] = []
+        self._buf_size = 0
         self._skip_lf = False  # the previous feed ended in CR: a leading LF belongs to it
         self._data: list[bytes] = []
         self._pending_size = 0
@@ -90,13 +96,17 @@ class SSEParser:
             self._skip_lf = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]
-        buf = self._buf + chunk if self._buf else chunk
-        end = max(buf.rfind(b"\n"), buf.rfind(b"\r"))
-        if end < 0:
-            self._buf = buf
+        cut = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+        if cut < 0:
+            if chunk:
+                self._buf.append(chunk)
+                self._buf_size += len(chunk)
             self._check_size()
             return []
-        self._buf = buf[end + 1 :]
+        buf = b"".join((*self._buf, chunk)) if self._buf else chunk
+        end = self._buf_size + cut
+        rest = buf[end + 1 :]
+        self._buf, self._buf_size = ([rest], len(rest)) if rest else ([], 0)
         # A CR that ends the input may be the first half of a CRLF split across feeds.
         self._skip_lf = end == len(buf) - 1 and buf[end] == 0x0D
         events: list[Event] = []
@@ -108,7 +118,7 @@ class SSEParser:
     def close(self) -> list[Event]:
         """End of input. An unterminated last event is dropped (the spec's rule at EOF)."""
         self._closed = True
-        self._buf = b""
+        self._buf, self._buf_size = [], 0
         self._data.clear()
         return []
 
@@ -139,7 +149,7 @@ class SSEParser:
             self._event = value.decode("utf-8", "replace")
 
     def _check_size(self) -> None:
-        if len(self._buf) + self._pending_size > self._max_event:
+        if self._buf_size + self._pending_size > self._max_event:
             raise RemoteProtocolError(f"server-sent event larger than {self._max_event} bytes")
 
 
