@@ -200,18 +200,20 @@ async def _start(
     background = [kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),
                   upstreams.probe_forever()]  # fmt: skip
     background += kept.purges()
+    every = settings.checkpoint_interval_ms > 0  # each checkpoint stamped and witnessed
     if ledger is not None and settings.tsa_url:
         roots = (audit_timestamps.load_roots(settings.tsa_roots_file.read_bytes())
                  if settings.tsa_roots_file else [])  # fmt: skip
         tsa_client = httpx.AsyncClient(timeout=10)
         stack.push_async_callback(tsa_client.aclose)
         background.append(Timestamping(ledger, settings.tsa_url, roots, settings.tsa_interval_s,
-                                       tsa_client).run())  # fmt: skip
+                                       tsa_client, every_checkpoint=every).run())  # fmt: skip
     if ledger is not None and settings.witnesses:
         witness_client = httpx.AsyncClient(timeout=10)
         stack.push_async_callback(witness_client.aclose)
         witnessing = Witnessing(ledger, settings.witnesses, settings.witness_interval_s,
-                                witness_client, stamped=bool(settings.tsa_url))  # fmt: skip
+                                witness_client, stamped=bool(settings.tsa_url),
+                                every_checkpoint=every)  # fmt: skip
         background.append(witnessing.run())
     for work in background:
         task = asyncio.create_task(work)

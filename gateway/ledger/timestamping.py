@@ -8,6 +8,9 @@ Rules:
   granted, over that checkpoint's body, with the request's nonce and, when ``TSA_ROOTS_FILE``
   names trusted roots, chaining to one of them. So at most one stamp per interval: the stamp
   on size ``N`` dates every record below ``N``.
+- With ``CHECKPOINT_INTERVAL_MS`` (``every_checkpoint``), every checkpoint is stamped: each
+  round stamps, oldest first, those published since the last it looked at (at most
+  ``CATCH_UP``; a TSA that is away leaves them for the next round).
 - A TSA that is away or refuses delays stamps, never completions or checkpoints; failures are
   logged (status and reason only).
 - With no ``TSA_URL`` nothing of this runs and nothing changes.
@@ -30,24 +33,34 @@ log = logging.getLogger("thinkgate.timestamps")
 
 class Timestamping:
     def __init__(self, ledger: Ledger, url: str, roots: list[x509.Certificate],
-                 interval_s: float, client: httpx.AsyncClient) -> None:  # fmt: skip
+                 interval_s: float, client: httpx.AsyncClient, *,
+                 every_checkpoint: bool = False) -> None:  # fmt: skip
         self._ledger = ledger
         self._url = url
         self._roots = roots
         self._interval = interval_s
         self._client = client
+        self._every = every_checkpoint
+        self._next: int | None = None  # the smallest size not looked at yet (every_checkpoint)
 
     async def run(self) -> None:
         await every(self._interval, self.round, "timestamping")
 
     async def round(self) -> None:
-        note = await self._ledger.checkpoint()
-        if note is None:
-            return
+        if self._every and self._next is None and await self._ledger.checkpoint() is None:
+            self._next = 1  # a new log: every checkpoint from its first
+        for note in await _due(self._ledger, self._every, self._next):
+            size = parse_checkpoint(note.split("\n\n", 1)[0] + "\n").size
+            if not await self._stamp(note, size):
+                return  # the TSA is away: the same checkpoints next round
+            self._next = size + 1
+
+    async def _stamp(self, note: str, size: int) -> bool:
+        """Stamp the checkpoint ``note`` of ``size`` unless it has a stamp; whether it has one
+        now (a refused reply counts as done: it is logged, and retrying would not help)."""
         body = note.split("\n\n", 1)[0] + "\n"
-        size = parse_checkpoint(body).size
         if await self._ledger.timestamps([size]):
-            return
+            return True
         sent = timestamps.request(body)
         try:
             response = await self._client.post(
@@ -56,13 +69,26 @@ class Timestamping:
             )  # fmt: skip
         except httpx.HTTPError as exc:
             log.warning("the TSA is unreachable: %s", type(exc).__name__)
-            return
+            return False
         if response.status_code != 200:
             log.warning("the TSA answered %d", response.status_code)
-            return
+            return False
         try:
             reply = timestamps.accept(response.content, sent, body, self._roots)
         except timestamps.TimestampError as exc:
             log.error("the TSA's reply for checkpoint %d is not kept: %s", size, exc)
-            return
+            return True
         await self._ledger.add_timestamp(size, reply)
+        return True
+
+
+CATCH_UP = 64  # checkpoints looked at per round at most (every_checkpoint)
+
+
+async def _due(ledger: Ledger, every_checkpoint: bool, after: int | None) -> list[str]:
+    """The checkpoints a round looks at: the latest; with ``every_checkpoint``, every one from
+    size ``after`` on, oldest first (the first round starts at the latest)."""
+    latest = await ledger.checkpoint()
+    if latest is None or not every_checkpoint or after is None:
+        return [] if latest is None else [latest]
+    return [note for _, _, note in await ledger.checkpoints(after, CATCH_UP)]

@@ -14,6 +14,9 @@ Rules:
 - With a TSA configured, the checkpoint submitted is the latest one already stamped, so that
   what the witnesses cosign carries a trusted time too: ``/tlog/checkpoint`` publishes only
   checkpoints that have both (``Settings.publish_policy``).
+- With ``CHECKPOINT_INTERVAL_MS`` (``every_checkpoint``) every checkpoint is offered, oldest
+  first, from the latest one at start (once stamped, with a TSA); a witness checks each against
+  the one before by the consistency proof.
 - Witnesses being away never blocks a completion or a checkpoint: the records are sealed and
   signed as always, and the cosignatures come when the witness answers again.
 """
@@ -39,9 +42,11 @@ class Witnessing:
 
     def __init__(self, ledger: Ledger, witnesses: tuple[WitnessConfig, ...],
                  interval_s: float, client: httpx.AsyncClient, *,
-                 stamped: bool = False) -> None:  # fmt: skip
+                 stamped: bool = False, every_checkpoint: bool = False) -> None:  # fmt: skip
         self._ledger = ledger
         self._stamped = stamped
+        self._every = every_checkpoint
+        self._next: int | None = None  # the smallest size not offered yet (every_checkpoint)
         self._witnesses = [(w.url.rstrip("/"), CosignerKey.parse(w.key)) for w in witnesses]
         self._interval = interval_s
         self._client = client
@@ -52,9 +57,24 @@ class Witnessing:
         await every(self._interval, self.round, "witnessing")
 
     async def round(self) -> None:
-        note = await self._ledger.published(stamped=self._stamped)
-        if note is None:
+        if not self._every or self._next is None:
+            note = await self._ledger.published(stamped=self._stamped)
+            if note is not None:
+                await self._offer(note)
+                self._next = _size(note) + 1
+            elif self._every and await self._ledger.checkpoint() is None:
+                self._next = 1  # a new log: every checkpoint from its first
             return
+        for _, _, bare in await self._ledger.checkpoints(self._next, CATCH_UP):
+            size = _size(bare)
+            if self._stamped and not await self._ledger.timestamps([size]):
+                return  # offered once stamped, in order
+            note = await self._ledger.checkpoint(size)  # with the cosignatures kept so far
+            if note is not None:
+                await self._offer(note)
+            self._next = size + 1
+
+    async def _offer(self, note: str) -> None:
         signed = note.split("\n\n", 1)
         checkpoint = parse_checkpoint(signed[0] + "\n")
         have = {line.split(" ", 2)[1] for line in signed[1].splitlines() if line.startswith("—")}
@@ -95,6 +115,13 @@ class Witnessing:
         self._refused.add((key.name, size))
         log.error("witness %s refused the checkpoint of size %d: %d %s", key.name, size,
                   response.status_code, response.text.strip()[:200])  # fmt: skip
+
+
+CATCH_UP = 64  # checkpoints offered per round at most (every_checkpoint)
+
+
+def _size(note: str) -> int:
+    return parse_checkpoint(note.split("\n\n", 1)[0] + "\n").size
 
 
 def _without_cosignatures(note: str) -> str:
