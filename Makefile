@@ -48,13 +48,32 @@ check: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.compare
 
-# What users run (about 20 minutes): a paced upstream writing one event per write, a bare
+# The Rust gateways bench-realistic measures (bench/rust_gateways.py): TensorZero and
+# vllm-router, in an environment of their own (what is measured, not project dependencies;
+# the pins match bench/rust_gateways.py's PACKAGES). The marker names the pins: a new pin
+# installs again into the same environment. Defined before bench-realistic: make expands
+# prerequisites as it reads them.
+BENCH_VENV ?= .venv-bench
+TENSORZERO_PIN := 2026.6.0
+VLLM_ROUTER_PIN := 0.1.17
+BENCH_ENV := $(BENCH_VENV)/.installed-tensorzero-$(TENSORZERO_PIN)-vllm-router-$(VLLM_ROUTER_PIN)
+
+.PHONY: bench-env
+bench-env: $(BENCH_ENV)
+
+$(BENCH_ENV):
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q tensorzero==$(TENSORZERO_PIN) vllm-router==$(VLLM_ROUTER_PIN)
+	touch $@
+
+# What users run (about 25 minutes): a paced upstream writing one event per write, a bare
 # aiohttp relay as the baseline, thinkgate in the production configuration on SQLite and on
-# PostgreSQL + Redis (127.0.0.1), every endpoint. BEFORE=DIR also measures another source tree
-# (e.g. a git worktree of the previous commit) side by side. Updates bench/RESULTS.md.
+# PostgreSQL + Redis (127.0.0.1), every endpoint, and two Rust gateways on the chat cells.
+# BEFORE=DIR also measures another source tree (e.g. a git worktree of the previous commit)
+# side by side. Updates bench/RESULTS.md.
 .PHONY: bench-realistic
-bench-realistic: $(VENV)/.installed-dev
-	$(BIN)/python -m bench.realistic $(if $(BEFORE),--before $(BEFORE))
+bench-realistic: $(VENV)/.installed-dev $(BENCH_ENV)
+	$(BIN)/python -m bench.realistic --bench-venv $(BENCH_VENV) $(if $(BEFORE),--before $(BEFORE))
 
 # The ledger: append throughput, strict vs async, proofs and verify at 1,000,000 records
 # (about 15 minutes; PostgreSQL from THINKGATE_TEST_DATABASE_URL). Updates bench/RESULTS.md.
@@ -74,7 +93,7 @@ $(VLLM_VENV)/.installed:
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) $(BENCH_VENV) var .mypy_cache .ruff_cache .pytest_cache .hypothesis
 
 # Admission and settlement: rate limits + KV budget in process and through the gateway, with
 # Redis (127.0.0.1:6379, db 14; --redis-url to change) and without (~2 minutes).

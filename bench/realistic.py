@@ -5,10 +5,13 @@ at 10 ms one per read, as vLLM sends) → the systems in front of it: ``direct``
 ``relay`` (``bench.relay``, nothing parsed: the baseline), ``thinkgate`` in the production
 configuration (``ledger init``, strict ledger on SQLite, metrics, the access log, a key with
 visible reasoning), ``thinkgate_pg`` (the same on PostgreSQL with Redis rate limits and KV
-admission), and with ``--before DIR`` the same two from another source tree (``@before``:
-the code before a change, measured back to back) → for each round, every cell against every
-system, the order rotated per round → ``bench/RESULTS.md``'s ``realistic`` section (medians over
-rounds), or stdout with ``--output -``.
+admission), with ``--before DIR`` the same two from another source tree (``@before``:
+the code before a change, measured back to back), and two Rust gateways from the benchmark's
+own environment (``bench.rust_gateways``: ``tensorzero``, which parses and re-emits every
+chunk, and ``vllm-router``, which relays bytes; skipped, with a notice, when not installed) →
+for each round, every cell against every system, the order rotated per round →
+``bench/RESULTS.md``'s ``realistic`` section (medians over rounds), or stdout with
+``--output -``.
 
 Cells (``CELLS``): chat at c = 32 flat out, at c = 32 and c = 128 with 10 ms between tokens,
 three-chunk answers at c = 32 (the per-request cost), and the Responses, Messages and legacy
@@ -37,6 +40,8 @@ from bench.cells import LoadPlan, drive
 from bench.client import Api
 from bench.loadgen import LoadResult
 from bench.procs import CpuMeter, ServerProcess, Workdir, free_port
+from bench.rust_gateways import BENCH_VENV, PACKAGES, plan
+from bench.rust_gateways import start as start_rust
 from bench.sections import cpu_model, revision, write_section
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -56,8 +61,9 @@ class CellSpec:
     systems: tuple[str, ...] = ()  # () = every system
 
 
-# The endpoints are compared per request (the same 61 upstream tokens each): a client of the
-# legacy completions gets no reasoning, so fewer chunks for the same work.
+# The Rust gateways (bench.rust_gateways) speak chat only: they take part in the chat cells
+# open to every system. The endpoints are compared per request (the same 61 upstream tokens
+# each): a client of the legacy completions gets no reasoning, so fewer chunks for the same work.
 ENDPOINT_SYSTEMS = ("thinkgate", "thinkgate@before")
 CHAT_PER_REQUEST = "chat, c=32, 10 ms"
 CELLS = (
@@ -99,6 +105,7 @@ class System:
     server: ServerProcess | None  # None: direct (the upstream itself)
     base_url: str
     key: str
+    model_prefix: str = ""  # before bench.paced's model name (TensorZero's model_name::)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +181,31 @@ def drop_databases() -> None:
             psql(f"DROP DATABASE {database} WITH (FORCE)")
 
 
+def start_systems(work: Workdir, upstream: ServerProcess, args: argparse.Namespace,
+                  started: list[ServerProcess]) -> list[System]:  # fmt: skip
+    """Every system in front of ``upstream``, each server added to ``started`` as it comes
+    up (so that a later failure still stops it)."""
+    systems = [System("direct", None, upstream.base_url, "")]
+
+    def add(system: System) -> None:
+        systems.append(system)
+        if system.server is not None:
+            started.append(system.server)
+
+    add(start_relay(work, upstream))
+    for name in ["thinkgate", "thinkgate_pg"] if args.pg else ["thinkgate"]:
+        add(start_thinkgate(work, upstream, name, ROOT))
+        if args.before is not None:
+            add(start_thinkgate(work, upstream, f"{name}@before", args.before.resolve()))
+    names, notice = plan(args.bench_venv)
+    if notice is not None:
+        print(notice, file=sys.stderr, flush=True)
+    for name in names:
+        rust = start_rust(name, work, upstream, args.bench_venv)
+        add(System(rust.name, rust.server, rust.base_url, "", rust.model_prefix))
+    return systems
+
+
 def measure(
     cell: CellSpec, system: System, round_: int, duration: float, warmup: float
 ) -> Measured:
@@ -181,7 +213,8 @@ def measure(
     if system.server is not None:
         processes["proxy"] = system.server.process
     meter = CpuMeter(processes)
-    plan = LoadPlan(system.key, duration, warmup, max_tokens=512, model=cell.model)
+    plan = LoadPlan(system.key, duration, warmup, max_tokens=512,
+                    model=system.model_prefix + cell.model)  # fmt: skip
     load = drive(plan, system.base_url, cell.concurrency, meter, api=cell.api)
     rss = system.server.process.memory_info().rss if system.server is not None else None
     return Measured(cell.name, system.name, round_, load, meter.cpu_s.get("proxy"), rss)
@@ -209,7 +242,12 @@ def render(runs: list[Measured], systems: list[str], rounds: int, measured: str)
         "thinkgate is charged per chunk for 60 of 61, 2 of 4 in the 3-chunk cell). `relay`: "
         "`bench.relay`, nothing parsed. `thinkgate`: `ledger init`, strict ledger on SQLite, "
         "metrics, JSON access log, a visible-reasoning key; `_pg`: PostgreSQL, Redis rate "
-        "limits and KV admission. `@before`: the same from the code before this change.",
+        "limits and KV admission. `@before`: the same from the code before this change. "
+        f"`tensorzero`: TensorZero {PACKAGES['tensorzero'][1]}'s Rust gateway, embedded with "
+        "no database, one OpenAI-provider model per upstream shape: it parses every chunk "
+        f"and writes its own. `vllm-router`: vLLM's Rust router {PACKAGES['vllm-router'][1]}, "
+        "the upstream its only worker (round robin): it relays the bytes, the floor of a "
+        "compiled proxy.",
         "",
         "Endpoint cells compare CPU per request (the same 61 upstream tokens) with chat's: "
         "their `× relay` column is `× chat` of the same system and round.",
@@ -283,15 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             upstream = start_upstream(work)
             started.append(upstream)
-            systems = [System("direct", None, upstream.base_url, ""),
-                       start_relay(work, upstream)]  # fmt: skip
-            names = ["thinkgate", "thinkgate_pg"] if args.pg else ["thinkgate"]
-            for name in names:
-                systems.append(start_thinkgate(work, upstream, name, ROOT))
-                if args.before is not None:
-                    systems.append(start_thinkgate(work, upstream, f"{name}@before",
-                                                   args.before.resolve()))  # fmt: skip
-            started += [s.server for s in systems if s.server is not None]
+            systems = start_systems(work, upstream, args, started)
             for round_ in range(args.rounds):
                 for cell in cells:
                     chosen = [s for s in systems
@@ -346,6 +376,9 @@ def _parser() -> argparse.ArgumentParser:
         help="also thinkgate_pg (PostgreSQL and Redis on 127.0.0.1)",
     )
     parser.add_argument("--cells", nargs="*", help="only these cells, by name")
+    parser.add_argument("--bench-venv", type=Path, default=BENCH_VENV,
+                        help="the environment with tensorzero and vllm-router "
+                        "(a gateway not in it is skipped)")  # fmt: skip
     parser.add_argument("--output", default=str(RESULTS), help="'-': stdout")
     parser.add_argument("--json", type=Path, help="also every run as JSON lines")
     return parser
