@@ -63,7 +63,7 @@ from gateway.relay.formats import (
 )
 from ratelimit.fairness import MAX_WEIGHT, Priority
 
-HttpTransport = Literal["aiohttp", "httpx"]
+HttpTransport = Literal["wire", "httpx"]
 
 
 class FormatSpec(BaseModel):
@@ -265,7 +265,15 @@ class Settings(BaseSettings):
 
     # Upstream client. Reasoning models can sit in vLLM's queue for a long time before the first
     # token, so the first-token timeout is generous; the idle timeout bounds stalls mid-stream.
-    http_transport: HttpTransport = "aiohttp"
+    http_transport: HttpTransport = "wire"
+
+    @field_validator("http_transport", mode="before")
+    @classmethod
+    def _wire_was_aiohttp(cls, value: Any) -> Any:
+        """``aiohttp``, the earlier name of the default, still names it (configurations that
+        set it keep working; the aiohttp library is no longer used)."""
+        return "wire" if value == "aiohttp" else value
+
     connect_timeout_s: float = Field(5.0, gt=0)
     first_token_timeout_s: float = Field(300.0, gt=0)
     idle_timeout_s: float = Field(60.0, gt=0)

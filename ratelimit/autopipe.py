@@ -14,7 +14,7 @@ Rules:
   ``ratelimit.luascript`` can load the script and retry that command alone). A failure of the
   whole pipeline (connection lost) is every waiting command's error.
 - A caller cancelled while its command is in flight just stops waiting; the command may still
-  run on the server (as with any client).
+  run on the server (as with any client); ``drained`` waits until it has.
 - ``round_trips`` counts flushes (a batch sent again counts once), ``retries`` the batches sent
   again: tests and benchmarks read them.
 - One timeout (``timeout_s``) bounds a whole exchange, a retry included: a Redis that hangs
@@ -99,6 +99,15 @@ class AutoPipeline:
 
     async def script_load(self, source: str) -> Any:
         return await self._queue(("SCRIPT", "LOAD", source))
+
+    async def drained(self) -> None:
+        """Until every command queued so far has had its reply (or its batch failed): a
+        caller cancelled while its command was in flight learns when it has run. (A ``PING``
+        rides in the batch not sent yet; the batches in flight are awaited.)"""
+        waiting: list[Any] = list(self._flushes)
+        if self._pending:
+            waiting.append(self._queue(("PING",)))
+        await asyncio.gather(*waiting, return_exceptions=True)
 
     def _queue(self, command: Command) -> asyncio.Future[Any]:
         if self._closed:

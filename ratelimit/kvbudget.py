@@ -139,6 +139,10 @@ class KVBudgetStore(Protocol):
         """Give the lease's tokens back; idempotent."""
         ...
 
+    async def settled(self) -> None:
+        """Until every call sent so far has run (a cancelled caller's admission included)."""
+        ...
+
     async def reserved(self, engine: str) -> int:
         """Tokens held by live leases on ``engine``."""
         ...
@@ -248,6 +252,9 @@ class MemoryKVBudgetStore:
     async def release(self, lease: Lease) -> None:
         self._book(lease.engine).drop(lease.lease_id)
 
+    async def settled(self) -> None:
+        return None  # in process: a call has run once it returned
+
     async def reserved(self, engine: str) -> int:
         return self._book(engine).total
 
@@ -286,6 +293,13 @@ class RedisKVBudgetStore:
         self._client = client
         self._prefix = prefix
         self._keys: dict[str, tuple[str, ...]] = {}
+
+    async def settled(self) -> None:
+        """Until every script sent so far has run (an auto-pipelined client's ``drained``):
+        a release sent after it cannot overtake an admission still in flight."""
+        drained = getattr(self._client, "drained", None)
+        if drained is not None:
+            await drained()
 
     def keys(self, engine: str) -> tuple[str, ...]:
         """The engine's keys: lease expiries, leases, per-tenant totals, total, waiters (made

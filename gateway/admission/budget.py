@@ -234,26 +234,35 @@ class KVAdmission:
             self._spawn(self._notify())
 
     async def _attempt(self, ask: Ask) -> Granted:
-        """One store call; the placement and the store that made it (the circuit picks it)."""
+        """One store call; the placement and the store that made it (the circuit picks it).
+        Awaited here, not in a task of its own: the script then rides in the same Redis round
+        trip as the rate limiter's (``ratelimit.autopipe``)."""
+        asked: list[KVBudgetStore] = []  # the stores it went to (the circuit may fall back)
 
         async def place(store: KVBudgetStore) -> Granted:
+            asked.append(store)
             return await store.admit(ask, LEASE_TTL_S, self.rules), store
 
-        call = asyncio.ensure_future(self.store.call(place))
         try:
-            return await asyncio.shield(call)
+            return await self.store.call(place)
         except asyncio.CancelledError:
-            # The script may still run: its answer is awaited and a lease it granted given
-            # back at once. (Releasing without waiting could reach Redis before the admission,
-            # on another pooled connection, and leave the lease booked until it expires.)
-            self._spawn(self._give_back(call))
+            # The script may still run: once it has (``settled``), whatever it reserved is
+            # given back. (Released at once instead, the release could reach Redis before the
+            # admission, on another pooled connection, and leave the lease booked until it
+            # expired.)
+            self._spawn(self._forget(ask, asked))
             raise
 
-    async def _give_back(self, call: asyncio.Future[Granted]) -> None:
-        with contextlib.suppress(Exception):
-            placement, store = await call
-            if placement.decision == "admit" and placement.lease is not None:
-                await self.release(Grant(None, placement.lease, store))
+    async def _forget(self, ask: Ask, stores: Sequence[KVBudgetStore]) -> None:
+        for store in stores:
+            with contextlib.suppress(Exception):
+                await store.settled()
+            for choice in ask.choices:
+                lease = Lease(choice.engine, ask.lease_id, choice.tokens, ask.tenant,
+                              ask.priority)  # fmt: skip
+                with contextlib.suppress(Exception):
+                    await self.store.call_on(store, functools.partial(_release, lease=lease))
+        await self._notify()
 
     def abandon(self, admitting: asyncio.Future[tuple[Grant, list[Upstream]]]) -> None:
         """An ``admit`` whose caller went away: cancelled, and its grant given back should it

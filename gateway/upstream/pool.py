@@ -1,14 +1,15 @@
-"""Upstream model servers: the pooled HTTP transport, routing, retries and the model catalogue.
+"""Upstream model servers: the HTTP client, routing, retries and the model catalogue.
 
-- One httpx transport per app (created in the lifespan), HTTP/1.1 keep-alive: aiohttp's
-  (``httpx-aiohttp``) by default, httpx's own pool as the alternative; measured in
-  ``bench/RESULTS.md``, aiohttp's costs a third of the CPU per streamed chunk.
-- Streams (the path every token takes) go over thinkgate's own HTTP/1.1 client
-  (``gateway.upstream.wire``) beside the aiohttp transport: ``UpstreamStream.read()`` is one
-  awaitable per read, and ``push(sink)`` hands each read to the relay from the socket's read
-  callback, with no task woken per token. With the ``httpx`` transport they go through httpx
-  as below, read only.
-- Other requests are ``httpx.Request`` objects handed straight to the transport, without
+- One client for everything sent to an engine (``HTTP_TRANSPORT=wire``, the default):
+  thinkgate's own HTTP/1.1 client (``gateway.upstream.wire``), keep-alive connections per
+  engine. Streams (the path every token takes): ``UpstreamStream.read()`` is one awaitable per
+  read, and ``push(sink)`` hands each read to the relay from the socket's read callback, with
+  no task woken per token; whole requests, ``/v1/models`` and the health probes go over the
+  same connections. (It replaced aiohttp under httpx for all but streams: one client, one
+  error translation, and the aiohttp library's RSS gone.)
+- ``HTTP_TRANSPORT=httpx``: everything on httpx's own pool, streams read by a task. The KV
+  scraper (``gateway.admission.budget``) uses the httpx transport in both modes.
+- httpx requests are ``httpx.Request`` objects handed straight to the transport, without
   ``httpx.AsyncClient``: the client's per-request work (URL merging, cookie jar, auth and
   redirect flows) was a third of a request's CPU, and a gateway wants none of it. An upstream's
   cookies and redirects are never followed; its body streams as the transport yields it.
@@ -24,10 +25,10 @@
 - Retry: a failure *before the first byte* reached the client (connection refused, timeout,
   5xx) is retried once on another upstream serving the model; a 4xx is the caller's and is
   never retried.
-- Timeouts: connect, first token (response headers and first body bytes), idle (between
-  reads; on wire streams kept by an ``IdleWatch``, one timer per stream, not per read).
-  The library exceptions of httpx and aiohttp are translated to ``UpstreamError`` in
-  ``translate`` and nowhere else.
+- Timeouts: connect, first token (response headers and first body bytes; a whole response's
+  whole body), idle (between reads; on wire streams kept by an ``IdleWatch``, one timer per
+  stream, not per read). The library exceptions of httpx and the wire client are translated to
+  ``UpstreamError`` in ``translate`` and nowhere else.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-import aiohttp
 import httpx
 import orjson
 
@@ -66,55 +66,29 @@ PROBE_S = 1.0
 
 
 def translate(exc: BaseException, *, started: bool) -> UpstreamError:
-    """One boundary for httpx/aiohttp/OS errors. ``started``: response headers were received."""
+    """One boundary for httpx/wire/OS errors. ``started``: response headers were received."""
     if isinstance(exc, UpstreamError):
         return exc
     if isinstance(exc, WireError):
         return UpstreamProtocolError(str(exc))
-    if isinstance(exc, aiohttp.ConnectionTimeoutError) and not started:
-        return UpstreamConnectError("could not connect to the model server")
     if isinstance(exc, httpx.TimeoutException | asyncio.TimeoutError | TimeoutError):
         if isinstance(exc, httpx.ConnectTimeout) and not started:
             return UpstreamConnectError("could not connect to the model server")
         return UpstreamTimeout("the model server did not answer in time")
-    if not started and isinstance(
-        exc, httpx.ConnectError | aiohttp.ClientConnectionError | OSError
-    ):
+    if not started and isinstance(exc, httpx.ConnectError | OSError):
         return UpstreamConnectError("could not connect to the model server")
-    if isinstance(exc, httpx.HTTPError | aiohttp.ClientError | OSError):
+    if isinstance(exc, httpx.HTTPError | OSError):
         return UpstreamProtocolError("the model server closed the connection unexpectedly")
     raise exc
 
 
 def create_transport(settings: Settings) -> httpx.AsyncBaseTransport:
-    if settings.http_transport == "aiohttp":
-        from httpx_aiohttp import AiohttpTransport
-
-        return AiohttpTransport(client=lambda: _aiohttp_session(settings))
+    """httpx's pool: every upstream request with ``HTTP_TRANSPORT=httpx``, the KV scraper's
+    always."""
     limits = httpx.Limits(
         max_connections=settings.max_connections, max_keepalive_connections=settings.max_connections
     )
     return httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
-
-
-def _is_aiohttp(transport: httpx.AsyncBaseTransport) -> bool:
-    from httpx_aiohttp import AiohttpTransport
-
-    return isinstance(transport, AiohttpTransport)
-
-
-def _aiohttp_session(settings: Settings) -> aiohttp.ClientSession:
-    """The aiohttp session under httpx: no cookies, no proxies from the environment, and a
-    16 KiB read buffer per response (aiohttp's default 64 KiB, doubled by its flow control,
-    costs megabytes across a hundred streams that the client reads slower than vLLM writes)."""
-    connector = aiohttp.TCPConnector(limit=settings.max_connections, keepalive_timeout=60)
-    return aiohttp.ClientSession(
-        connector=connector,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        trust_env=False,
-        read_bufsize=16 * 1024,
-        auto_decompress=False,
-    )
 
 
 @dataclass(slots=True)
@@ -204,8 +178,9 @@ class UpstreamPool:
         # token's wait, not a stall between reads.
         first = settings.first_token_timeout_s
         self._whole_timeouts = {**self._timeouts, "read": first}
-        # Streams go over the wire client when the transport is aiohttp's (the default).
-        self.wire = WirePool(settings.max_connections) if _is_aiohttp(transport) else None
+        # Everything goes over the wire client unless HTTP_TRANSPORT=httpx.
+        wired = settings.http_transport == "wire"
+        self.wire = WirePool(settings.max_connections) if wired else None
         self.upstreams = [Upstream(u) for u in settings.upstreams]
         self._rr = itertools.count()
         self._catalogue: dict[str, list[Upstream]] = {}
@@ -217,7 +192,7 @@ class UpstreamPool:
         self.on_failure: Callable[[str, UpstreamError], None] | None = None
 
     def close(self) -> None:
-        """Close the wire client's connections (the transport closes its own)."""
+        """Close the wire client's connections (the httpx transport closes its own)."""
         if self.wire is not None:
             self.wire.close()
 
@@ -279,10 +254,9 @@ class UpstreamPool:
     async def _fetch_models(self, upstream: Upstream) -> list[dict[str, Any]]:
         try:
             async with asyncio.timeout(self._settings.connect_timeout_s):
-                response = await self._send("GET", upstream.url("/models"), b"")
-                raw = await response.aread()
-            body = orjson.loads(raw) if response.status_code == 200 else {}
-        except (httpx.HTTPError, aiohttp.ClientError, OSError, orjson.JSONDecodeError):
+                status, raw = await self._exchange(b"GET", upstream.url("/models"), b"")
+            body = orjson.loads(raw) if status == 200 else {}
+        except (httpx.HTTPError, WireError, OSError, TimeoutError, orjson.JSONDecodeError):
             return []
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list):
@@ -299,10 +273,9 @@ class UpstreamPool:
     async def _probe(self, upstream: Upstream) -> None:
         try:
             async with asyncio.timeout(self._settings.connect_timeout_s):
-                response = await self._send("GET", upstream.health_url, b"")
-                await response.aread()
-            ok = response.status_code < 500  # no /health at all (404) is not a sick engine
-        except (httpx.HTTPError, aiohttp.ClientError, OSError, TimeoutError):
+                status, _ = await self._exchange(b"GET", upstream.health_url, b"")
+            ok = status < 500  # no /health at all (404) is not a sick engine
+        except (httpx.HTTPError, WireError, OSError, TimeoutError):
             ok = False
         if ok != upstream.health.probe_ok:
             log.warning("model server %s is %s rotation", upstream.base_url,
@@ -428,10 +401,10 @@ class UpstreamPool:
         upstream.in_flight += 1
         try:
             async with asyncio.timeout(self._settings.first_token_timeout_s):
-                response = await self._send("POST", url, body, headers, whole=True)
-                decoded = _json_or_none(await response.aread())
-            if response.status_code >= 400:
-                raise UpstreamStatusError.from_body(decoded, response.status_code)
+                status, raw = await self._exchange(b"POST", url, body, headers, whole=True)
+                decoded = _json_or_none(raw)
+            if status >= 400:
+                raise UpstreamStatusError.from_body(decoded, status)
             if not isinstance(decoded, dict):
                 raise UpstreamProtocolError("the model server sent a response that is not JSON")
             return upstream, decoded
@@ -439,6 +412,28 @@ class UpstreamPool:
             raise translate(exc, started=False) from exc
         finally:
             upstream.in_flight -= 1
+
+    async def _exchange(
+        self, method: bytes, url: httpx.URL, body: bytes, headers: Headers = (), *,
+        whole: bool = False,
+    ) -> tuple[int, bytes]:  # fmt: skip
+        """A whole request and its whole answer: the status and the body (the caller bounds
+        the time), on the wire client or on httpx."""
+        if self.wire is None:
+            response = await self._send(method.decode(), url, body, headers, whole=whole)
+            return response.status_code, await response.aread()
+        wire = await self.wire.post(
+            url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80),
+            url.raw_path.decode("ascii"), [*self._headers, *headers], body,
+            self._settings.connect_timeout_s, method=method,
+        )  # fmt: skip
+        try:
+            raw = await _whole(wire)
+        except BaseException:
+            wire.release()
+            raise
+        wire.release(True)
+        return wire.status, raw
 
     async def _send(
         self, method: str, url: httpx.URL, body: bytes, headers: Headers = (), *,
@@ -471,7 +466,7 @@ def _check_event_stream(kind: str | None) -> None:
 
 
 async def _whole(response: WireResponse) -> bytes:
-    """An error response's body (an engine's error is a small JSON object)."""
+    """A whole response's body (an answer, a catalogue, an engine's error)."""
     parts = []
     while chunk := await response.read():
         parts.append(chunk)

@@ -374,13 +374,14 @@ class WirePool:
 
     async def post(
         self, scheme: str, host: str, port: int, target: str, headers: Headers, body: bytes,
-        connect_s: float,
+        connect_s: float, *, method: bytes = b"POST",
     ) -> WireResponse:  # fmt: skip
-        """Send the request; return once the response's status and headers are in.
-        ``connect_s`` bounds the wait for a slot and the connection."""
+        """Send the request (``method``: POST, or GET for a probe); return once the
+        response's status and headers are in. ``connect_s`` bounds the wait for a slot and
+        the connection."""
         origin = (scheme, host, port)
         head = b"".join((
-            b"POST ", target.encode("ascii"), b" HTTP/1.1\r\nhost: ",
+            method, b" ", target.encode("ascii"), b" HTTP/1.1\r\nhost: ",
             _authority(scheme, host, port), b"\r\n",
             *(b"%b: %b\r\n" % pair for pair in headers),
             b"content-length: %d\r\n\r\n" % len(body),

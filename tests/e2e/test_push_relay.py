@@ -127,7 +127,7 @@ async def test_pushed_and_pulled_relays_send_the_same_stream(
     reads the upstream): one set of rules, so a client reads the same events either way,
     a fault's one terminal error event included."""
     seen = []
-    for transport in ("aiohttp", "httpx"):
+    for transport in ("wire", "httpx"):
         stack = await stack_factory(sim=SimConfig(), http_transport=transport)
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                 "stream": True, "seed": 7, "max_tokens": 40, "sim": sim,

@@ -181,7 +181,7 @@ async def test_request_ids(stack: Stack) -> None:
 
 
 async def test_upstream_cookies_never_travel_with_later_requests(stack_factory: Any) -> None:
-    for transport in ("aiohttp", "httpx"):
+    for transport in ("wire", "httpx"):
         upstream = RecordingUpstream()
         stack = await stack_factory(upstream_apps=[upstream], http_transport=transport)
         for key in ("visible", "hidden"):

@@ -81,3 +81,10 @@ def test_unknown_model_override_keys_are_refused(
 def test_settings_are_frozen() -> None:
     with pytest.raises(ValidationError):
         Settings().port = 1  # type: ignore[misc]
+
+
+def test_the_upstream_clients_earlier_name_still_names_it() -> None:
+    assert Settings(http_transport="aiohttp").http_transport == "wire"  # type: ignore[arg-type]
+    assert Settings().http_transport == "wire"
+    with pytest.raises(ValidationError):
+        Settings(http_transport="curl")  # type: ignore[arg-type]

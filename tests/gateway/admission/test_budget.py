@@ -285,6 +285,9 @@ class FlakyStore(Outage):
     async def by_tenant(self, engine: str) -> dict[str, int]:
         return await self.inner.by_tenant(engine)
 
+    async def settled(self) -> None:
+        await self.inner.settled()
+
 
 ENGINE = Upstream("http://engine/v1")
 

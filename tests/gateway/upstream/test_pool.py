@@ -1,11 +1,10 @@
-"""The httpx/aiohttp/OS exception boundary is complete: every library error becomes an
+"""The httpx/wire/OS exception boundary is complete: every library error becomes an
 ``UpstreamError`` with the right kind, before and after the response started."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 import httpx
 import pytest
 
@@ -16,6 +15,7 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.upstream.pool import translate
+from gateway.upstream.wire import WireError
 
 
 def subclasses(cls: type[Any]) -> list[type[Any]]:
@@ -37,10 +37,10 @@ def make(cls: type[BaseException]) -> BaseException | None:
 
 
 HTTPX = [c for c in subclasses(httpx.HTTPError) if c.__module__.startswith("httpx")]
-AIOHTTP = [c for c in subclasses(aiohttp.ClientError) if c.__module__.startswith("aiohttp")]
+WIRE = [WireError, *subclasses(WireError)]
 
 
-@pytest.mark.parametrize("cls", HTTPX + AIOHTTP, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", HTTPX + WIRE, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("started", [False, True])
 def test_every_library_error_is_translated(cls: type[BaseException], started: bool) -> None:
     exc = make(cls)
