@@ -48,6 +48,9 @@ RESULTS = Path(__file__).with_name("RESULTS.md")
 ROOT = Path(__file__).resolve().parent.parent
 RELAY_KEY = "relay-bench-key"
 REDIS_DB = "redis://127.0.0.1:6379/13"
+# The production configuration's (deploy/k8s/base/configmap.yaml): one checkpoint a second.
+# THINKGATE_BENCH_CHECKPOINT_INTERVAL_MS=0 measures one per commit instead.
+CHECKPOINT_INTERVAL_MS = os.environ.get("THINKGATE_BENCH_CHECKPOINT_INTERVAL_MS", "1000")
 POSTGRES = "postgresql+asyncpg://postgres@127.0.0.1:5432"
 
 
@@ -147,7 +150,8 @@ def start_thinkgate(work: Workdir, upstream: ServerProcess, name: str, tree: Pat
     home.mkdir()
     env = {k: v for k, v in work.env.items() if not k.startswith("THINKGATE_")}
     env.update(PYTHONPATH=str(tree), THINKGATE_HOME=str(home), THINKGATE_AUDIT_MODE="strict",
-               THINKGATE_LOG_LEVEL="info", THINKGATE_LOG_FORMAT="json")  # fmt: skip
+               THINKGATE_LOG_LEVEL="info", THINKGATE_LOG_FORMAT="json",
+               THINKGATE_CHECKPOINT_INTERVAL_MS=CHECKPOINT_INTERVAL_MS)  # fmt: skip
     if "_pg" in name:
         database = f"bench_{os.getpid()}_{name.replace('@', '_')}"
         psql(f"CREATE DATABASE {database}")
