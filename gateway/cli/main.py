@@ -255,7 +255,7 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.telemetry.logs import log_config
+    from gateway.telemetry.logs import lean_records, log_config
 
     overrides = _serve_overrides(args)
     settings = Settings(**overrides)
@@ -292,6 +292,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.workers == 1:
         from gateway.app import create_app
 
+        lean_records()
         uvicorn.run(create_app(settings, freeze_gc=True), **run)
         return 0
     # Workers are separate processes: they read their settings from the environment, and
@@ -323,8 +324,11 @@ def _metrics_directory(given: str) -> Iterator[str]:
 
 
 def app_from_env() -> Any:
+    """A worker's app (``serve --workers N``): made in the worker's own process."""
     from gateway.app import create_app
+    from gateway.telemetry.logs import lean_records
 
+    lean_records()
     return create_app(Settings(), freeze_gc=True)
 
 

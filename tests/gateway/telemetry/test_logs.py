@@ -233,3 +233,39 @@ def test_nothing_is_built_when_the_access_log_is_off(
     log_completion(secret_record(), overhead_s=0.0, first_content_at=None)
     log_refusal("req_def", "acme", "k", "m", "invalid", None, None)
     assert access_records == []
+
+
+@pytest.mark.parametrize("created", [0.0, 1_767_225_599.9996, 1_767_225_600.0, 1_767_225_600.5,
+                                     1_767_225_599.001])  # fmt: skip
+def test_the_timestamp_is_the_records_own_whatever_second_came_before(created: float) -> None:
+    import time
+
+    expected = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(created)))
+    for before in (created - 1, created + 1, created):  # a cached neighbour second, or itself
+        JsonFormatter().format(log_record(created=before))
+        line = json.loads(JsonFormatter().format(log_record(created=created)))
+        assert line["ts"] == f"{expected}.{int(created % 1 * 1000):03d}Z"
+
+
+def test_a_lean_record_still_makes_the_whole_line() -> None:
+    """``lean_records`` (the serving process) drops caller, thread and process lookups, none
+    of which a line prints: the access line is the same."""
+    code = (
+        "import json, logging, sys\n"
+        "from gateway.telemetry.logs import JsonFormatter, lean_records, log_completion\n"
+        "from tests.records import completion_record\n"
+        "lean_records()\n"
+        "handler = logging.StreamHandler(sys.stdout)\n"
+        "handler.setFormatter(JsonFormatter())\n"
+        "access = logging.getLogger('thinkgate.access')\n"
+        "access.addHandler(handler); access.setLevel(logging.INFO)\n"
+        "log_completion(completion_record(), overhead_s=0.001, first_content_at=None)\n"
+        "assert logging.getLogger().makeRecord('x', 20, 'f', 1, 'm', (), None).threadName "
+        "is None\n"
+    )  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True,
+                          cwd=os.getcwd(), timeout=60)  # fmt: skip
+    line = json.loads(done.stdout)
+    assert (
+        set(line) >= ACCESS_KEYS and line["msg"] == "chat completion" and ISO.fullmatch(line["ts"])
+    )
