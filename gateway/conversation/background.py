@@ -32,8 +32,6 @@ expired rows and their events.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -58,14 +56,13 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit.datakeys import DataKeys
+from gateway.conversation.retention import EVERY_S, purge_forever
 from gateway.conversation.sealing import aead
 from gateway.db import metadata
 
-log = logging.getLogger("thinkgate")
 _INFO = b"thinkgate/background/v1"
 _SALT, _NONCE = 16, 12
 ACTIVE = ("queued", "in_progress")
@@ -377,16 +374,8 @@ class BackgroundStore:
         self._boxes.pop((tenant, response_id), None)
         return bool(result.rowcount)
 
-    async def purge_forever(self, every_s: float = 600.0) -> None:
-        while True:
-            try:
-                purged = await self.purge()
-            except (SQLAlchemyError, OSError) as exc:  # the database is away: next round
-                log.warning("purging background responses failed: %s", type(exc).__name__)
-            else:
-                if purged:
-                    log.info("purged %d expired background responses", purged)
-            await asyncio.sleep(every_s)
+    async def purge_forever(self, every_s: float = EVERY_S) -> None:
+        await purge_forever(self.purge, "background responses", every_s)
 
     async def purge(self) -> int:
         """Delete every expired background response and its events; how many went."""

@@ -31,8 +31,6 @@ Rules:
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -57,16 +55,16 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit.datakeys import DataKeys
+from gateway.conversation.retention import EVERY_S, purge_forever
 from gateway.conversation.sealing import aead
 from gateway.conversation.store import StoredItem
 from gateway.db import metadata
 from gateway.names.ids import new_conversation_id
 
-log = logging.getLogger("thinkgate")
 _INFO = b"thinkgate/conversations/v1"
 _SALT, _NONCE = 16, 12
 MAX_ID_CHARS, MAX_ITEM_ID_CHARS = 64, 256
@@ -298,16 +296,8 @@ class ConversationStore:
         found = await self._read(tenant, conversation_id, query)
         return None if found is None else [item.engine for item in found[1]]
 
-    async def purge_forever(self, every_s: float = 600.0) -> None:
-        while True:
-            try:
-                purged = await self.purge()
-            except (SQLAlchemyError, OSError) as exc:  # the database is away: next round
-                log.warning("purging conversations failed: %s", type(exc).__name__)
-            else:
-                if purged:
-                    log.info("purged %d expired conversations", purged)
-            await asyncio.sleep(every_s)
+    async def purge_forever(self, every_s: float = EVERY_S) -> None:
+        await purge_forever(self.purge, "conversations", every_s)
 
     async def purge(self) -> int:
         """Delete every expired conversation and item; how many conversations went."""

@@ -22,8 +22,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -34,15 +32,14 @@ import orjson
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy import Column, Float, Index, LargeBinary, String, Table, delete, select
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit.datakeys import DataKeys
+from gateway.conversation.retention import EVERY_S, purge_forever
 from gateway.conversation.sealing import aead
 from gateway.db import metadata
 from gateway.names.ids import response_of
 
-log = logging.getLogger("thinkgate")
 _INFO = b"thinkgate/responses/v1"
 _SALT, _NONCE = 16, 12
 
@@ -190,16 +187,8 @@ class ResponseStore:
             )  # fmt: skip
         return bool(result.rowcount)
 
-    async def purge_forever(self, every_s: float = 600.0) -> None:
-        while True:
-            try:
-                purged = await self.purge()
-            except (SQLAlchemyError, OSError) as exc:  # the database is away: next round
-                log.warning("purging stored responses failed: %s", type(exc).__name__)
-            else:
-                if purged:
-                    log.info("purged %d expired stored responses", purged)
-            await asyncio.sleep(every_s)
+    async def purge_forever(self, every_s: float = EVERY_S) -> None:
+        await purge_forever(self.purge, "stored responses", every_s)
 
     async def purge(self) -> int:
         """Delete every expired response; how many went."""

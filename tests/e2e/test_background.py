@@ -60,7 +60,7 @@ async def test_created_queued_then_polled_to_the_same_answer_as_in_the_foregroun
     assert (record.endpoint, record.status, record.stream) == ("responses", "ok", False)
 
 
-def _events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
+def events_of(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for block in raw.split(b"\n\n"):
         if block.startswith(b"event: "):
@@ -86,7 +86,7 @@ async def test_a_stream_cut_after_n_events_resumes_with_the_same_bytes(
                 if first.count(b"\n\n") >= 5:
                     break  # the connection goes; the response runs on
         cut = b"\n\n".join(first.split(b"\n\n")[:5]) + b"\n\n"
-        events = _events(cut)
+        events = events_of(cut)
         response_id, last = events[0][1]["response"]["id"], events[-1][1]["sequence_number"]
         assert [e[1]["sequence_number"] for e in events] == list(range(5))
         resumed = (
@@ -97,13 +97,13 @@ async def test_a_stream_cut_after_n_events_resumes_with_the_same_bytes(
         whole = (await http.get(f"/responses/{response_id}", params={"stream": "true"})).content
         foreground = (await http.post("/responses", json={**body, "background": False})).content
     assert cut + resumed == whole
-    names = [name for name, _ in _events(whole)]
+    names = [name for name, _ in events_of(whole)]
     assert names[:3] == ["response.created", "response.queued", "response.in_progress"]
     assert names[-1] == "response.completed"
 
     def shape(raw: bytes) -> list[Any]:
         kept = []
-        for name, event in _events(raw):
+        for name, event in events_of(raw):
             if name in ("response.queued",):
                 continue
             event.pop("sequence_number")
@@ -213,7 +213,7 @@ async def test_a_hidden_key_replays_no_reasoning_byte(
         ]
         assert not leaked, leaked
         assert b"reasoning_text" not in body
-    assert [n for n, _ in _events(hidden.content)].count("response.output_text.delta") > 0
+    assert [n for n, _ in events_of(hidden.content)].count("response.output_text.delta") > 0
 
 
 async def test_background_limits_and_bad_requests(stack_factory: Any) -> None:

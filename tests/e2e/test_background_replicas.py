@@ -7,13 +7,12 @@ survivor did not run is not recorded twice."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from gateway.sim.app import SimConfig
+from tests.e2e.test_background import events_of as _events
 from tests.e2e.test_replica_faults import Cluster, ClusterFactory, cluster_factory  # noqa: F401
 from tests.waiting import eventually
 
@@ -26,15 +25,6 @@ BODY = {"model": "deepseek-r1", "input": "Why?", "stream": True, "background": T
 
 def _auth(cluster: Cluster) -> dict[str, str]:
     return {"authorization": f"Bearer {cluster.keys['visible']}"}
-
-
-def _events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for block in raw.split(b"\n\n"):
-        if block.startswith(b"event: "):
-            head, _, data = block.partition(b"\ndata: ")
-            out.append((head[7:].decode(), orjson.loads(data)))
-    return out
 
 
 async def _cut_after(http: httpx.AsyncClient, url: str, count: int) -> bytes:

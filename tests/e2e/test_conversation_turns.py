@@ -5,34 +5,21 @@ lists no reasoning text, and bad uses are refused naming ``conversation``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import openai
 import pytest
 
-from gateway.sim.app import SimApp
 from tests.e2e.conftest import RecordingSink, Stack
 from tests.e2e.test_background import polled
 from tests.e2e.test_responses import expected, sdk
-
-
-@pytest.fixture
-async def stack_with_sink(stack_factory: Any) -> tuple[Stack, RecordingSink]:
-    sink = RecordingSink()
-    stack = await stack_factory(sink=sink)
-    return stack, sink
-
-
-def sent(stack: Stack) -> dict[str, Any]:
-    assert isinstance(stack.sim, SimApp)
-    return stack.sim.sim.received[-1]
+from tests.e2e.test_responses_state import sent, state  # noqa: F401 - the fixture
 
 
 @pytest.mark.parametrize("key", ["visible", "hidden"])
 async def test_each_turn_is_added_and_the_next_one_continues_it(
-    stack_with_sink: tuple[Stack, RecordingSink], key: str
+    state: tuple[Stack, RecordingSink],  # noqa: F811
+    key: str,
 ) -> None:
-    stack, _ = stack_with_sink
+    stack, _ = state
     first = expected("Be brief.", "Why?")
     async with sdk(stack, key) as client:
         conversation = await client.conversations.create(
@@ -62,9 +49,9 @@ async def test_each_turn_is_added_and_the_next_one_continues_it(
 
 
 async def test_a_background_turn_is_added_once_it_completed(
-    stack_with_sink: tuple[Stack, RecordingSink],
+    state: tuple[Stack, RecordingSink],  # noqa: F811,
 ) -> None:
-    stack, _ = stack_with_sink
+    stack, _ = state
     async with sdk(stack, "visible") as client:
         conversation = await client.conversations.create()
         queued = await client.responses.create(
@@ -77,9 +64,9 @@ async def test_a_background_turn_is_added_once_it_completed(
 
 
 async def test_bad_uses_of_conversation_are_refused_naming_it(
-    stack_with_sink: tuple[Stack, RecordingSink],
+    state: tuple[Stack, RecordingSink],  # noqa: F811,
 ) -> None:
-    stack, _ = stack_with_sink
+    stack, _ = state
     async with sdk(stack, "visible") as client:
         with pytest.raises(openai.NotFoundError) as unknown:
             await client.responses.create(model="deepseek-r1", input="Why?",
