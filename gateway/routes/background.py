@@ -28,6 +28,7 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.api.responses import ResponsesRequest
 from gateway.auth.keys import KeyInfo
+from gateway.conversation.background import Background
 from gateway.conversation.visibility import for_key
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RateLimited
 from gateway.exchange.background import Runner
@@ -125,19 +126,11 @@ async def cancel(request: Request, state: AppState, key: KeyInfo) -> Response:
     return _json(for_key(found.response, key.reasoning == "visible"))
 
 
-async def snapshot(state: AppState, key: KeyInfo, response_id: str) -> dict[str, Any] | None:
-    """A background response as it stands (for ``GET``), or ``None``."""
+async def found(state: AppState, key: KeyInfo, response_id: str) -> Background | None:
+    """The tenant's background response as it stands (for ``GET`` and ``input_items``)."""
     if state.background is None:
         return None
-    found = await state.background.store.load(key.tenant, response_id)
-    return None if found is None else found.response
-
-
-async def input_items(state: AppState, key: KeyInfo, response_id: str) -> list[Any] | None:
-    if state.background is None:
-        return None
-    found = await state.background.store.load(key.tenant, response_id)
-    return None if found is None else found.input_items
+    return await state.background.store.load(key.tenant, response_id)
 
 
 async def forget(state: AppState, key: KeyInfo, response_id: str) -> bool:

@@ -275,13 +275,22 @@ async def retrieve_response(request: Request) -> Response:
     state, key, response_id = await _caller(request)
     if request.query_params.get("stream") == "true":
         return await background.stream_of(state, request, key, response_id)
+    response, _ = await _response_of(state, key, response_id)
+    return _json(for_key(response, key.reasoning == "visible"))
+
+
+async def _response_of(
+    state: AppState, key: KeyInfo, response_id: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The tenant's response and its input items: stored, else a background one as it
+    stands; 404 for neither."""
     stored = await _store(state).load(key.tenant, response_id)
-    found = stored.response if stored is not None else await background.snapshot(
-        state, key, response_id
-    )  # fmt: skip
-    if found is None:
+    if stored is not None:
+        return stored.response, stored.input_items
+    running = await background.found(state, key, response_id)
+    if running is None:
         raise _not_found(response_id)
-    return _json(for_key(found, key.reasoning == "visible"))
+    return running.response, running.input_items
 
 
 async def cancel_response(request: Request) -> Response:
@@ -301,12 +310,7 @@ async def list_input_items(request: Request) -> Response:
     """``GET /v1/responses/{id}/input_items``: ``order`` (``desc`` by default), ``limit``
     (1-100, default 20), ``after`` / ``before`` an item id (cursors)."""
     state, key, response_id = await _caller(request)
-    stored = await _store(state).load(key.tenant, response_id)
-    listed = stored.input_items if stored is not None else await background.input_items(
-        state, key, response_id
-    )  # fmt: skip
-    if listed is None:
-        raise _not_found(response_id)
+    _, listed = await _response_of(state, key, response_id)
     q = request.query_params
     order = q.get("order", "desc")
     if order not in ("asc", "desc"):
