@@ -14,10 +14,13 @@ for each round, every cell against every system, the order rotated per round →
 ``--output -``.
 
 Cells (``CELLS``): chat at c = 32 flat out, at c = 32 and c = 128 with 10 ms between tokens,
-three-chunk answers at c = 32 (the per-request cost), and the Responses, Messages and legacy
-completions endpoints paced at c = 32. CPU is what the proxy process ran in the window
-(``procs.CpuMeter``) per chunk the client received, or per request; ratios are against the
-relay of the same round; added TTFT against direct of the same round.
+three-chunk answers at c = 32 (the per-request cost), two worker processes on PostgreSQL +
+Redis at c = 256 paced (``thinkgate_pg×2``, against direct: scaling out; with ``--pg``), and the
+Responses, Messages and legacy completions endpoints paced at c = 32. CPU is what the proxy
+process (its worker processes, summed) ran in the window (``procs.CpuMeter``) per chunk the
+client received, or per request; RSS is the largest worker's; ratios are against the relay of
+the same round; added TTFT against direct of the same round. After the rounds, each thinkgate's
+``ledger verify`` verdict is reported: one tree per deployment, however many workers wrote it.
 """
 
 from __future__ import annotations
@@ -69,11 +72,14 @@ class CellSpec:
 # each): a client of the legacy completions gets no reasoning, so fewer chunks for the same work.
 ENDPOINT_SYSTEMS = ("thinkgate", "thinkgate@before")
 CHAT_PER_REQUEST = "chat, c=32, 10 ms"
+# Scaling out: two worker processes on PostgreSQL + Redis against the upstream itself.
+TWO_WORKERS = "thinkgate_pg×2"
 CELLS = (
     CellSpec("c=32, flat out", "bench-flat", 32),
     CellSpec("c=32, 10 ms", "bench-paced", 32),
     CellSpec("c=128, 10 ms", "bench-paced", 128),
     CellSpec("c=32, 3-chunk answers", "bench-short", 32, per_request=True),
+    CellSpec("c=256, 10 ms, 2 workers", "bench-paced", 256, systems=("direct", TWO_WORKERS)),
     CellSpec(CHAT_PER_REQUEST, "bench-paced", 32, per_request=True, systems=ENDPOINT_SYSTEMS),
     CellSpec(
         "responses, c=32, 10 ms",
@@ -109,6 +115,8 @@ class System:
     base_url: str
     key: str
     model_prefix: str = ""  # before bench.paced's model name (TensorZero's model_name::)
+    # thinkgate's: the CLI and its environment, for ``ledger verify`` after the run
+    cli_env: tuple[Path, dict[str, str]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,9 +151,10 @@ def start_relay(work: Workdir, upstream: ServerProcess) -> System:
     return System("relay", server, server.base_url, RELAY_KEY)
 
 
-def start_thinkgate(work: Workdir, upstream: ServerProcess, name: str, tree: Path) -> System:
+def start_thinkgate(work: Workdir, upstream: ServerProcess, name: str, tree: Path,
+                    workers: int = 1) -> System:  # fmt: skip
     """thinkgate from ``tree`` in the production configuration; ``_pg`` names PostgreSQL with
-    Redis (rate limits and the KV budget)."""
+    Redis (rate limits and the KV budget); ``workers`` worker processes (``serve --workers``)."""
     home = work.path / name.replace("@", "-")
     home.mkdir()
     env = {k: v for k, v in work.env.items() if not k.startswith("THINKGATE_")}
@@ -153,7 +162,7 @@ def start_thinkgate(work: Workdir, upstream: ServerProcess, name: str, tree: Pat
                THINKGATE_LOG_LEVEL="info", THINKGATE_LOG_FORMAT="json",
                THINKGATE_CHECKPOINT_INTERVAL_MS=CHECKPOINT_INTERVAL_MS)  # fmt: skip
     if "_pg" in name:
-        database = f"bench_{os.getpid()}_{name.replace('@', '_')}"
+        database = f"bench_{os.getpid()}_{name.replace('@', '_').replace('×', '_x')}"
         psql(f"CREATE DATABASE {database}")
         env.update(THINKGATE_DATABASE_URL=f"{POSTGRES}/{database}", THINKGATE_REDIS_URL=REDIS_DB,
                    THINKGATE_KV_CAPACITY_TOKENS="100000000")  # fmt: skip
@@ -167,10 +176,21 @@ def start_thinkgate(work: Workdir, upstream: ServerProcess, name: str, tree: Pat
                           capture_output=True)  # fmt: skip
     key = made.stdout.decode().strip().splitlines()[-1]
     port = free_port()
-    argv = [*cli, "serve", "--upstream", upstream.base_url, "--port", str(port), "--workers", "1"]
+    argv = [*cli, "serve", "--upstream", upstream.base_url, "--port", str(port), "--workers",
+            str(workers)]  # fmt: skip
     server = work.spawn(name, argv, env, port, "/healthz")
     server.wait_ready()
-    return System(name, server, server.base_url, key)
+    return System(name, server, server.base_url, key, cli_env=(home, env))
+
+
+def verify_ledger(system: System) -> str:
+    """``ledger verify``'s verdict on the system's ledger after the run (its last line)."""
+    assert system.cli_env is not None
+    home, env = system.cli_env
+    done = subprocess.run([sys.executable, "-m", "gateway.cli", "ledger", "verify"], cwd=home,
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    lines = (done.stdout + done.stderr).strip().splitlines() or ["(no output)"]
+    return f"exit {done.returncode}: {lines[-1]}"
 
 
 def psql(sql: str) -> str:
@@ -197,6 +217,8 @@ def start_systems(work: Workdir, upstream: ServerProcess, args: argparse.Namespa
             started.append(system.server)
 
     add(start_relay(work, upstream))
+    if args.pg and (not args.cells or "c=256, 10 ms, 2 workers" in args.cells):
+        add(start_thinkgate(work, upstream, TWO_WORKERS, ROOT, workers=2))
     for name in ["thinkgate", "thinkgate_pg"] if args.pg else ["thinkgate"]:
         add(start_thinkgate(work, upstream, name, ROOT))
         if args.before is not None:
@@ -214,14 +236,17 @@ def measure(
     cell: CellSpec, system: System, round_: int, duration: float, warmup: float
 ) -> Measured:
     processes = {"client": psutil.Process()}
-    if system.server is not None:
-        processes["proxy"] = system.server.process
+    if system.server is not None:  # the server, or its worker processes under a supervisor
+        workers = system.server.process.children() or [system.server.process]
+        processes.update({f"proxy{i}": p for i, p in enumerate(workers)})
     meter = CpuMeter(processes)
     plan = LoadPlan(system.key, duration, warmup, max_tokens=512,
                     model=system.model_prefix + cell.model)  # fmt: skip
     load = drive(plan, system.base_url, cell.concurrency, meter, api=cell.api)
-    rss = system.server.process.memory_info().rss if system.server is not None else None
-    return Measured(cell.name, system.name, round_, load, meter.cpu_s.get("proxy"), rss)
+    proxies = [name for name in processes if name.startswith("proxy")]
+    rss = max((processes[n].memory_info().rss for n in proxies), default=None)  # per process
+    cpu = sum(meter.cpu_s[n] for n in proxies) if proxies else None
+    return Measured(cell.name, system.name, round_, load, cpu, rss)
 
 
 def quiet(upstream: ServerProcess, seconds: float = 0.5) -> None:
@@ -328,8 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             systems = start_systems(work, upstream, args, started)
             for round_ in range(args.rounds):
                 for cell in cells:
-                    chosen = [s for s in systems
-                              if not cell.systems or s.name in cell.systems]  # fmt: skip
+                    chosen = [s for s in systems if (s.name in cell.systems if cell.systems
+                                                     else s.name != TWO_WORKERS)]  # fmt: skip
                     shift = round_ % len(chosen)
                     for system in chosen[shift:] + chosen[:shift]:
                         quiet(upstream)
@@ -341,12 +366,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                               f"ttft {run.load.ttft.p50 * 1000:6.2f} ms err {run.load.errors}",
                               file=sys.stderr, flush=True)  # fmt: skip
             order = [s.name for s in systems]
+            ran = {r.system for r in runs}
+            verdicts = {s.name: verify_ledger(s) for s in systems
+                        if s.cli_env is not None and s.name in ran}  # fmt: skip
         finally:
             for server in reversed(started):
                 server.stop()
             if args.pg:
                 drop_databases()
-    report = render(runs, order, args.rounds, measured)
+    report = (
+        render(runs, order, args.rounds, measured)
+        + "\n"
+        + "\n".join(
+            ["`ledger verify` after the run, per system:", ""]
+            + [f"- `{name}`: {verdict}" for name, verdict in verdicts.items()]
+        )
+        + "\n"
+    )
     if args.json is not None:
         args.json.write_text("\n".join(json.dumps(_flat(r)) for r in runs) + "\n")
     if args.output == "-":
