@@ -78,6 +78,8 @@ class Facts:
     reasoning_format: str | None = None  # completions: the format that split the answer
     thinking: bool | None = None  # completions: False when the request switched thinking off
     endpoint: str | None = None  # completions: the API it came through ("chat.completions")
+    # completions: the guardrail policies that acted, as "policy:action" (never what matched)
+    guardrails: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,9 @@ class Body:
     reasoning: tuple[str, ...] | None = None
     content: tuple[str, ...] | None = None
     tool_calls: tuple[tuple[dict[str, str], ...], ...] | None = None  # per choice, if any
+    # what guardrail policies did: {"hash_key": hex, "acts": [{choice, policy, action,
+    # channel, detector, hmac}]}, each matched value as HMAC-SHA256 under the record's own key
+    guardrails: dict[str, Any] | None = None
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -104,6 +109,7 @@ class Body:
             reasoning=_tuple_or_none(raw.get("reasoning")),
             content=_tuple_or_none(raw.get("content")),
             tool_calls=_calls_or_none(raw.get("tool_calls")),
+            guardrails=raw.get("guardrails"),
         )
 
 
@@ -114,6 +120,7 @@ def _body_items(body: Body) -> list[tuple[str, Any]]:
         ("reasoning", body.reasoning),
         ("content", body.content),
         ("tool_calls", body.tool_calls),
+        ("guardrails", body.guardrails),
     ]
 
 
@@ -133,7 +140,8 @@ def captured(body: Body, capture: Capture) -> Body:
     if capture == "full":
         return body
     if capture == "reasoning":
-        return Body(reasoning=body.reasoning, content=body.content, tool_calls=body.tool_calls)
+        return Body(reasoning=body.reasoning, content=body.content, tool_calls=body.tool_calls,
+                    guardrails=body.guardrails)  # fmt: skip
     return Body()
 
 

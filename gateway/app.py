@@ -43,6 +43,8 @@ from gateway.db import DatabaseHealth, create_engine, upgrade_schema
 from gateway.edge.frontdoor import FrontDoor, error_response, internal_error
 from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RouteError
+from gateway.guard.policy import NONE as NO_GUARDRAILS
+from gateway.guard.policy import load as load_guardrails
 from gateway.ledger.record import RecordSink
 from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
 from gateway.ledger.timestamping import Timestamping
@@ -239,7 +241,9 @@ async def _start(
         stored=kept.stored,
         conversations=kept.conversations,
         background_store=kept.background,
-    )
+        guardrails=load_guardrails(settings.guardrails_file) if settings.guardrails_file
+        else NO_GUARDRAILS,
+    )  # fmt: skip
     if state.background is not None:  # stopped before the database goes (a LIFO stack)
         sweeping = asyncio.create_task(state.background.sweep_forever())
         stack.push_async_callback(state.background.stop_all)

@@ -285,6 +285,8 @@ class Settings(BaseSettings):
     # A request field no API reference names (gateway.api.fields): accepted and named in the
     # x-thinkgate-ignored header, or refused with a 400 naming it.
     unknown_fields: Literal["ignore", "refuse"] = "ignore"
+    # Guardrail policies (gateway.guard.policy, docs/guardrails.md): a YAML file, read at start.
+    guardrails_file: Path | None = None
     body_timeout_s: float = Field(30.0, gt=0)  # the whole request body, once headers are in
     max_header_bytes: int = Field(64 << 10, ge=1024)  # all request headers together
     # uvicorn's limit_concurrency: connections and requests at once per process; past it, 503.

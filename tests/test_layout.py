@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: dict[str, int] = {
     "errors": 0, "names": 0,
     "relay": 1, "api": 1, "edge": 1,
-    "settings": 2, "sim": 2,
+    "settings": 2, "sim": 2, "guard": 2,
     "db": 3, "ledger": 3,
     "auth": 4, "telemetry": 4, "conversation": 4,
     "upstream": 5,

@@ -275,7 +275,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    refused = _refused(lambda: preflight.check_database(settings),
+    refused = _refused(lambda: preflight.check_guardrails(settings),
+                       lambda: preflight.check_database(settings),
                        lambda: preflight.check_keys(settings))  # fmt: skip
     if refused:
         return refused

@@ -4,7 +4,8 @@ line and a documented exit code, never a traceback (README "Commands"):
 ===== =======================================================================================
 code  meaning
 ===== =======================================================================================
-2     the configuration is invalid (settings, ``THINKGATE_CONFIG`` not YAML, no upstream)
+2     the configuration is invalid (settings, ``THINKGATE_CONFIG`` not YAML, no upstream, a
+      ``GUARDRAILS_FILE`` that cannot be used: its line and field named)
 3     the ledger's key files are missing (``thinkgate ledger init`` makes them)
 4     the address to listen on is taken or not allowed
 5     the database cannot be reached
@@ -21,6 +22,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from gateway.db import create_engine
+from gateway.guard.policy import PolicyFileError
+from gateway.guard.policy import load as load_guardrails
 from gateway.ledger.sink import KEY_FILES, LedgerKeysMissing, ensure_keys
 from gateway.settings import Settings
 
@@ -57,6 +60,16 @@ def check_keys(settings: Settings, names: tuple[str, ...] = tuple(KEY_FILES)) ->
         ensure_keys(settings, create=False, names=names)
     except LedgerKeysMissing as exc:
         raise Refused(KEYS, str(exc)) from None
+
+
+def check_guardrails(settings: Settings) -> None:
+    """The guardrail policy file, when one is named, parses and every pattern compiles."""
+    if settings.guardrails_file is None:
+        return
+    try:
+        load_guardrails(settings.guardrails_file)
+    except PolicyFileError as exc:
+        raise Refused(CONFIG, f"guardrails: {exc}") from None
 
 
 def check_database(settings: Settings, timeout_s: float = 5.0) -> None:

@@ -192,7 +192,7 @@ class Forwarder:
         policy = ex.rewriter.policy
         inner = StreamRelay(dataclasses.replace(policy, show_reasoning=True,
                                                 reasoning_field="reasoning",
-                                                include_usage=True))  # fmt: skip
+                                                include_usage=True, guard=None))  # fmt: skip
         leg = await self._leg(ex, candidates, orjson.dumps(body))
         try:
             async for _ in upstream_output(ex, leg, inner):

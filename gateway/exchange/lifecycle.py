@@ -141,6 +141,8 @@ class Exchange:
                 record, record.status, self.overhead_s, self.first_content_at, self.gaps
             )
             self.metrics.observe_completion(done)
+            for _, act in record.guardrails:
+                self.metrics.guardrail_acted(act.policy, act.action, act.channel)
         log_completion(record, overhead_s=self.overhead_s, first_content_at=self.first_content_at)
         # What the engine produced, never the reservation: a request that failed or was left
         # before its first token is charged its prompt alone (``_counted``), so an engine
@@ -206,7 +208,9 @@ class Exchange:
             reasoning_format=self.rewriter.policy.format.name,
             thinking=self.rewriter.policy.thinking,
             tool_calls=_tool_calls(choices),
-        )
+            guardrails=tuple((i, act) for i, c in enumerate(choices) if c.guard is not None
+                             for act in c.guard.acts),
+        )  # fmt: skip
 
 
 def _streamed_usage(prompt_estimate: int, choices: list[ChoiceState]) -> Usage:

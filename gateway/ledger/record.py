@@ -18,6 +18,7 @@ from audit.record import Body, Usage
 __all__ = ["CompletionRecord", "DiscardSink", "RecordSink", "Status", "Usage", "check_recordable",
            "parse_usage", "status_of"]  # fmt: skip
 from gateway.errors import InvalidRequest, Outcome
+from gateway.relay.guarding import GuardAct
 
 Status = Literal["ok", "invalid", "upstream_error", "client_disconnected", "cancelled", "error"]
 
@@ -50,6 +51,8 @@ class CompletionRecord:
     thinking: bool = True  # False: the request switched thinking off, nothing was split
     # per choice, the calls it made ({"id", "name", "arguments"}); None when no choice made one
     tool_calls: tuple[tuple[dict[str, str], ...], ...] | None = None
+    # what guardrail policies did, per choice index (values are hashed before they are sealed)
+    guardrails: tuple[tuple[int, GuardAct], ...] = ()
 
 
 def check_recordable(messages: list[Any], params: dict[str, Any]) -> None:

@@ -15,7 +15,10 @@ up at start-up and lost with the pod would make every record written under it un
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import logging
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,7 @@ from audit.record import Body, Facts, captured
 from audit.writer import WriterUnavailable
 from gateway.ledger.record import CompletionRecord
 from gateway.ledger.translate import translate
+from gateway.relay.guarding import GuardAct
 from gateway.settings import Settings
 
 log = logging.getLogger("thinkgate")
@@ -108,7 +112,9 @@ def record_facts(record: CompletionRecord, capture: Any) -> Facts:
         reasoning_format=record.reasoning_format,
         endpoint=record.endpoint,
         thinking=None if record.thinking else False,
-    )
+        guardrails=tuple(sorted({f"{a.policy}:{a.action}" for _, a in record.guardrails}))
+        or None,
+    )  # fmt: skip
 
 
 def record_body(record: CompletionRecord) -> Body:
@@ -118,7 +124,21 @@ def record_body(record: CompletionRecord) -> Body:
         reasoning=record.reasoning,
         content=record.content,
         tool_calls=record.tool_calls,
+        guardrails=guardrail_body(record.guardrails) if record.guardrails else None,
     )
+
+
+def guardrail_body(acts: tuple[tuple[int, GuardAct], ...]) -> dict[str, Any]:
+    """The record's account of its guardrail acts: each matched value as HMAC-SHA256 under a
+    key of this record's own (sealed with it, shredded with it), so an auditor who holds a
+    value can show it was there, and nobody learns it from the record (docs/guardrails.md)."""
+    key = secrets.token_bytes(32)
+    return {"hash_key": key.hex(), "acts": [
+        {"choice": choice, "policy": a.policy, "action": a.action, "channel": a.channel,
+         "detector": a.detector,
+         "hmac": hmac.new(key, a.value.encode(), hashlib.sha256).hexdigest()}
+        for choice, a in acts
+    ]}  # fmt: skip
 
 
 KEY_FILES = {"ledger_key_file": FileKeyProvider.create, "signing_key_file": create_signing_key}

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from gateway.relay.formats import NONE, THINK_CLOSE, ReasoningFormat, ReasoningSource
+from gateway.relay.guarding import TextGuard
 from gateway.relay.thinksplit import REASONING_STATES, Reasoning, SplitEvent, ThinkSplitter
 from gateway.relay.toolcalls import ToolCalls
 
@@ -77,32 +78,38 @@ class ChoiceState:
     reasoning: list[str] = field(default_factory=list)
     content: list[str] = field(default_factory=list)
     tools: ToolCalls = field(default_factory=ToolCalls)  # the calls the choice made
+    guard: TextGuard | None = None  # guardrail policies over the split text (relay.guarding)
+    _shown: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))  # guarded
     _leak_held: str = ""
     _leak_armed: bool = False
     _pending: int = 0  # deltas held back whole, their channel still to be decided
 
     @classmethod
     def start(
-        cls, fmt: ReasoningFormat, source: ReasoningSource, *, thinking: bool, repair_leak: bool
-    ) -> ChoiceState:
-        """A choice of a request in ``fmt``, reasoning from ``source``, thinking on or off."""
+        cls, fmt: ReasoningFormat, source: ReasoningSource, *, thinking: bool, repair_leak: bool,
+        guard: TextGuard | None = None,
+    ) -> ChoiceState:  # fmt: skip
+        """A choice of a request in ``fmt``, reasoning from ``source``, thinking on or off,
+        its text through ``guard`` when guardrail policies apply."""
         if not thinking:
-            return cls(ThinkSplitter(NONE), thinking=False)
-        state = cls(ThinkSplitter(fmt), repair_leak, close=fmt.close or THINK_CLOSE)
+            return cls(ThinkSplitter(NONE), thinking=False, guard=guard)
+        state = cls(ThinkSplitter(fmt), repair_leak, close=fmt.close or THINK_CLOSE, guard=guard)
         if source == "upstream":
             state._become_separated()
         return state
 
     @property
     def quiet(self) -> bool:
-        """Nothing is pending a decision: the fast path may take this choice's chunks."""
-        return not self._leak_armed
+        """Nothing is pending a decision: the fast path may take this choice's chunks (never
+        a guarded one's: every delta goes through its guard)."""
+        return not self._leak_armed and self.guard is None
 
     def plain_reasoning(self, text: str) -> bool:
         """True when all of ``text`` is certainly reasoning: the splitter is inside reasoning,
         holds nothing, and ``text`` has no character that could start a marker."""
         splitter = self.splitter
-        return splitter.in_reasoning and splitter.idle and not splitter.could_hold(text)
+        return (self.guard is None and splitter.in_reasoning and splitter.idle
+                and not splitter.could_hold(text))  # fmt: skip
 
     def take_plain(self, text: str, reasoning: bool) -> bool:
         """``take`` for the fast path's commonest deltas, without the splitter: when the
@@ -110,7 +117,7 @@ class ChoiceState:
         nothing (``ThinkSplitter.hands_back``), and no delta is held, it is counted and kept
         as ``take`` would; ``False`` (nothing done) otherwise. An answer delta of a choice
         whose reasoning comes in its own field takes ``take``'s repairs."""
-        if self._pending or (self.separated and not reasoning):
+        if self._pending or (self.separated and not reasoning) or self.guard is not None:
             return False
         if self.splitter.hands_back(text) is not reasoning:
             return False
@@ -153,8 +160,33 @@ class ChoiceState:
             else:  # held: decided by the text that follows
                 self._pending += 1
             self.deltas += 1
-        self._count(reasoning, content)
-        return reasoning, content
+        return self._out(reasoning, content, final)
+
+    def _out(self, reasoning: str, content: str, final: bool) -> tuple[str, str]:
+        """Count the split delta; through the guard, if any, what the client and the record
+        get of it."""
+        if self.guard is None:
+            self._count(reasoning, content, reasoning, content)
+            return reasoning, content
+        guarded = self.guard.take(reasoning, content, final)
+        self._count(reasoning, content, guarded.kept_reasoning, guarded.kept_content)
+        if guarded.reasoning:
+            self._shown[0].append(guarded.reasoning)
+        if guarded.content:
+            self._shown[1].append(guarded.content)
+        return guarded.reasoning, guarded.content
+
+    def shown_text(self) -> tuple[str, str]:
+        """``(reasoning, answer)`` as the client was sent them; ``reasoning`` and ``content``
+        are the record's copies, which a guardrail policy may redact differently."""
+        if self.guard is None:
+            return "".join(self.reasoning), "".join(self.content)
+        return "".join(self._shown[0]), "".join(self._shown[1])
+
+    @property
+    def blocked(self) -> str | None:
+        """The guardrail policy that ended this choice, if one did."""
+        return self.guard.blocked if self.guard is not None else None
 
     @property
     def reasoning_tokens(self) -> int:
@@ -167,6 +199,8 @@ class ChoiceState:
         reasoning tokens, and from now on every text field is the answer (the engine continues
         after the close marker, whatever field its parser puts the text in)."""
         reasoning, _ = _join(self.splitter.close())
+        if reasoning and self.guard is not None:  # decided with the answer's first text
+            reasoning = self.guard.take(reasoning, "", False).kept_reasoning
         if reasoning:
             self.reasoning.append(reasoning)
         self.reasoning_deltas += self._pending
@@ -206,13 +240,15 @@ class ChoiceState:
         held, self._leak_held, self._leak_armed = self._leak_held, "", False
         return held
 
-    def _count(self, reasoning: str, content: str) -> None:
+    def _count(self, reasoning: str, content: str, kept_reasoning: str, kept_content: str) -> None:
+        """Count a delta by its split text; keep for the record what the guard let it keep."""
         self.last_had_reasoning = bool(reasoning)
+        if kept_reasoning:
+            self.reasoning.append(kept_reasoning)
         if reasoning:
-            self.reasoning.append(reasoning)
             self.reasoning_deltas += 1
-        if content:
-            self.content.append(content)
+        if kept_content:
+            self.content.append(kept_content)
         if reasoning or content:
             self.deltas += 1
 

@@ -52,6 +52,8 @@ class CompletionsWhole(Rewriter):
             state = self.choice(int(choice.get("index") or 0))
             state.finish_reason = choice.get("finish_reason")
             reasoning, content = state.take(_text(choice), None, final=True)
+            if state.blocked is not None:  # a guardrail ended it where its match began
+                choice["finish_reason"] = state.finish_reason = "content_filter"
             place(self, choice, state, reasoning, content)
         usage = body.get("usage")
         if isinstance(usage, dict):
@@ -72,10 +74,14 @@ class CompletionsRelay(StreamRelay):
             if not isinstance(choice, dict):
                 raise RemoteProtocolError("upstream chunk has a choice that is not an object")
             state = self.choice(int(choice.get("index") or 0))
+            if state.blocked is not None:  # a guardrail ended it: nothing more of it goes out
+                continue
             finish = choice.get("finish_reason")
             if finish is not None:
                 state.finish_reason = finish
             reasoning, content = state.take(_text(choice), None, final=finish is not None)
+            if state.blocked is not None:
+                choice["finish_reason"] = finish = state.finish_reason = "content_filter"
             if place(self, choice, state, reasoning, content) or finish is not None:
                 kept.append(choice)
         had_choices = bool(chunk.get("choices"))

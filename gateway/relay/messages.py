@@ -58,7 +58,8 @@ from gateway.relay.toolcalls import ToolCall, ToolCallPiece
 BlockKind = Literal["thinking", "omitted_thinking", "redacted_thinking", "text", "tool_use"]
 Sealer = Callable[[str], str]  # reasoning text -> signature / data token
 PING = encode_event("ping", b'{"type":"ping"}')
-_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+_STOP = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use",
+         "content_filter": "refusal"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +147,9 @@ class MessagesWhole(Rewriter):
         rewrite_completion(self, body)
         state = self.choice(0)
         choices = body.get("choices") or [{}]
-        content = _thinking_blocks(self.meta, self.policy, "".join(state.reasoning))
-        text, calls = "".join(state.content), state.tools.calls
+        shown_reasoning, text = state.shown_text()
+        content = _thinking_blocks(self.meta, self.policy, shown_reasoning)
+        calls = state.tools.calls
         if text.strip() or not calls:
             content.append({"type": "text", "text": text})
         content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c)}
@@ -218,6 +220,8 @@ class MessagesStream(EventRelay):
 
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:
         state = self.choice(0)
+        if state.blocked is not None:  # a guardrail ended it: nothing more of it goes out
+            return []
         finish = choice.get("finish_reason")
         if finish is not None:
             state.finish_reason = finish
@@ -225,6 +229,8 @@ class MessagesStream(EventRelay):
         delta = choice.get("delta") or {}
         text, upstream_reasoning = text_fields(delta)
         reasoning, content = state.take(text, upstream_reasoning, finish is not None)
+        if state.blocked is not None:
+            state.finish_reason, delta = "content_filter", {}
         out: list[bytes] = []
         if reasoning:
             out += self._reasoning(reasoning)

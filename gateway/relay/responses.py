@@ -123,6 +123,8 @@ def _status(state: ChoiceState | None) -> tuple[str, str | None]:
     """``(status, incomplete reason)`` of a response whose choice ended so."""
     if state is not None and state.finish_reason == "length":
         return "incomplete", "max_output_tokens"
+    if state is not None and state.blocked is not None:  # a guardrail ended it
+        return "incomplete", "content_filter"
     return "completed", None
 
 
@@ -174,7 +176,7 @@ class ResponsesWhole(_Shaping, Rewriter):
         state = self.choice(0)
         status, incomplete = _status(state)
         output = []
-        reasoning, content = "".join(state.reasoning), "".join(state.content)
+        reasoning, content = state.shown_text()
         if reasoning and self.keeps_reasoning:
             item = self.new("reasoning")
             item.texts.append(reasoning)
@@ -260,12 +262,17 @@ class ResponsesStream(_Shaping, EventRelay):
 
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:
         state = self.choice(0)
+        if state.blocked is not None:  # a guardrail ended it: nothing more of it goes out
+            return []
         finish = choice.get("finish_reason")
         if finish is not None:
             state.finish_reason = finish
         delta = choice.get("delta") or {}
         text, upstream_reasoning = text_fields(delta)
         reasoning, content = state.take(text, upstream_reasoning, finish is not None)
+        if state.blocked is not None:
+            state.finish_reason = "content_filter"
+            delta = {}
         if self.meta.logprobs and content and content == text and not reasoning:
             self._logprobs += logprobs_of(choice.get("logprobs"))  # text went out as it came
         out: list[bytes] = []

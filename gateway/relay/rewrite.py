@@ -35,6 +35,7 @@ Unchanged chunks are re-framed from the upstream's bytes without re-encoding the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ from gateway.errors import RemoteProtocolError, UpstreamStatusError
 from gateway.relay.choice import ChoiceState
 from gateway.relay.effort import Budget, continuation_body, continuation_prefix
 from gateway.relay.formats import BUILTIN, ReasoningField, ReasoningFormat, ReasoningSource
+from gateway.relay.guarding import TextGuard
 from gateway.relay.sse import DONE_EVENT, KEEPALIVE_COMMENT, Event, encode_data, encode_event
 from gateway.relay.thinksplit import State
 
@@ -71,6 +73,7 @@ class Policy:
     thinking: bool = True  # the request's own switch (ReasoningFormat.thinking)
     budget: Budget | None = None  # the reasoning budget (gateway.relay.effort)
     max_tokens: int = 0  # the output limit a continuation shares (with a budget)
+    guard: Callable[[], TextGuard] | None = None  # a guard per choice (guardrail policies)
 
     @classmethod
     def named(cls, parser: str, show_reasoning: bool, reasoning_field: ReasoningField,
@@ -128,8 +131,9 @@ class Rewriter:
         if state is None:
             p = self.policy
             state = ChoiceState.start(
-                p.format, p.source, thinking=p.thinking, repair_leak=p.repair_leak
-            )
+                p.format, p.source, thinking=p.thinking, repair_leak=p.repair_leak,
+                guard=p.guard() if p.guard is not None else None,
+            )  # fmt: skip
             self.choices[index] = state
         return state
 
@@ -344,13 +348,21 @@ class StreamRelay(Rewriter):
     def _rewrite_choice(self, choice: dict[str, Any]) -> object:
         """Rewrite ``choice`` in place (the parsed chunk is ours); say what happened."""
         state = self.choice(int(choice.get("index") or 0))
+        if state.blocked is not None:  # a guardrail ended it: nothing more of it goes out
+            return _DROPPED
         finish = choice.get("finish_reason")
         if finish is not None:
             state.finish_reason = finish
         delta = choice.get("delta") or {}
+        new_delta = self.rewrite_fields(delta, state, final=finish is not None)
+        if state.blocked is not None:
+            choice["delta"] = {k: v for k, v in new_delta.items() if k != "tool_calls"}
+            choice["finish_reason"] = state.finish_reason = "content_filter"
+            if not self.policy.show_reasoning:
+                withhold_tokens(choice)
+            return _CHANGED
         if "tool_calls" in delta:
             state.tools.add(delta["tool_calls"])
-        new_delta = self.rewrite_fields(delta, state, final=finish is not None)
         if new_delta is delta:
             return _UNCHANGED
         if not new_delta and finish is None:
@@ -446,6 +458,10 @@ def rewrite_completion(rewriter: Rewriter, body: dict[str, Any]) -> dict[str, An
             state.tools.add(raw["tool_calls"])
         message = rewriter.rewrite_fields(raw, state, final=True)
         message.setdefault("content", None)
+        if state.blocked is not None:  # a guardrail ended it where its match began
+            message.pop("tool_calls", None)
+            choice["finish_reason"] = state.finish_reason = "content_filter"
+            state.tools = type(state.tools)()
         choice["message"] = message
         if not rewriter.policy.show_reasoning and state.reasoning:
             withhold_tokens(choice)

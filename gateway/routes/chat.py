@@ -67,6 +67,7 @@ def rewriter(state: AppState, key: KeyInfo, chat: ChatRequest) -> Rewriter:
         reasoning_field=state.settings.reasoning_field,
         include_usage=chat.include_usage,
         repair_leak=chat.stream and chat.has_stop,
+        guard=steps.guard_for(state, key, chat.model),
     )
     return StreamRelay(policy) if chat.stream else Rewriter(policy)
 

@@ -105,6 +105,7 @@ def rewriter(
         reasoning_field=state.settings.reasoning_field,
         include_usage=True,
         repair_leak=call.stream and bool(call.stop_sequences),
+        guard=steps.guard_for(state, key, call.model),
     )
     meta = MessageMeta(call.model, call.show_thinking, call.stop_sequences, seal,
                        omit_thinking=call.omit_thinking, input_tokens=call.prompt_tokens,

@@ -255,6 +255,7 @@ def rewriter(
         show_reasoning=key.reasoning == "visible",
         reasoning_field=state.settings.reasoning_field,
         include_usage=True,
+        guard=steps.guard_for(state, key, call.model),
     )
     meta = ResponseMeta(call.model, call.echo, id=call.response_id, seal=seal, tools=call.tools,
                         summary=call.summary, logprobs=call.logprobs)  # fmt: skip

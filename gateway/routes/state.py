@@ -20,6 +20,8 @@ from gateway.conversation.sealing import ReasoningSealer
 from gateway.conversation.store import ResponseStore
 from gateway.exchange.background import Runner
 from gateway.exchange.forward import Forwarder
+from gateway.guard.policy import NONE as NO_GUARDRAILS
+from gateway.guard.policy import Guardrails
 from gateway.ledger.record import RecordSink
 from gateway.settings import Settings
 from gateway.telemetry.metrics import Metrics
@@ -47,6 +49,7 @@ class AppState:
     # background responses' state and events; None without ledger keys
     background_store: BackgroundStore | None = None
     replica: str = field(default_factory=lambda: secrets.token_hex(8))  # this process's id
+    guardrails: Guardrails = NO_GUARDRAILS  # GUARDRAILS_FILE's policies
 
     gate: Gate = field(init=False)  # the limiter and the KV budget, asked at once
     forwarder: Forwarder = field(init=False)  # the forward loop over the upstream pool

@@ -10,6 +10,7 @@ routes the model and passes the ``Gate``. Every refusal on the way is counted
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -27,8 +28,10 @@ from gateway.auth.keys import KeyInfo, Role
 from gateway.edge.body import read_body
 from gateway.errors import GatewayError, LedgerUnavailable
 from gateway.exchange.lifecycle import Exchange, Forwarded
+from gateway.guard.stream import ChoiceGuard
 from gateway.ledger.record import CompletionRecord, check_recordable
 from gateway.relay.effort import UPSTREAM_FIELD, plan
+from gateway.relay.guarding import TextGuard
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_refusal
 from gateway.telemetry.traceparent import parse_traceparent
@@ -202,6 +205,13 @@ def unknown_fields(state: AppState, endpoint: str, names: tuple[str, ...]) -> tu
                  "x-thinkgate-ignored; counted in thinkgate_unknown_fields_total", name,
                  endpoint)  # fmt: skip
     return ignored_header(names)
+
+
+def guard_for(state: AppState, key: KeyInfo, model: str) -> Callable[[], TextGuard] | None:
+    """A new guard per choice when ``GUARDRAILS_FILE``'s policies select this key's tenant
+    and ``model``; ``None`` (no guard, the relay's fast paths) otherwise."""
+    policies = state.guardrails.select(key.tenant, model)
+    return functools.partial(ChoiceGuard, policies) if policies else None
 
 
 def claimed_model(raw: bytes) -> str:

@@ -171,6 +171,12 @@ class Metrics:
             ["endpoint", "field"], registry=r,
         )  # fmt: skip
         self.field_names = TenantLabels(frozenset(), 100)
+        self.guardrail_actions = Counter(
+            "thinkgate_guardrail_actions",
+            "Matches a guardrail policy acted on (GUARDRAILS_FILE), by policy, action "
+            "(redact, block, flag) and scope (reasoning, answer).",
+            ["policy", "action", "scope"], registry=r,
+        )  # fmt: skip
         self.admission_wait = Histogram("thinkgate_admission_wait_seconds",
                                         "Time a request waited for KV budget.",
                                         buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
@@ -306,6 +312,9 @@ class Metrics:
         flag = "true" if stream else "false"
         status = refusal_status(error)
         self.requests.labels(model, self.tenant(tenant), status, flag, endpoint).inc()
+
+    def guardrail_acted(self, policy: str, action: str, scope: str) -> None:
+        self.guardrail_actions.labels(policy, action, scope).inc()
 
     def unknown(self, endpoint: str, names: Iterable[str]) -> list[str]:
         """Count unknown fields by name; the names labelled for the first time (the caller

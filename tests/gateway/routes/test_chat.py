@@ -14,6 +14,8 @@ import pytest
 
 from gateway.api.chat import ChatRequest, parse_chat_request
 from gateway.auth.keys import KeyInfo, ReasoningPolicy
+from gateway.guard.policy import NONE as NO_GUARDRAILS
+from gateway.guard.policy import Guardrails
 from gateway.relay.formats import BUILTIN
 from gateway.relay.rewrite import Rewriter, StreamRelay
 from gateway.routes.chat import estimate_tokens, rewriter
@@ -26,6 +28,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 @dataclass(frozen=True)
 class State:
     settings: Settings
+    guardrails: Guardrails = NO_GUARDRAILS
 
 
 def state(**changes: Any) -> AppState:

@@ -1,0 +1,152 @@
+"""Finding detectors' matches in a channel of text as it streams, exactly (sans-I/O).
+
+``ChannelScanner(rules).feed(text, final) -> (released, findings)``: ``released`` is how far
+(an offset in the channel's text) everything is decided, ``findings`` the matches decided in
+this call, in order. The matches found are those of the whole channel scanned at once,
+whatever the chunking: the same text fed in any pieces gives the same findings.
+
+How (per rule, i.e. per detector of a policy):
+
+- Each rule scans on its own, leftmost first, non-overlapping, as ``finditer`` over the whole
+  text would, from where its last decided match ended. A position where a match attempt runs
+  into the end of the text (``regex``'s partial matching, asked per position) holds the rule:
+  more text may make a match start there.
+- A complete match is decided once the characters that could change it are present: the
+  built-ins' ``settle`` after its end (their closing look-ahead), a file's own regex
+  ``window`` from its start (a greedy pattern could still grow), or the channel ends. A
+  partial or undecided match holds the rule at its start; text before it has no match of that
+  rule, however the channel goes on (no complete or partial match started there).
+- The findings of every rule are merged: by start, then the more specific detector
+  (``Detector.rank``), the longer, the earlier rule; a match overlapping one kept before it is
+  dropped. A match is merged only once every rule has
+  passed its start, so no match that could still come before it is unknown.
+- ``released`` is the smallest of the rules' holds (or the end of the last kept match, when it
+  reaches past that): text before it can leave. So the scanner holds back only from the start of
+  a possible match: a word that could still become an email, digits that could still become a
+  card number.
+
+A few characters before the earliest hold are kept for the patterns' look-behind
+(``CONTEXT``); the rest of the text is dropped as it is decided, so memory stays bounded by the
+longest window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import regex
+
+from gateway.guard.detectors import Detector
+
+CONTEXT = 32  # characters kept before a rule's position, for look-behind
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    start: int  # offsets in the channel's whole text
+    end: int
+    rule: int  # index into the scanner's rules
+    text: str
+
+
+@dataclass(slots=True)
+class _RuleState:
+    detector: Detector
+    pos: int = 0  # where this rule's scan resumes (everything before it is decided)
+    hold: int = 0  # where its first undecided match starts (or the end of the text)
+    decided: list[Finding] = field(default_factory=list)  # valid matches not yet merged
+
+
+class ChannelScanner:
+    def __init__(self, rules: Sequence[Detector]) -> None:
+        self._rules = [_RuleState(d) for d in rules]
+        self._buf = ""
+        self._base = 0  # the channel offset of _buf[0]
+        self._released = 0
+        self._covered = 0  # end of the last kept finding
+        self.closed = False
+
+    @property
+    def end(self) -> int:
+        """The channel's length so far."""
+        return self._base + len(self._buf)
+
+    def text(self, start: int, end: int) -> str:
+        """The channel's text from ``start`` to ``end`` (both not yet dropped)."""
+        return self._buf[start - self._base : end - self._base]
+
+    def feed(self, text: str, final: bool = False) -> tuple[int, list[Finding]]:
+        if self.closed:
+            raise ValueError("the channel is closed")
+        self._buf += text
+        self.closed = final
+        for index, rule in enumerate(self._rules):
+            self._scan(index, rule, final)
+        hold = min((r.hold for r in self._rules), default=self.end)
+        findings = self._merge(hold)
+        self._released = max(hold, self._covered) if not final else self.end
+        return self._released, findings
+
+    def drop_before(self, offset: int) -> None:
+        """Forget the text before ``offset`` (already sent on), keeping look-behind context."""
+        keep_from = min([offset, *(r.pos for r in self._rules)]) - CONTEXT
+        if keep_from > self._base:
+            self._buf = self._buf[keep_from - self._base :]
+            self._base = keep_from
+
+    def _scan(self, index: int, rule: _RuleState, final: bool) -> None:
+        end, base = self.end, self._base
+        pattern = rule.detector.pattern
+        # a match attempt reads at most ``window`` characters: only the last ``window``
+        # positions can still run into the end of the text
+        limit = end - rule.detector.window
+        for m in pattern.finditer(self._buf, rule.pos - base):
+            start, stop = m.start() + base, m.end() + base
+            if not final:
+                early = self._partial(pattern, max(rule.pos, limit), start)
+                if early is not None or _undecided(rule.detector, start, stop, end):
+                    rule.hold = rule.pos = start if early is None else early
+                    return
+            rule.pos = stop
+            size = rule.detector.valid(m.group())
+            if size:
+                rule.decided.append(Finding(start, start + size, index, m.group()[:size]))
+        early = None if final else self._partial(pattern, max(rule.pos, limit), end)
+        rule.hold = rule.pos = end if early is None else early
+
+    def _partial(self, pattern: regex.Pattern[str], low: int, high: int) -> int | None:
+        """The first position in ``[low, high)`` where a match could start once more text
+        comes (``regex`` reports a complete match further on rather than a partial one, so
+        each position is asked on its own; the caller knows none of them starts a complete
+        match). A position found dead stays dead: its attempt failed before the end."""
+        base, buf = self._base, self._buf
+        for position in range(low, high):
+            m = pattern.match(buf, position - base, partial=True)
+            if m is not None and m.partial:
+                return position
+        return None
+
+    def _merge(self, hold: int) -> list[Finding]:
+        ready: list[Finding] = []
+        for rule in self._rules:
+            keep = 0
+            while keep < len(rule.decided) and rule.decided[keep].start < hold:
+                keep += 1
+            ready += rule.decided[:keep]
+            del rule.decided[:keep]
+        ranks = [r.detector.rank for r in self._rules]
+        ready.sort(key=lambda f: (f.start, ranks[f.rule], f.start - f.end, f.rule))
+        kept = []
+        for finding in ready:
+            if finding.start >= self._covered:
+                kept.append(finding)
+                self._covered = finding.end
+        return kept
+
+
+def _undecided(detector: Detector, start: int, stop: int, end: int) -> bool:
+    """Whether more text could still change a complete match at ``start``-``stop``."""
+    if detector.settle is not None:
+        return stop + detector.settle > end
+    return start + detector.window > end

@@ -1,0 +1,99 @@
+"""A choice's guard: the policies of a request over its reasoning and its answer (sans-I/O).
+
+``ChoiceGuard(policies).take(reasoning, content, final) -> Guarded`` implements the relay's
+``TextGuard`` (``gateway.relay.guarding``). Each channel has its own ``ChannelScanner`` over
+the detectors of the policies whose ``scope`` names it, so a match never spans the boundary
+between reasoning and answer: the reasoning channel is closed (its held text decided and sent)
+the moment the first answer text arrives, and both close with the choice (``final``).
+
+What each decided match does, by its policy's ``action``:
+
+- ``redact``: the match is replaced by its detector's label (``[EMAIL]``) in the client's copy
+  when ``targets`` has ``client``, in the record's when it has ``ledger``;
+- ``flag``: nothing changes; the act is recorded;
+- ``block``: the text before the match goes out, nothing from the match on (in either copy),
+  and the choice is over (``blocked`` names the policy).
+
+Every act is kept in ``acts`` with its value, for the record's keyed hash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gateway.guard.detectors import Detector
+from gateway.guard.policy import Channel, GuardPolicy
+from gateway.guard.scanner import ChannelScanner
+from gateway.relay.guarding import GuardAct, Guarded
+
+
+@dataclass(slots=True)
+class _Lane:
+    """One channel: its scanner and the policy of each of its rules."""
+
+    name: Channel
+    scanner: ChannelScanner
+    owners: list[tuple[GuardPolicy, Detector]]  # per rule
+    sent: int = 0  # how far the channel's text has gone out
+    closed: bool = False
+
+
+@dataclass(slots=True)
+class ChoiceGuard:
+    policies: Sequence[GuardPolicy]
+    acts: list[GuardAct] = field(default_factory=list)
+    blocked: str | None = None
+    _lanes: dict[str, _Lane | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for channel in ("reasoning", "answer"):
+            owners = [(p, d) for p in self.policies if channel in p.channels
+                      for d in p.detectors]  # fmt: skip
+            scanner = ChannelScanner([d for _, d in owners])
+            self._lanes[channel] = _Lane(channel, scanner, owners) if owners else None
+
+    def take(self, reasoning: str, content: str, final: bool) -> Guarded:
+        if self.blocked is not None:
+            return Guarded("", "", "", "")
+        r_client, r_kept = self._feed("reasoning", reasoning, final or bool(content))
+        if self.blocked is not None:
+            return Guarded(r_client, "", r_kept, "")
+        c_client, c_kept = self._feed("answer", content, final)
+        return Guarded(r_client, c_client, r_kept, c_kept)
+
+    def _feed(self, channel: str, text: str, final: bool) -> tuple[str, str]:
+        lane = self._lanes[channel]
+        if lane is None:
+            return text, text
+        if lane.closed or not (text or final):
+            return ("", "") if lane.closed else (text, text)
+        released, findings = lane.scanner.feed(text, final)
+        lane.closed = final
+        client: list[str] = []
+        kept: list[str] = []
+        cursor = lane.sent
+        for finding in findings:
+            policy, detector = lane.owners[finding.rule]
+            plain = lane.scanner.text(cursor, finding.start)
+            client.append(plain)
+            kept.append(plain)
+            self.acts.append(GuardAct(policy.name, policy.action, channel, detector.name,
+                                      finding.text))  # fmt: skip
+            if policy.action == "block":
+                self.blocked = policy.name
+                lane.closed = True
+                return "".join(client), "".join(kept)
+            redact = policy.action == "redact"
+            client.append(detector.label if redact and "client" in policy.targets
+                          else finding.text)  # fmt: skip
+            kept.append(detector.label if redact and "ledger" in policy.targets
+                        else finding.text)  # fmt: skip
+            cursor = finding.end
+        if released > cursor:
+            tail = lane.scanner.text(cursor, released)
+            client.append(tail)
+            kept.append(tail)
+        lane.sent = max(released, cursor)
+        lane.scanner.drop_before(lane.sent)
+        return "".join(client), "".join(kept)
