@@ -104,7 +104,7 @@ class Forwarder:
         leg = await self._leg(ex, candidates, ex.request.upstream_body)
 
         async def cleanup(disconnected: bool) -> None:
-            await leg.stream.aclose(ending=relay.done)
+            await leg.stream.aclose(ending=relay.done and not relay.stopped)
             if disconnected and ex.status != "ok":
                 ex.disconnected()
             with contextlib.suppress(GatewayError):  # the stream is over: nobody left to tell
@@ -142,7 +142,7 @@ class Forwarder:
             async for piece in relay_stream(ex, leg, relay, math.inf):
                 yield piece
         finally:
-            await leg.stream.aclose(ending=relay.done)
+            await leg.stream.aclose(ending=relay.done and not relay.stopped)
             await _finish_quietly(ex)
 
     async def _leg(self, ex: Exchange, candidates: Sequence[Upstream], body: bytes) -> Leg:
@@ -200,7 +200,7 @@ class Forwarder:
         except RemoteProtocolError as exc:
             raise UpstreamProtocolError(str(exc)) from None
         finally:
-            await leg.stream.aclose(ending=inner.done)
+            await leg.stream.aclose(ending=inner.done and not inner.stopped)
         return assembled(inner)
 
 
@@ -456,6 +456,9 @@ def relay_read(
             if relay.done:
                 break
             out.append(data if relay.first_id is None else relay.as_first(data, event))
+            if relay.policy.guard is not None and relay.all_blocked:
+                relay.done = relay.stopped = True  # nothing more can go out: stop the engine
+                break
             if relay.policy.budget is not None and relay.budget_spent():
                 relay.cut_at(event)  # the rest of this turn is never read
                 break

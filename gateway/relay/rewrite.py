@@ -74,6 +74,7 @@ class Policy:
     budget: Budget | None = None  # the reasoning budget (gateway.relay.effort)
     max_tokens: int = 0  # the output limit a continuation shares (with a budget)
     guard: Callable[[], TextGuard] | None = None  # a guard per choice (guardrail policies)
+    choices: int = 1  # how many the request asked for (``n``): all blocked ends the stream
 
     @classmethod
     def named(cls, parser: str, show_reasoning: bool, reasoning_field: ReasoningField,
@@ -120,6 +121,13 @@ class Rewriter:
         body = continuation_body(orjson.loads(upstream_body), prefix, self.spent,
                                  self.policy.max_tokens)  # fmt: skip
         return orjson.dumps(body)
+
+    @property
+    def all_blocked(self) -> bool:
+        """Whether guardrail policies ended every choice the request asked for: nothing more
+        of the engine's output can reach the client."""
+        blocked = sum(1 for state in self.choices.values() if state.blocked is not None)
+        return blocked >= self.policy.choices
 
     @property
     def has_content(self) -> bool:
@@ -202,6 +210,9 @@ class StreamRelay(Rewriter):
     def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self.done = False
+        # a guardrail ended every choice: the stream ends here and the engine's request is
+        # closed (it stops generating), before its [DONE]
+        self.stopped = False
         self._rename_to = _RENAMES.get(policy.reasoning_field)
         self.first_id: bytes | None = None  # after a cut: the chunk id the client knows
         self._ids: tuple[bytes, bytes] | None = None  # (continuation's, first's), as JSON

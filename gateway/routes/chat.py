@@ -68,6 +68,7 @@ def rewriter(state: AppState, key: KeyInfo, chat: ChatRequest) -> Rewriter:
         include_usage=chat.include_usage,
         repair_leak=chat.stream and chat.has_stop,
         guard=steps.guard_for(state, key, chat.model),
+        choices=chat.n,
     )
     return StreamRelay(policy) if chat.stream else Rewriter(policy)
 

@@ -251,3 +251,23 @@ def test_a_bad_policy_file_stops_serve_with_its_line_and_field(tmp_path: Path) -
     assert done.returncode == 2, done.stderr
     assert "line 3" in done.stderr and "policies.0.detect" in done.stderr
     assert "unknown detector 'phon'" in done.stderr
+
+
+async def test_a_block_stops_the_engine(stack_factory: StackFactory, tmp_path: Path) -> None:
+    """Nothing more of a blocked choice can reach the client, so the engine's request is
+    closed there (vLLM aborts it) rather than read to its end."""
+    stack, sink = await guarded(stack_factory, tmp_path)
+    assert stack.sim is not None
+    long = {"sim": {"chunks": ["Think", "</think>", "\n\nThe key is AKIAIOSFOD",
+                               "NN7EXAMPLE", *[" more"] * 200], "itl_ms": 20}}  # fmt: skip
+    async with openai_client(stack) as client:
+        stream = await client.chat.completions.create(
+            model="deepseek-r1", messages=MESSAGES, stream=True, extra_body=long
+        )
+        finishes = [c.choices[0].finish_reason async for c in stream if c.choices]
+    assert finishes[-1] == "content_filter"
+    await stack.sim.sim.wait_for(lambda s: s.cancelled == 1, timeout=5)
+    assert stack.sim.sim.finished == {"stop": 0, "length": 0, "abort": 0}
+    (record,) = await sink.wait_for(1)
+    assert record.finish_reasons == ("content_filter",) and record.status == "ok"
+    assert record.usage is not None and record.usage.completion_tokens < 50  # what streamed
