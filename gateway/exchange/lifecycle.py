@@ -32,6 +32,7 @@ from gateway.ledger.record import (
     status_of,
 )
 from gateway.relay.choice import ChoiceState
+from gateway.relay.guarding import GuardAct
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_completion
 from gateway.telemetry.metrics import CompletedRequest, GapCounts, Metrics
@@ -81,6 +82,7 @@ class Exchange:
     after: Callable[[CompletionRecord], Awaitable[None]] | None = None
     # response headers the request's parse decided (x-thinkgate-ignored, a clamped max_tokens)
     notes: tuple[tuple[str, str], ...] = ()
+    prompt_acts: tuple[GuardAct, ...] = ()  # what guardrail policies did to the prompt
     _finishing: asyncio.Future[None] | None = None
 
     def mark_first_token(self) -> None:
@@ -208,8 +210,9 @@ class Exchange:
             reasoning_format=self.rewriter.policy.format.name,
             thinking=self.rewriter.policy.thinking,
             tool_calls=_tool_calls(choices),
-            guardrails=tuple((i, act) for i, c in enumerate(choices) if c.guard is not None
-                             for act in c.guard.acts),
+            guardrails=(*((None, act) for act in self.prompt_acts),
+                        *((i, act) for i, c in enumerate(choices) if c.guard is not None
+                          for act in c.guard.acts)),
         )  # fmt: skip
 
 

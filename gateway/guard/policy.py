@@ -8,15 +8,15 @@ policies:
     detect: [email, phone, credit_card, iban, us_ssn, secret_key,
              {regex: "ACME-[0-9]{6}", label: "[ACME_ID]", max_length: 64},
              {phone: {region: GB}}]
-    scope: [reasoning, answer]
+    scope: [reasoning, answer]  # and/or prompt
     action: redact              # redact | block | flag
     targets: [client, ledger]   # where a redaction applies
 ```
 
 A file that cannot be used is refused with the line and the field (``PolicyFileError``):
 ``thinkgate serve`` exits 2 before it listens. Kept deliberately out of this version, and
-refused by name rather than ignored: ``scope: [prompt]`` and guard-model detectors
-(``{model: ...}``), so that a policy never silently does less than its file says.
+refused by name rather than ignored: guard-model detectors (``{model: ...}``), so that a
+policy never silently does less than its file says.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gateway.guard.detectors import BUILTIN, Detector, PatternError, builtin, custom
 
 Action = Literal["redact", "block", "flag"]
-Channel = Literal["reasoning", "answer"]
+Channel = Literal["reasoning", "answer", "prompt"]
 
 
 class PolicyFileError(ValueError):
@@ -83,10 +83,8 @@ class _PolicySpec(_Strict):
     @field_validator("scope")
     @classmethod
     def _channels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if "prompt" in value:
-            raise ValueError("scope 'prompt' is not supported in this version")
         if not value:
-            raise ValueError("at least one of reasoning, answer")
+            raise ValueError("at least one of reasoning, answer, prompt")
         return value
 
 
@@ -173,7 +171,7 @@ def _policy(spec: _PolicySpec, source: str, node: Any, index: int) -> GuardPolic
                 loc = ("policies", index, "detect", position, "regex")
                 raise PolicyFileError(f"{source}: line {_line(node, loc)}, "
                                       f"{'.'.join(map(str, loc))}: {exc}") from None  # fmt: skip
-    channels: frozenset[Channel] = frozenset(c for c in spec.scope if c != "prompt")
+    channels: frozenset[Channel] = frozenset(spec.scope)
     return GuardPolicy(spec.name, spec.tenants, spec.models, tuple(detectors), channels,
                        spec.action, frozenset(spec.targets))  # fmt: skip
 

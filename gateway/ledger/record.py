@@ -52,7 +52,7 @@ class CompletionRecord:
     # per choice, the calls it made ({"id", "name", "arguments"}); None when no choice made one
     tool_calls: tuple[tuple[dict[str, str], ...], ...] | None = None
     # what guardrail policies did, per choice index (values are hashed before they are sealed)
-    guardrails: tuple[tuple[int, GuardAct], ...] = ()
+    guardrails: tuple[tuple[int | None, GuardAct], ...] = ()  # None: the prompt
 
 
 def check_recordable(messages: list[Any], params: dict[str, Any]) -> None:

@@ -128,7 +128,7 @@ def record_body(record: CompletionRecord) -> Body:
     )
 
 
-def guardrail_body(acts: tuple[tuple[int, GuardAct], ...]) -> dict[str, Any]:
+def guardrail_body(acts: tuple[tuple[int | None, GuardAct], ...]) -> dict[str, Any]:
     """The record's account of its guardrail acts: each matched value as HMAC-SHA256 under a
     key of this record's own (sealed with it, shredded with it), so an auditor who holds a
     value can show it was there, and nobody learns it from the record (docs/guardrails.md)."""

@@ -26,12 +26,13 @@ from gateway.api.screen import ignored_header
 from gateway.auth.bearer import authenticate
 from gateway.auth.keys import KeyInfo, Role
 from gateway.edge.body import read_body
-from gateway.errors import GatewayError, LedgerUnavailable
+from gateway.errors import GatewayError, InvalidRequest, LedgerUnavailable
 from gateway.exchange.lifecycle import Exchange, Forwarded
+from gateway.guard.prompt import PromptBlocked, screen_prompt
 from gateway.guard.stream import ChoiceGuard
 from gateway.ledger.record import CompletionRecord, check_recordable
 from gateway.relay.effort import UPSTREAM_FIELD, plan
-from gateway.relay.guarding import TextGuard
+from gateway.relay.guarding import GuardAct, TextGuard
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_refusal
 from gateway.telemetry.traceparent import parse_traceparent
@@ -138,6 +139,9 @@ class _Call(Forwarded, _Budgeted, Protocol):
     """A parsed request of any completion API, as the rest of the recipe needs it."""
 
 
+K = TypeVar("K", bound=_Call)
+
+
 async def forward(
     state: AppState, request: Request, key: KeyInfo, call: _Call, route: tuple[str, str],
     rewriter: Rewriter, started: tuple[float, float], *, tokens: int | None = None,
@@ -163,6 +167,7 @@ async def admitted(
     run (a background response runs it detached); its owner must finish it."""
     try:  # no byte of an answer goes out unless its record can be written
         check_recordable(call.messages, call.params)
+        call, prompt_acts = guard_prompt(state, key, call, route[0])
         call, clamped = await with_room(state, call)
     except GatewayError as exc:
         refused(state, request, key, exc, call.model, call.stream)
@@ -173,7 +178,33 @@ async def admitted(
     ticket, candidates = await admit(state, request, key, call.model, call.stream, tokens)
     ex = exchange(state, request, key, call, route, rewriter, ticket, started, after)
     ex.notes = notes
+    ex.prompt_acts = prompt_acts
     return ex, candidates
+
+
+def guard_prompt(
+    state: AppState, key: KeyInfo, call: K, endpoint: str
+) -> tuple[K, tuple[GuardAct, ...]]:
+    """The request as the guardrail policies whose scope has ``prompt`` leave it (redacted
+    for the engine, and for the record where ``targets`` has ``ledger``), and what they did;
+    a ``block`` refuses it here, before any engine is asked (docs/guardrails.md)."""
+    policies = [p for p in state.guardrails.select(key.tenant, call.model)
+                if "prompt" in p.channels]  # fmt: skip
+    if not policies or endpoint == "embeddings":
+        return call, ()
+    try:
+        screened = screen_prompt(policies, orjson.loads(call.upstream_body), call.messages)
+    except PromptBlocked as exc:
+        state.metrics.guardrail_acted(exc.policy, "block", "prompt")
+        raise InvalidRequest(
+            f"The guardrail policy {exc.policy!r} refused this request: its prompt holds a "
+            f"match of the {exc.detector} detector.", param="messages", code="guardrail_blocked",
+        ) from None  # fmt: skip
+    if not screened.acts:
+        return call, ()
+    changed = dataclasses.replace(call, upstream_body=orjson.dumps(screened.body),  # type: ignore[type-var]
+                                  messages=screened.messages)  # fmt: skip
+    return changed, screened.acts
 
 
 async def with_room(state: AppState, call: C) -> tuple[C, tuple[tuple[str, str], ...]]:

@@ -16,6 +16,7 @@ import anthropic
 import httpx
 import openai
 import orjson
+import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.ledger.sink import guardrail_body
@@ -161,11 +162,13 @@ async def test_a_block_ends_chat_and_completions_with_content_filter(
 
 class Scripted:
     """The simulator with every chat request scripted by ``sim`` (the Responses and Messages
-    APIs forward no field of their own to the engine, so the test scripts the engine)."""
+    APIs forward no field of their own to the engine, so the test scripts the engine), and
+    the bodies it was sent, as it got them."""
 
-    def __init__(self, sim: dict[str, Any]) -> None:
+    def __init__(self, sim: dict[str, Any] | None = None) -> None:
         self.app = create_sim_app(SimConfig())
         self.sim = sim
+        self.bodies: list[dict[str, Any]] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].endswith("/chat/completions"):
@@ -174,7 +177,9 @@ class Scripted:
         while more:
             message = await receive()
             body, more = body + message.get("body", b""), message.get("more_body", False)
-        scripted = orjson.dumps({**orjson.loads(body), "sim": self.sim})
+        self.bodies.append(orjson.loads(body))
+        script = {"sim": self.sim} if self.sim is not None else {}
+        scripted = orjson.dumps({**orjson.loads(body), **script})
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
         headers.append((b"content-length", str(len(scripted)).encode()))
         given = False
@@ -271,3 +276,41 @@ async def test_a_block_stops_the_engine(stack_factory: StackFactory, tmp_path: P
     (record,) = await sink.wait_for(1)
     assert record.finish_reasons == ("content_filter",) and record.status == "ok"
     assert record.usage is not None and record.usage.completion_tokens < 50  # what streamed
+
+
+PROMPT_POLICIES = """
+policies:
+  - name: no-secrets-in
+    detect: [secret_key]
+    scope: [prompt]
+    action: block
+  - name: pii-in
+    detect: [email]
+    scope: [prompt]
+    action: redact
+    targets: [client]
+"""
+
+
+async def test_a_prompt_is_redacted_for_the_engine_or_refused_before_it(
+    stack_factory: StackFactory, tmp_path: Path
+) -> None:
+    path = tmp_path / "guardrails.yaml"
+    path.write_text(PROMPT_POLICIES)
+    sink, engine = RecordingSink(), Scripted()
+    stack = await stack_factory(sink=sink, guardrails_file=path, upstream_apps=[engine])
+    ask = [{"role": "user", "content": f"Write to {EMAIL} about the plan."}]
+    async with openai_client(stack) as client:
+        await client.chat.completions.create(model="deepseek-r1", messages=ask)  # type: ignore[arg-type]
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model="deepseek-r1", messages=[{"role": "user", "content": f"Use {KEY} now"}]
+            )
+    assert refused.value.code == "guardrail_blocked" and KEY not in str(refused.value)
+    # the engine got one request (the refused one never reached it), its prompt redacted
+    assert [b["messages"] for b in engine.bodies] == [
+        [{"role": "user", "content": "Write to [EMAIL] about the plan."}]
+    ]
+    (record,) = await sink.wait_for(1)
+    assert record.messages == ask  # the record keeps what was sent (targets: client)
+    assert [(c, a.policy, a.channel) for c, a in record.guardrails] == [(None, "pii-in", "prompt")]
