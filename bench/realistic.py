@@ -15,7 +15,9 @@ for each round, every cell against every system, the order rotated per round →
 
 Cells (``CELLS``): chat at c = 32 flat out, at c = 32 and c = 128 with 10 ms between tokens,
 three-chunk answers at c = 32 (the per-request cost), two worker processes on PostgreSQL +
-Redis at c = 256 paced (``thinkgate_pg×2``, against direct: scaling out; with ``--pg``), and the
+Redis at c = 256 paced (``thinkgate_pg×2``, against direct: scaling out; with ``--pg``), the
+same gateway with ``bench/pii.yaml``'s guardrail policy at c = 32 paced (``thinkgate+pii``,
+against ``thinkgate``: what scanning every chunk costs), and the
 Responses, Messages and legacy completions endpoints paced at c = 32. CPU is what the proxy
 process (its worker processes, summed) ran in the window (``procs.CpuMeter``) per chunk the
 client received, or per request; RSS is the largest worker's; ratios are against the relay of
@@ -74,12 +76,18 @@ ENDPOINT_SYSTEMS = ("thinkgate", "thinkgate@before")
 CHAT_PER_REQUEST = "chat, c=32, 10 ms"
 # Scaling out: two worker processes on PostgreSQL + Redis against the upstream itself.
 TWO_WORKERS = "thinkgate_pg×2"
+# The guardrails' cost: the same gateway with bench/pii.yaml's policy over reasoning and answer
+# (the paced text holds no match: what every chunk pays for being scanned).
+PII = "thinkgate+pii"
+PII_FILE = Path(__file__).with_name("pii.yaml")
+EXTRA_SYSTEMS = (TWO_WORKERS, PII)  # only in the cells that name them
 CELLS = (
     CellSpec("c=32, flat out", "bench-flat", 32),
     CellSpec("c=32, 10 ms", "bench-paced", 32),
     CellSpec("c=128, 10 ms", "bench-paced", 128),
     CellSpec("c=32, 3-chunk answers", "bench-short", 32, per_request=True),
     CellSpec("c=256, 10 ms, 2 workers", "bench-paced", 256, systems=("direct", TWO_WORKERS)),
+    CellSpec("c=32, 10 ms, pii policy", "bench-paced", 32, systems=("thinkgate", PII)),
     CellSpec(CHAT_PER_REQUEST, "bench-paced", 32, per_request=True, systems=ENDPOINT_SYSTEMS),
     CellSpec(
         "responses, c=32, 10 ms",
@@ -152,7 +160,7 @@ def start_relay(work: Workdir, upstream: ServerProcess) -> System:
 
 
 def start_thinkgate(work: Workdir, upstream: ServerProcess, name: str, tree: Path,
-                    workers: int = 1) -> System:  # fmt: skip
+                    workers: int = 1, guardrails: Path | None = None) -> System:  # fmt: skip
     """thinkgate from ``tree`` in the production configuration; ``_pg`` names PostgreSQL with
     Redis (rate limits and the KV budget); ``workers`` worker processes (``serve --workers``)."""
     home = work.path / name.replace("@", "-")
@@ -161,6 +169,8 @@ def start_thinkgate(work: Workdir, upstream: ServerProcess, name: str, tree: Pat
     env.update(PYTHONPATH=str(tree), THINKGATE_HOME=str(home), THINKGATE_AUDIT_MODE="strict",
                THINKGATE_LOG_LEVEL="info", THINKGATE_LOG_FORMAT="json",
                THINKGATE_CHECKPOINT_INTERVAL_MS=CHECKPOINT_INTERVAL_MS)  # fmt: skip
+    if guardrails is not None:
+        env["THINKGATE_GUARDRAILS_FILE"] = str(guardrails)
     if "_pg" in name:
         database = f"bench_{os.getpid()}_{name.replace('@', '_').replace('×', '_x')}"
         psql(f"CREATE DATABASE {database}")
@@ -219,6 +229,8 @@ def start_systems(work: Workdir, upstream: ServerProcess, args: argparse.Namespa
     add(start_relay(work, upstream))
     if args.pg and (not args.cells or "c=256, 10 ms, 2 workers" in args.cells):
         add(start_thinkgate(work, upstream, TWO_WORKERS, ROOT, workers=2))
+    if not args.cells or "c=32, 10 ms, pii policy" in args.cells:
+        add(start_thinkgate(work, upstream, PII, ROOT, guardrails=PII_FILE))
     for name in ["thinkgate", "thinkgate_pg"] if args.pg else ["thinkgate"]:
         add(start_thinkgate(work, upstream, name, ROOT))
         if args.before is not None:
@@ -354,7 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for round_ in range(args.rounds):
                 for cell in cells:
                     chosen = [s for s in systems if (s.name in cell.systems if cell.systems
-                                                     else s.name != TWO_WORKERS)]  # fmt: skip
+                                                     else s.name not in EXTRA_SYSTEMS)]  # fmt: skip
                     shift = round_ % len(chosen)
                     for system in chosen[shift:] + chosen[:shift]:
                         quiet(upstream)

@@ -9,8 +9,11 @@ How (per rule, i.e. per detector of a policy):
 
 - Each rule scans on its own, leftmost first, non-overlapping, as ``finditer`` over the whole
   text would, from where its last decided match ended. A position where a match attempt runs
-  into the end of the text (``regex``'s partial matching, asked per position) holds the rule:
-  more text may make a match start there.
+  into the end of the text (``regex``'s partial matching) holds the rule: more text may make a
+  match start there. ``regex`` answers a search with a complete match anywhere rather than an
+  earlier partial one, so one search per rule and delta finds the hold when no complete match
+  follows (the common case), and the positions before a complete match near the end are asked
+  one by one.
 - A complete match is decided once the characters that could change it are present: the
   built-ins' ``settle`` after its end (their closing look-ahead), a file's own regex
   ``window`` from its start (a greedy pattern could still grow), or the channel ends. A
@@ -84,7 +87,7 @@ class ChannelScanner:
         for index, rule in enumerate(self._rules):
             self._scan(index, rule, final)
         hold = min((r.hold for r in self._rules), default=self.end)
-        findings = self._merge(hold)
+        findings = self._merge(hold) if any(r.decided for r in self._rules) else []
         self._released = max(hold, self._covered) if not final else self.end
         return self._released, findings
 
@@ -96,30 +99,40 @@ class ChannelScanner:
             self._base = keep_from
 
     def _scan(self, index: int, rule: _RuleState, final: bool) -> None:
-        end, base = self.end, self._base
-        pattern = rule.detector.pattern
+        end, base, buf = self.end, self._base, self._buf
+        detector = rule.detector
+        pattern = detector.pattern
         # a match attempt reads at most ``window`` characters: only the last ``window``
         # positions can still run into the end of the text
-        limit = end - rule.detector.window
-        for m in pattern.finditer(self._buf, rule.pos - base):
-            start, stop = m.start() + base, m.end() + base
+        limit = end - detector.window
+        while True:
+            # ``regex`` prefers a complete match anywhere to a partial one: a partial answer
+            # means no complete match starts from here on, and it is the leftmost partial
+            m = pattern.search(buf, rule.pos - base, partial=not final)
+            if m is None:
+                rule.hold = rule.pos = end
+                return
+            start = m.start() + base
+            if m.partial:
+                rule.hold = rule.pos = min(start, end)
+                return
+            stop = m.end() + base
             if not final:
                 early = self._partial(pattern, max(rule.pos, limit), start)
-                if early is not None or _undecided(rule.detector, start, stop, end):
+                if early is not None or _undecided(detector, start, stop, end):
                     rule.hold = rule.pos = start if early is None else early
                     return
             rule.pos = stop
-            size = rule.detector.valid(m.group())
+            size = detector.valid(m.group())
             if size:
                 rule.decided.append(Finding(start, start + size, index, m.group()[:size]))
-        early = None if final else self._partial(pattern, max(rule.pos, limit), end)
-        rule.hold = rule.pos = end if early is None else early
 
     def _partial(self, pattern: regex.Pattern[str], low: int, high: int) -> int | None:
-        """The first position in ``[low, high)`` where a match could start once more text
-        comes (``regex`` reports a complete match further on rather than a partial one, so
-        each position is asked on its own; the caller knows none of them starts a complete
-        match). A position found dead stays dead: its attempt failed before the end."""
+        """The first position in ``[low, high)``, before a complete match at ``high``, where
+        a match could start once more text comes (``regex`` reports the complete match rather
+        than an earlier partial one, so each position is asked on its own; none of them starts
+        a complete match). A position found dead stays dead: its attempt failed before the
+        end."""
         base, buf = self._base, self._buf
         for position in range(low, high):
             m = pattern.match(buf, position - base, partial=True)
