@@ -19,6 +19,7 @@ independent tools can check thinkgate; see README "For auditors".
 from __future__ import annotations
 
 import base64
+import dataclasses
 import time
 from datetime import datetime
 from typing import Any
@@ -30,7 +31,7 @@ from starlette.responses import Response, StreamingResponse
 
 from audit import export, store
 from audit.crypto import DecryptionError
-from audit.ledger import Ledger, Opened, ProofUnavailable
+from audit.ledger import Ledger, Listed, Opened, ProofUnavailable
 from audit.record import Body, Facts
 from gateway.auth.bearer import authenticate
 from gateway.auth.keys import ALL_TENANTS, KeyInfo
@@ -121,12 +122,50 @@ async def list_records(request: Request) -> Response:
         until=_time(q, "until"),
         after=_cursor(q.get("cursor")),
     )
-    page = await ledger.find(where, limit + 1)
-    more = len(page) > limit
-    page = page[:limit]
-    next_cursor = _b64(str(page[-1].index).encode()) if more else None
+    guardrail = q.get("guardrail")
+    if guardrail is None:
+        page = await ledger.find(where, limit + 1)
+        more = len(page) > limit
+        page = page[:limit]
+        next_cursor = _b64(str(page[-1].index).encode()) if more else None
+    else:
+        page, last = await _guarded(ledger, where, limit, guardrail)
+        next_cursor = _b64(str(last).encode()) if last is not None else None
     data = [_record_json(r.index, r.header, r.leaf_hash) for r in page]
     return _json({"object": "list", "data": data, "next_cursor": next_cursor})
+
+
+GUARDRAIL_SCAN = 10_000  # records a guardrail filter reads per page at most
+
+
+async def _guarded(
+    ledger: Ledger, where: store.Filter, limit: int, guardrail: str
+) -> tuple[list[Listed], int | None]:
+    """Records whose header names a guardrail policy that acted (``guardrail``: a policy,
+    ``policy:action``, or ``*`` for any), found by reading the other filters' matches in
+    order: at most ``GUARDRAIL_SCAN`` per page, so a rare policy over a long ledger answers a
+    short (even empty) page with a cursor to go on from; ``None`` at the end."""
+    found: list[Listed] = []
+    scanned = 0
+    while scanned < GUARDRAIL_SCAN:
+        batch = await ledger.find(where, min(500, GUARDRAIL_SCAN - scanned))
+        if not batch:
+            return found, None
+        scanned += len(batch)
+        for record in batch:
+            if _acted(record.header, guardrail):
+                found.append(record)
+                if len(found) == limit:
+                    return found, record.index
+        where = dataclasses.replace(where, after=batch[-1].index)
+    return found, where.after
+
+
+def _acted(header: dict[str, Any], guardrail: str) -> bool:
+    acted = header.get("guardrails") or ()
+    if guardrail == "*":
+        return bool(acted)
+    return any(a == guardrail or a.split(":", 1)[0] == guardrail for a in acted)
 
 
 async def read_record(request: Request) -> Response:

@@ -411,3 +411,34 @@ async def test_only_an_all_tenants_auditor_gets_a_tenant_filter(
     await star.get_by_label("Tenant", exact=True).fill("acme")
     await star.get_by_role("button", name="Apply").click()
     await all_badges(star, "verified", 3)
+
+
+async def test_guardrail_acts_are_shown_and_filtered(
+    stack_factory: Any, tmp_path: Path, browser: Browser
+) -> None:
+    policies = tmp_path / "guardrails.yaml"
+    policies.write_text("policies:\n  - {name: pii, detect: [email], action: redact}\n")
+    stack: Stack = await stack_factory(guardrails_file=policies)
+    planted = {"sim": {"chunks": ["Mail jane.doe@example.com today", "</think>", "\n\nDone."]}}
+    async with openai.AsyncOpenAI(base_url=stack.url, api_key=stack.keys["visible"],
+                                  max_retries=0) as client:  # fmt: skip
+        for extra in ({}, planted, {}):
+            await client.chat.completions.create(
+                model="deepseek-r1", max_tokens=200, extra_body=extra,
+                messages=[{"role": "user", "content": "Who do I write to?"}],
+            )  # fmt: skip
+    page = await sign_in(browser, stack)
+    await all_badges(page, "verified", 3)
+    rows = page.locator("table.records tbody tr")
+    await expect(
+        rows.filter(has=page.locator(".tag.guardrail", has_text="pii:redact"))
+    ).to_have_count(1)
+    await page.get_by_label("Guardrail policy").fill("pii")
+    await page.get_by_label("Guardrail policy").press("Enter")
+    await all_badges(page, "verified", 1)
+    await expect(rows).to_have_count(1)
+    await expect(rows.first).to_contain_text("pii:redact")
+    await rows.first.get_by_role("link").click()
+    await expect(page.locator("table.header")).to_contain_text('["pii:redact"]')
+    assert "jane.doe@example.com" not in await page.content()
+    assert page.errors == []  # type: ignore[attr-defined]

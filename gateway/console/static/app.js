@@ -178,6 +178,7 @@ function filterForm(params, path, fields) {
   if (fields.includes("status")) text("status", "Status", "statuses");
   if (fields.includes("key_id")) text("key_id", "Key id");
   if (fields.includes("request_id")) text("request_id", "Request id");
+  if (fields.includes("guardrail")) text("guardrail", "Guardrail policy");
   const range = h("select", { id: "f-range", name: "range" },
     Object.entries(RANGES).map(([value, label]) =>
       h("option", { value, selected: (params.get("range") || "") === value }, label)));
@@ -226,7 +227,7 @@ function fromLocalInput(value) {
 
 function apiFilters(params) {
   const out = {};
-  for (const name of ["tenant", "model", "status", "key_id", "request_id", "kind"]) {
+  for (const name of ["tenant", "model", "status", "key_id", "request_id", "kind", "guardrail"]) {
     if (params.get(name)) out[name] = params.get(name);
   }
   return { ...out, ...timeBounds(params) };
@@ -268,7 +269,7 @@ async function records(params) {
   const filters = apiFilters(params);
   const holder = h("div", {}, h("p", { class: "loading" }, "Loading records…"));
   replace(main, h("h1", {}, "Records"), filterForm(params, "records",
-    ["tenant", "model", "status", "key_id", "request_id"]), holder);
+    ["tenant", "model", "status", "key_id", "request_id", "guardrail"]), holder);
   let page;
   try {
     page = await call(`/audit/v1/records${query({ ...filters, limit: PAGE, cursor })}`);
@@ -294,6 +295,8 @@ async function records(params) {
       h("td", { class: "num" }, header.kind === "completion" ? String(used.reasoning) : "-"),
       h("td", { class: "num" }, header.kind === "completion" ? String(used.answer) : "-"),
       h("td", {}, header.client_disconnected ? "yes" : ""),
+      h("td", {}, (header.guardrails || []).map((acted) =>
+        h("span", { class: "tag guardrail", title: "a guardrail policy acted" }, acted))),
       h("td", {}, badgeFor(record.index, header)));
   });
   const next = { ...Object.fromEntries(params), cursor: page.next_cursor };
@@ -301,7 +304,7 @@ async function records(params) {
     h("table", { class: "records" },
       h("caption", {}, `${page.data.length} records${cursor ? " (a later page)" : ""}`),
       h("thead", {}, h("tr", {}, ["#", "Time", "Tenant", "Key", "Model", "Endpoint", "Status",
-        "Reasoning tokens", "Answer tokens", "Disconnected", "Verified"].map((t) =>
+        "Reasoning tokens", "Answer tokens", "Disconnected", "Guardrails", "Verified"].map((t) =>
         h("th", { scope: "col" }, t)))),
       h("tbody", {}, rows)),
     h("nav", { class: "pager", "aria-label": "Pages" },
