@@ -45,6 +45,15 @@ class CompletionsRequest:
     unknown: tuple[str, ...] = ()  # fields no reference names, accepted (UNKNOWN_FIELDS=ignore)
 
     @property
+    def prompts(self) -> int:
+        """How many prompts the request holds: a string or one list of token ids is one, a
+        list of strings or of token-id lists one each (the engine answers ``n`` per prompt)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and not all(isinstance(t, int) for t in prompt):
+            return len(prompt)
+        return 1
+
+    @property
     def prompt_text(self) -> str | None:
         """The prompt's text when it is one string (token ids have none the gateway reads)."""
         prompt = self.prompt

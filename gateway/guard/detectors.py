@@ -29,9 +29,11 @@ Built-ins (``BUILTIN``):
 
 from __future__ import annotations
 
+import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import phonenumbers
 import regex
@@ -63,6 +65,7 @@ class Detector:
     # file's own regex, then secret keys, cards, IBANs, SSNs, emails, and phone numbers last
     # (a card or an SSN also reads as a phone number).
     rank: int = 0
+    behind: int = 0  # the longest look-behind: characters kept before a scan's position
 
 
 def luhn(text: str) -> bool:
@@ -149,27 +152,74 @@ _SECRET = (
 _RANKS = ("secret_key", "credit_card", "iban", "us_ssn", "email", "phone")
 
 
-def _builtin(
-    name: str, label: str, pattern: str, window: int, valid: Validator, settle: int = 2
-) -> Detector:
+def widths(pattern: str) -> tuple[int, int, int]:
+    """``(longest match, longest look-behind, longest look-ahead)`` of a pattern in Python's
+    ``re`` syntax, in characters; ``PatternError`` when one has no upper bound or ``re``
+    cannot read the pattern."""
+    try:
+        parsed = re._parser.parse(pattern)  # type: ignore[attr-defined]
+    except re.error as exc:
+        raise PatternError(f"is not a pattern Python's re module reads: {exc}") from None
+    longest = parsed.getwidth()[1]
+    behind, ahead = _assertions(parsed)
+    if max(longest, ahead) >= _UNBOUNDED:
+        raise PatternError("has no upper bound on its length (a +, * or {n,}): bound it, as "
+                           "in [0-9]{1,12}")  # fmt: skip
+    return longest, behind, ahead
+
+
+_UNBOUNDED = 1 << 16  # re's MAXREPEAT and beyond
+
+
+def _assertions(parsed: Any) -> tuple[int, int]:
+    """The widest look-behind and look-ahead anywhere in a parsed pattern."""
+    behind = ahead = 0
+    for op, argument in parsed:
+        if op in (re._constants.ASSERT, re._constants.ASSERT_NOT):  # type: ignore[attr-defined]
+            direction, inner = argument
+            width = inner.getwidth()[1]
+            behind, ahead = (max(behind, width), ahead) if direction < 0 else \
+                (behind, max(ahead, width))  # fmt: skip
+        for sub in _subpatterns(argument):
+            b, a = _assertions(sub)
+            behind, ahead = max(behind, b), max(ahead, a)
+    return behind, ahead
+
+
+def _subpatterns(argument: Any) -> list[Any]:
+    found: list[Any] = []
+    if isinstance(argument, re._parser.SubPattern):  # type: ignore[attr-defined]
+        return [argument]
+    if isinstance(argument, (list, tuple)):
+        for part in argument:
+            found += _subpatterns(part)
+    return found
+
+
+LOOKAHEAD = 2  # the most characters past a built-in's match its closing look-ahead reads
+
+
+def _builtin(name: str, label: str, pattern: str, valid: Validator) -> Detector:
     rank = _RANKS.index(name) + 1
-    return Detector(name, label, regex.compile(pattern), window, valid, settle, rank)
+    longest, behind, ahead = widths(pattern)
+    window = longest + max(ahead, LOOKAHEAD)
+    return Detector(name, label, regex.compile(pattern), window, valid, LOOKAHEAD, rank, behind)
 
 
 def builtin(name: str, *, region: str = "US") -> Detector:
     """The built-in detector ``name``; ``KeyError`` for an unknown one."""
     if name == "phone":
-        return _builtin("phone", "[PHONE]", _PHONE, 40, phone_validator(region))
+        return _builtin("phone", "[PHONE]", _PHONE, phone_validator(region))
     return BUILTIN[name]
 
 
 BUILTIN: dict[str, Detector] = {
-    "email": _builtin("email", "[EMAIL]", _EMAIL, 64 + 1 + 4 * 64 + 26, _always),
-    "phone": _builtin("phone", "[PHONE]", _PHONE, 40, phone_validator("US")),
-    "credit_card": _builtin("credit_card", "[CREDIT_CARD]", _CARD, 26, _whole(luhn)),
-    "iban": _builtin("iban", "[IBAN]", _IBAN, 44, _whole(iban)),
-    "us_ssn": _builtin("us_ssn", "[US_SSN]", _SSN, 13, _always),
-    "secret_key": _builtin("secret_key", "[SECRET_KEY]", _SECRET, 820, _always),
+    "email": _builtin("email", "[EMAIL]", _EMAIL, _always),
+    "phone": _builtin("phone", "[PHONE]", _PHONE, phone_validator("US")),
+    "credit_card": _builtin("credit_card", "[CREDIT_CARD]", _CARD, _whole(luhn)),
+    "iban": _builtin("iban", "[IBAN]", _IBAN, _whole(iban)),
+    "us_ssn": _builtin("us_ssn", "[US_SSN]", _SSN, _always),
+    "secret_key": _builtin("secret_key", "[SECRET_KEY]", _SECRET, _always),
 }
 
 
@@ -178,12 +228,18 @@ class PatternError(ValueError):
 
 
 def custom(pattern: str, *, label: str = "[REDACTED]", max_length: int = 256) -> Detector:
-    """A detector for a regex of the policy file's own. Its matches are taken as at most
-    ``max_length`` characters long: a longer one is found only when the channel ends."""
+    """A detector for a regex of the policy file's own, in Python's ``re`` syntax, whose
+    matches are at most ``max_length`` characters long (refused otherwise: a match the
+    scanner had to cut would let its tail through)."""
     try:
         compiled = regex.compile(pattern)
     except regex.error as exc:
         raise PatternError(f"does not compile: {exc}") from None
     if compiled.fullmatch("") is not None:
         raise PatternError("matches the empty string")
-    return Detector("regex", label, compiled, max_length + 1)
+    longest, behind, ahead = widths(pattern)
+    if longest > max_length:
+        raise PatternError(f"may match {longest} characters, more than max_length "
+                           f"({max_length}): raise max_length or bound the pattern")  # fmt: skip
+    # decided once the longest match and its look-ahead could be present
+    return Detector("regex", label, compiled, max_length + ahead + 1, behind=behind)

@@ -20,8 +20,11 @@ How (per rule, i.e. per detector of a policy):
   partial or undecided match holds the rule at its start; text before it has no match of that
   rule, however the channel goes on (no complete or partial match started there).
 - The findings of every rule are merged: by start, then the more specific detector
-  (``Detector.rank``), the longer, the earlier rule; a match overlapping one kept before it is
-  dropped. A match is merged only once every rule has
+  (``Detector.rank``), the longer, the earlier rule; a match inside one kept before it is
+  dropped, and one that overlaps it is kept from where that one ends (so every character of
+  every match is covered: a phone number that took a card's first digits leaves the card's
+  rest a match). A candidate its validator refuses is no match, and the rule goes on from the
+  position after its start, not after its end. A match is merged only once every rule has
   passed its start, so no match that could still come before it is unknown.
 - ``released`` is the smallest of the rules' holds (or the end of the last kept match, when it
   reaches past that): text before it can leave. So the scanner holds back only from the start of
@@ -42,7 +45,7 @@ import regex
 
 from gateway.guard.detectors import Detector
 
-CONTEXT = 32  # characters kept before a rule's position, for look-behind
+CONTEXT = 32  # characters kept before a rule's position, at least: the rules' look-behinds
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,7 @@ class _RuleState:
 class ChannelScanner:
     def __init__(self, rules: Sequence[Detector]) -> None:
         self._rules = [_RuleState(d) for d in rules]
+        self._context = max([CONTEXT, *(d.behind for d in rules)])
         self._buf = ""
         self._base = 0  # the channel offset of _buf[0]
         self._released = 0
@@ -93,7 +97,7 @@ class ChannelScanner:
 
     def drop_before(self, offset: int) -> None:
         """Forget the text before ``offset`` (already sent on), keeping look-behind context."""
-        keep_from = min([offset, *(r.pos for r in self._rules)]) - CONTEXT
+        keep_from = min([offset, *(r.pos for r in self._rules)]) - self._context
         if keep_from > self._base:
             self._buf = self._buf[keep_from - self._base :]
             self._base = keep_from
@@ -122,10 +126,12 @@ class ChannelScanner:
                 if early is not None or _undecided(detector, start, stop, end):
                     rule.hold = rule.pos = start if early is None else early
                     return
-            rule.pos = stop
             size = detector.valid(m.group())
             if size:
+                rule.pos = stop
                 rule.decided.append(Finding(start, start + size, index, m.group()[:size]))
+            else:  # not a value: a match may still start inside it ("+0 (415) 555-0198")
+                rule.pos = start + 1
 
     def _partial(self, pattern: regex.Pattern[str], low: int, high: int) -> int | None:
         """The first position in ``[low, high)``, before a complete match at ``high``, where
@@ -152,9 +158,12 @@ class ChannelScanner:
         ready.sort(key=lambda f: (f.start, ranks[f.rule], f.start - f.end, f.rule))
         kept = []
         for finding in ready:
-            if finding.start >= self._covered:
-                kept.append(finding)
-                self._covered = finding.end
+            if finding.end <= self._covered:
+                continue  # inside one kept before it
+            if finding.start < self._covered:  # overlapping: its rest is still a match
+                finding = Finding(self._covered, finding.end, finding.rule, finding.text)
+            kept.append(finding)
+            self._covered = finding.end
         return kept
 
 

@@ -66,6 +66,9 @@ class ChoiceGuard:
         lane = self._lanes[channel]
         if lane is None:
             return text, text
+        if lane.closed and text:  # more after the channel closed (reasoning after an answer
+            lane = self._lanes[channel] = _Lane(lane.name, ChannelScanner(  # began): scanned anew
+                [d for _, d in lane.owners]), lane.owners)  # fmt: skip
         if lane.closed or not (text or final):
             return ("", "") if lane.closed else (text, text)
         released, findings = lane.scanner.feed(text, final)

@@ -80,6 +80,8 @@ class ChoiceState:
     tools: ToolCalls = field(default_factory=ToolCalls)  # the calls the choice made
     guard: TextGuard | None = None  # guardrail policies over the split text (relay.guarding)
     _shown: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))  # guarded
+    _raw_reasoning: list[str] = field(default_factory=list)  # guarded: as the model wrote it
+    _carry: str = ""  # guarded: client reasoning the budget's cut released, sent with the next
     _leak_held: str = ""
     _leak_armed: bool = False
     _pending: int = 0  # deltas held back whole, their channel still to be decided
@@ -170,11 +172,19 @@ class ChoiceState:
             return reasoning, content
         guarded = self.guard.take(reasoning, content, final)
         self._count(reasoning, content, guarded.kept_reasoning, guarded.kept_content)
-        if guarded.reasoning:
-            self._shown[0].append(guarded.reasoning)
+        if reasoning:
+            self._raw_reasoning.append(reasoning)
+        shown_reasoning, self._carry = self._carry + guarded.reasoning, ""
+        if shown_reasoning:
+            self._shown[0].append(shown_reasoning)
         if guarded.content:
             self._shown[1].append(guarded.content)
-        return guarded.reasoning, guarded.content
+        return shown_reasoning, guarded.content
+
+    def model_reasoning(self) -> str:
+        """The reasoning as the model wrote it (a continuation resumes from it), whatever a
+        guardrail policy made of the record's copy."""
+        return "".join(self._raw_reasoning if self.guard is not None else self.reasoning)
 
     def shown_text(self) -> tuple[str, str]:
         """``(reasoning, answer)`` as the client was sent them; ``reasoning`` and ``content``
@@ -199,8 +209,11 @@ class ChoiceState:
         reasoning tokens, and from now on every text field is the answer (the engine continues
         after the close marker, whatever field its parser puts the text in)."""
         reasoning, _ = _join(self.splitter.close())
-        if reasoning and self.guard is not None:  # decided with the answer's first text
-            reasoning = self.guard.take(reasoning, "", False).kept_reasoning
+        if reasoning and self.guard is not None:
+            self._raw_reasoning.append(reasoning)
+            guarded = self.guard.take(reasoning, "", False)  # the rest: with the answer's first
+            self._carry += guarded.reasoning
+            reasoning = guarded.kept_reasoning
         if reasoning:
             self.reasoning.append(reasoning)
         self.reasoning_deltas += self._pending

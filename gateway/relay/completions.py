@@ -74,8 +74,8 @@ class CompletionsRelay(StreamRelay):
             if not isinstance(choice, dict):
                 raise RemoteProtocolError("upstream chunk has a choice that is not an object")
             state = self.choice(int(choice.get("index") or 0))
-            if state.blocked is not None:  # a guardrail ended it: nothing more of it goes out
-                continue
+            if state.blocked is not None and state.finish_reason == "content_filter":
+                continue  # a guardrail ended it, and the client was told: nothing more
             finish = choice.get("finish_reason")
             if finish is not None:
                 state.finish_reason = finish
@@ -112,6 +112,6 @@ def place(
     if reasoning and shown:
         choice["reasoning_content"] = reasoning
     held = state.last_had_reasoning or not state.splitter.idle or bool(reasoning)
-    if held and not shown:
+    if (held and not shown) or state.guard is not None:  # a guard's text may differ from them
         withhold_tokens(choice)
     return bool(content) or bool(reasoning and shown)

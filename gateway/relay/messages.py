@@ -221,6 +221,7 @@ class MessagesStream(EventRelay):
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:
         state = self.choice(0)
         if state.blocked is not None:  # a guardrail ended it: nothing more of it goes out
+            state.finish_reason = "content_filter"
             return []
         finish = choice.get("finish_reason")
         if finish is not None:

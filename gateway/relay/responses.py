@@ -185,7 +185,7 @@ class ResponsesWhole(_Shaping, Rewriter):
         if content.strip() or not calls:  # R1's "\n\n" before a call says nothing
             item = self.new("message")
             item.texts.append(content)
-            if self.meta.logprobs:
+            if self.meta.logprobs and state.guard is None:  # a guard's text may differ
                 item.logprobs = answer_logprobs(logprobs_of(raw_logprobs), content)
             output.append(self.rendered(item, status))
         for call in calls:
@@ -263,6 +263,7 @@ class ResponsesStream(_Shaping, EventRelay):
     def _choice(self, choice: dict[str, Any]) -> list[bytes]:
         state = self.choice(0)
         if state.blocked is not None:  # a guardrail ended it: nothing more of it goes out
+            state.finish_reason = "content_filter"
             return []
         finish = choice.get("finish_reason")
         if finish is not None:
@@ -273,7 +274,8 @@ class ResponsesStream(_Shaping, EventRelay):
         if state.blocked is not None:
             state.finish_reason = "content_filter"
             delta = {}
-        if self.meta.logprobs and content and content == text and not reasoning:
+        if self.meta.logprobs and content and content == text and not reasoning \
+                and state.guard is None:  # fmt: skip
             self._logprobs += logprobs_of(choice.get("logprobs"))  # text went out as it came
         out: list[bytes] = []
         if reasoning and self.keeps_reasoning:

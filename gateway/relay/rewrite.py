@@ -16,7 +16,8 @@ Rules, per choice (state is kept per ``index``, so ``n > 1`` works):
 - Reasoning goes to the client only when the policy shows it, in ``reasoning_content``,
   ``reasoning`` or both (``REASONING_FIELD``). A hidden policy removes every byte of it,
   including ``logprobs`` and ``token_ids`` of chunks that carried reasoning (they would spell it
-  out: ``withhold_tokens``).
+  out: ``withhold_tokens``). A choice under guardrail policies has neither at all: they would
+  spell out what a redaction removed.
 - Tool calls pass through as the upstream sent them, and are kept for the record.
 - An absent channel is absent: no ``"content": ""``; a choice left with an empty delta and no
   ``finish_reason`` is dropped, and so is a chunk left with no choices.
@@ -117,7 +118,7 @@ class Rewriter:
         state.end_reasoning()
         spent = self.upstream_tokens if self.upstream_tokens is not None else state.deltas
         self.spent, self.cutting, self.continued = spent, False, True
-        prefix = continuation_prefix(self.policy.format, "".join(state.reasoning))
+        prefix = continuation_prefix(self.policy.format, state.model_reasoning())
         body = continuation_body(orjson.loads(upstream_body), prefix, self.spent,
                                  self.policy.max_tokens)  # fmt: skip
         return orjson.dumps(body)
@@ -359,8 +360,8 @@ class StreamRelay(Rewriter):
     def _rewrite_choice(self, choice: dict[str, Any]) -> object:
         """Rewrite ``choice`` in place (the parsed chunk is ours); say what happened."""
         state = self.choice(int(choice.get("index") or 0))
-        if state.blocked is not None:  # a guardrail ended it: nothing more of it goes out
-            return _DROPPED
+        if state.blocked is not None and state.finish_reason == "content_filter":
+            return _DROPPED  # a guardrail ended it, and the client was told: nothing more
         finish = choice.get("finish_reason")
         if finish is not None:
             state.finish_reason = finish
@@ -374,14 +375,16 @@ class StreamRelay(Rewriter):
             return _CHANGED
         if "tool_calls" in delta:
             state.tools.add(delta["tool_calls"])
-        if new_delta is delta:
+        guarded = state.guard is not None and bool(choice.get("logprobs") or
+                                                    choice.get("token_ids"))  # fmt: skip
+        if new_delta is delta and not guarded:
             return _UNCHANGED
         if not new_delta and finish is None:
             return _DROPPED
         choice["delta"] = new_delta
         hidden = state.last_had_reasoning or not state.splitter.idle  # held: maybe reasoning
-        if hidden and not self.policy.show_reasoning:
-            withhold_tokens(choice)
+        if (hidden and not self.policy.show_reasoning) or state.guard is not None:
+            withhold_tokens(choice)  # a guard's text may differ from what the tokens spell
         return _CHANGED
 
     def _rewrite_usage(self, chunk: dict[str, Any]) -> bool:
@@ -474,7 +477,7 @@ def rewrite_completion(rewriter: Rewriter, body: dict[str, Any]) -> dict[str, An
             choice["finish_reason"] = state.finish_reason = "content_filter"
             state.tools = type(state.tools)()
         choice["message"] = message
-        if not rewriter.policy.show_reasoning and state.reasoning:
+        if (not rewriter.policy.show_reasoning and state.reasoning) or state.guard is not None:
             withhold_tokens(choice)
     usage = body.get("usage")
     if isinstance(usage, dict):

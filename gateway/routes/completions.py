@@ -48,7 +48,8 @@ async def create_completion(request: Request) -> Response:
                     show_reasoning=key.reasoning == "visible" and call.wants_reasoning,
                     reasoning_field=state.settings.reasoning_field,
                     include_usage=call.include_usage,
-                    guard=steps.guard_for(state, key, call.model), choices=call.n)  # fmt: skip
+                    guard=steps.guard_for(state, key, call.model),
+                    choices=call.n * call.prompts)  # fmt: skip
     relay = CompletionsRelay(policy) if call.stream else CompletionsWhole(policy)
     notes = steps.unknown_fields(state, "completions", call.unknown)
     return await steps.forward(state, request, key, call, ("completions", "/completions"),

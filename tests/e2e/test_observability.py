@@ -166,7 +166,11 @@ async def test_a_scrape_after_traffic_shows_every_metric_with_sensible_values(
     broken = create_sim_app(SimConfig(error_rate=1.0, models={BROKEN: "template"}))
     async with BackgroundServer(main) as engine, BackgroundServer(broken) as failing:
         good_url, bad_url = f"{engine.url}/v1", f"{failing.url}/v1"
-        stack = await stack_factory(extra_upstreams=(good_url, bad_url))
+        # a policy that flags every word of the reasoning: thinkgate_guardrail_actions counts
+        flag = tmp_path / "guardrails.yaml"
+        flag.write_text("policies:\n  - {name: words, detect: [{regex: '[a-z]{4,12}', "
+                        "max_length: 12}], scope: [reasoning], action: flag}\n")  # fmt: skip
+        stack = await stack_factory(extra_upstreams=(good_url, bad_url), guardrails_file=flag)
         database_url = f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}"
         limited = await limited_key(stack, database_url, rpm=1)
         leaver = await client_key(database_url, "leaver", reasoning="visible")

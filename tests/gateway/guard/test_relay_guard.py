@@ -1,0 +1,99 @@
+"""A guarded choice in the relays: what the review of the first version found, held down."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from gateway.guard.detectors import PatternError, custom
+from gateway.guard.policy import parse
+from gateway.guard.scanner import ChannelScanner
+from gateway.guard.stream import ChoiceGuard
+from gateway.relay.choice import ChoiceState
+from gateway.relay.completions import CompletionsRelay
+from gateway.relay.formats import BUILTIN
+from gateway.relay.rewrite import Policy, StreamRelay
+from gateway.relay.sse import Event
+
+PII = parse(
+    "policies:\n  - {name: pii, detect: [email], action: redact}\n"
+    "  - {name: keys, detect: [secret_key], scope: [answer], action: block}\n"
+).policies
+EMAIL = "jane.doe@example.com"
+
+
+def guarded(**policy: Any) -> Policy:
+    return Policy.named("deepseek_r1", True, "reasoning_content",
+                        guard=lambda: ChoiceGuard(PII), **policy)  # fmt: skip
+
+
+def event(choices: list[dict[str, Any]]) -> Event:
+    return Event(data=orjson.dumps({"id": "c", "choices": choices}))
+
+
+def test_a_long_look_behind_of_a_files_own_regex_is_found_one_character_at_a_time() -> None:
+    secret = custom(r"(?<=here is the very secret access password, it is: )\w{6}")
+    text = "here is the very secret access password, it is: hunter2 ok"
+    scanner = ChannelScanner([secret])
+    found = []
+    for i, char in enumerate(text):
+        released, findings = scanner.feed(char, final=i == len(text) - 1)
+        found += [f.text for f in findings]
+        scanner.drop_before(released)
+    assert found == ["hunter"]
+
+
+@pytest.mark.parametrize("pattern", [r"\d+-\d+", r"x{3,}", r"ACME-[0-9]{6}(?=\w*)"])
+def test_a_regex_without_a_bound_is_refused(pattern: str) -> None:
+    with pytest.raises(PatternError, match="no upper bound"):
+        custom(pattern)
+
+
+def test_a_regex_longer_than_max_length_is_refused() -> None:
+    with pytest.raises(PatternError, match="more than max_length"):
+        custom(r"[a-z]{40}", max_length=16)
+
+
+def test_a_guarded_chunk_carries_no_logprobs_or_token_ids() -> None:
+    relay = StreamRelay(guarded())
+    logprobs = {"content": [{"token": " jane", "logprob": -0.1}]}
+    relay.feed(event([{"index": 0, "delta": {"content": "</think>"}}]))
+    out = relay.feed(event([{"index": 0, "delta": {"content": "plain words "},
+                             "logprobs": logprobs, "token_ids": [1, 2]}]))  # fmt: skip
+    chunk = orjson.loads(out.removeprefix(b"data: ").strip())
+    choice = chunk["choices"][0]
+    assert choice["logprobs"] is None and choice["token_ids"] is None
+
+
+def test_a_block_in_one_prompt_of_a_batch_leaves_the_others_streaming() -> None:
+    relay = CompletionsRelay(guarded(choices=2))  # two prompts, n = 1
+    relay.feed(event([{"index": 0, "text": "</think>key AKIAIOSFODNN7EXAMPLE and on"},
+                      {"index": 1, "text": "</think>fine "}]))  # fmt: skip
+    assert relay.choices[0].blocked == "keys" and not relay.all_blocked
+    out = relay.feed(event([{"index": 1, "text": "still going on"}]))
+    assert b"still going" in out
+
+
+def test_reasoning_after_the_answer_began_is_not_lost() -> None:
+    state = ChoiceState.start(BUILTIN["deepseek_r1"], "upstream", thinking=True,
+                              repair_leak=False, guard=ChoiceGuard(PII))  # fmt: skip
+    state.take(None, "think one ", final=False)
+    state.take("answer ", None, final=False)
+    shown = state.take(None, f"think two {EMAIL} ", final=False)[0]
+    shown += state.take(None, None, final=True)[0]
+    assert shown == "think two [EMAIL] "
+    assert "".join(state.reasoning) == "think one think two [EMAIL] "
+
+
+def test_a_budget_cut_resumes_from_the_models_reasoning_and_sends_what_it_held() -> None:
+    state = ChoiceState.start(BUILTIN["deepseek_r1"], "text", thinking=True, repair_leak=False,
+                              guard=ChoiceGuard(PII))  # fmt: skip
+    shown = state.take(f"so I mail {EMAIL} and the total is 4211", None, final=False)[0]
+    state.end_reasoning()
+    assert state.model_reasoning() == f"so I mail {EMAIL} and the total is 4211"
+    later = state.take("The answer.", None, final=True)  # "4211" could have been a number
+    assert shown + later[0] == "so I mail [EMAIL] and the total is 4211"
+    assert later[1] == "The answer."
+    assert "".join(state.reasoning) == "so I mail [EMAIL] and the total is 4211"
