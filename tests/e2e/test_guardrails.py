@@ -60,18 +60,25 @@ def openai_client(stack: Stack, key: str = "visible") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=stack.url, api_key=stack.keys[key], max_retries=0)
 
 
+async def streamed_and_whole(stack: Stack, extra: dict[str, Any]) -> tuple[list[Any], Any]:
+    """The same chat request streamed (its chunks) and whole, by the visible key."""
+    async with openai_client(stack) as client:
+        stream = await client.chat.completions.create(
+            model="deepseek-r1", messages=MESSAGES, stream=True, extra_body=extra
+        )
+        chunks = [c async for c in stream]
+        whole = await client.chat.completions.create(
+            model="deepseek-r1", messages=MESSAGES, extra_body=extra
+        )
+    return chunks, whole
+
+
 async def test_a_planted_email_and_card_reach_neither_the_client_nor_the_record(
     stack_factory: StackFactory, tmp_path: Path
 ) -> None:
     stack, sink = await guarded(stack_factory, tmp_path)
-    async with openai_client(stack) as client:
-        stream = await client.chat.completions.create(
-            model="deepseek-r1", messages=MESSAGES, stream=True, extra_body=SIM
-        )
-        deltas = [c.choices[0].delta async for c in stream if c.choices]
-        whole = await client.chat.completions.create(
-            model="deepseek-r1", messages=MESSAGES, extra_body=SIM
-        )
+    chunks, whole = await streamed_and_whole(stack, SIM)
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
     reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
     content = "".join(d.content or "" for d in deltas)
     assert reasoning == "Mail [EMAIL] soon" and content == "\n\nCard [CREDIT_CARD] done."
@@ -136,14 +143,8 @@ async def test_a_block_ends_chat_and_completions_with_content_filter(
     stack_factory: StackFactory, tmp_path: Path
 ) -> None:
     stack, sink = await guarded(stack_factory, tmp_path)
+    chunks, whole = await streamed_and_whole(stack, BLOCKED)
     async with openai_client(stack) as client:
-        stream = await client.chat.completions.create(
-            model="deepseek-r1", messages=MESSAGES, stream=True, extra_body=BLOCKED
-        )
-        chunks = [c async for c in stream]
-        whole = await client.chat.completions.create(
-            model="deepseek-r1", messages=MESSAGES, extra_body=BLOCKED
-        )
         legacy = await client.completions.create(
             model="deepseek-r1", prompt="Where?", extra_body=BLOCKED
         )
