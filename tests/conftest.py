@@ -16,11 +16,28 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as redis
+from _pytest.nodeid import coerce_node_id
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.engine import make_url
 
 from gateway.settings import Settings
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup``: a test marked ``xdist_group(name)`` gets ``@name`` at the end of
+    its node id, which is how xdist's scheduler keeps a group on one worker. pytest-xdist 3.8
+    writes the suffix to ``item._nodeid``, which pytest 9.2 no longer reads (the id lives in
+    ``item._id``), so the groups were silently ignored: both workers started their own three
+    vLLM servers and their own PostgreSQL. This puts the suffix where pytest reads it."""
+    if not config.getoption("loadgroup", default=False):  # xdist's workers, --dist loadgroup
+        return
+    for item in items:
+        names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                        for mark in item.iter_markers("xdist_group")})  # fmt: skip
+        if names and "@" not in item.nodeid:
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
