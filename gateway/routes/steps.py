@@ -241,7 +241,8 @@ def unknown_fields(state: AppState, endpoint: str, names: tuple[str, ...]) -> tu
 def guard_for(state: AppState, key: KeyInfo, model: str) -> Callable[[], TextGuard] | None:
     """A new guard per choice when ``GUARDRAILS_FILE``'s policies select this key's tenant
     and ``model``; ``None`` (no guard, the relay's fast paths) otherwise."""
-    policies = state.guardrails.select(key.tenant, model)
+    policies = [p for p in state.guardrails.select(key.tenant, model)
+                if p.channels & {"reasoning", "answer"}]  # fmt: skip
     return functools.partial(ChoiceGuard, policies) if policies else None
 
 

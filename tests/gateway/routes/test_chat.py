@@ -15,7 +15,7 @@ import pytest
 from gateway.api.chat import ChatRequest, parse_chat_request
 from gateway.auth.keys import KeyInfo, ReasoningPolicy
 from gateway.guard.policy import NONE as NO_GUARDRAILS
-from gateway.guard.policy import Guardrails
+from gateway.guard.policy import Guardrails, parse
 from gateway.relay.formats import BUILTIN
 from gateway.relay.rewrite import Rewriter, StreamRelay
 from gateway.routes.chat import estimate_tokens, rewriter
@@ -127,3 +127,16 @@ def test_estimate_counts_the_forwarded_body_not_the_clients() -> None:
     assert estimate_tokens(directive, state()) == estimate_tokens(plain, state())
     longer = chat(max_tokens=10, messages=[{"role": "user", "content": "hi" + "x" * 4000}])
     assert estimate_tokens(longer, state()) - estimate_tokens(plain, state()) == 1000
+
+
+@pytest.mark.parametrize(
+    ("scope", "guarded"), [("[prompt]", False), ("[answer]", True), ("[reasoning, prompt]", True)]
+)
+def test_a_choice_is_guarded_only_by_policies_over_its_reasoning_or_answer(
+    scope: str, guarded: bool
+) -> None:
+    """A prompt-only policy leaves the relay's fast paths to its choices."""
+    policies = parse(f"policies:\n  - {{name: p, detect: [email], scope: {scope}, action: flag}}\n")
+    stand_in = cast(AppState, State(Settings(), policies))
+    relay = rewriter(stand_in, key("visible"), chat(stream=True))
+    assert (relay.policy.guard is not None) is guarded
