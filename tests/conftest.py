@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as redis
-from _pytest.nodeid import coerce_node_id
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.engine import make_url
@@ -37,7 +36,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         names = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
                         for mark in item.iter_markers("xdist_group")})  # fmt: skip
         if names and "@" not in item.nodeid:
-            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
+            _set_nodeid(item, f"{item.nodeid}@{'_'.join(names)}")
+
+
+def _set_nodeid(item: pytest.Item, nodeid: str) -> None:
+    try:
+        from _pytest.nodeid import coerce_node_id  # pytest >= 9.2
+    except ImportError:  # older pytest reads _nodeid, where xdist already wrote it
+        item._nodeid = nodeid
+        return
+    item._id = coerce_node_id(nodeid)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
