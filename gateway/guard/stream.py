@@ -88,10 +88,10 @@ class ChoiceGuard:
                 lane.closed = True
                 return "".join(client), "".join(kept)
             redact = policy.action == "redact"
-            client.append(detector.label if redact and "client" in policy.targets
-                          else finding.text)  # fmt: skip
-            kept.append(detector.label if redact and "ledger" in policy.targets
-                        else finding.text)  # fmt: skip
+            # the span, not the match: an overlapping match is kept from where the last ended
+            span = lane.scanner.text(finding.start, finding.end)
+            client.append(detector.label if redact and "client" in policy.targets else span)
+            kept.append(detector.label if redact and "ledger" in policy.targets else span)
             cursor = finding.end
         if released > cursor:
             tail = lane.scanner.text(cursor, released)

@@ -97,3 +97,20 @@ def test_a_budget_cut_resumes_from_the_models_reasoning_and_sends_what_it_held()
     assert shown + later[0] == "so I mail [EMAIL] and the total is 4211"
     assert later[1] == "The answer."
     assert "".join(state.reasoning) == "so I mail [EMAIL] and the total is 4211"
+
+
+@pytest.mark.parametrize("action", ["redact", "flag"])
+def test_a_copy_a_policy_leaves_alone_is_the_text_itself_even_where_matches_overlap(
+    action: str,
+) -> None:
+    """A phone number that took a card's first digits, and the card's rest: two findings that
+    overlap, each leaving the client's copy (targets: ledger) as it came."""
+    policies = parse(f"policies:\n  - {{name: p, detect: [phone, credit_card], action: {action}, "
+                     "targets: [ledger]}\n").policies  # fmt: skip
+    text = "call 90 5500-0000-0000-0004 now"
+    for pieces in ([text], list(text)):
+        guard = ChoiceGuard(policies)
+        shown = [guard.take("", piece, False).content for piece in pieces]
+        shown.append(guard.take("", "", True).content)
+        assert "".join(shown) == text
+        assert [a.detector for a in guard.acts] == ["phone", "credit_card"]
