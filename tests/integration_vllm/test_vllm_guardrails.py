@@ -1,0 +1,81 @@
+"""Guardrail policies over real vLLM's streams (CPU, the tiny model, its text pinned by a
+literal regex): vLLM's own chunking, behind its reasoning parser and behind thinkgate's
+splitter, and the planted values reach neither the client nor the record."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gateway.app import create_app
+from gateway.edge.servers import BackgroundServer
+from gateway.ledger.sink import ensure_keys
+from gateway.settings import Settings
+from tests.e2e.conftest import RecordingSink, ledger_files, make_keys
+from tests.integration_vllm.conftest import TinyModel, VllmServer
+from tests.integration_vllm.test_vllm import MODELS, Gateway, stream
+
+POLICIES = """
+policies:
+  - name: pii
+    detect: [email, credit_card]
+    action: redact
+  - name: keys
+    detect: [secret_key]
+    scope: [answer]
+    action: block
+"""
+# what the model is made to write: an address in its reasoning, a card number in its answer
+PLANTED = r"Mail jane\.doe@example\.com now\.\n</think>\n\nCard 4111 1111 1111 1111 ok\."
+SECRET = r"Check\.\n</think>\n\nThe key is AKIAIOSFODNN7EXAMPLE and more\."
+
+
+@pytest.fixture
+async def guarded(
+    vllm_servers: dict[str, VllmServer], tiny_model: TinyModel, tmp_path: Path
+) -> AsyncIterator[Gateway]:
+    policies = tmp_path / "guardrails.yaml"
+    policies.write_text(POLICIES)
+    settings = Settings(
+        upstreams=(vllm_servers["parsed"].url, vllm_servers["raw"].url),
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
+        models={"tiny-r1-parsed": {"reasoning_source": "upstream"}},
+        first_token_timeout_s=180,
+        guardrails_file=policies,
+        **ledger_files(tmp_path),
+    )
+    ensure_keys(settings, create=True)
+    keys = await make_keys(settings)
+    sink = RecordingSink()
+    async with BackgroundServer(create_app(settings, sink=sink)) as server:
+        yield Gateway(f"{server.url}/v1", keys, sink, tiny_model)
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_planted_values_are_redacted_in_vllms_own_chunking(
+    guarded: Gateway, model: str
+) -> None:
+    reasoning, content, _ = await stream(
+        guarded, model, max_tokens=100, extra_body=guarded.pinned(PLANTED)
+    )
+    assert (reasoning, content) == ("Mail [EMAIL] now.\n", "\n\nCard [CREDIT_CARD] ok.")
+    [record] = await guarded.sink.wait_for(1)
+    assert record.reasoning == ("Mail [EMAIL] now.\n",)
+    assert record.content == ("\n\nCard [CREDIT_CARD] ok.",)
+    assert [a.detector for _, a in record.guardrails] == ["email", "credit_card"]
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_a_secret_in_the_answer_ends_it_with_content_filter(
+    guarded: Gateway, model: str
+) -> None:
+    _, content, chunks = await stream(
+        guarded, model, max_tokens=100, extra_body=guarded.pinned(SECRET)
+    )
+    assert content == "\n\nThe key is "
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "content_filter"
+    [record] = await guarded.sink.wait_for(1)
+    assert record.finish_reasons == ("content_filter",)
+    assert all("AKIA" not in text for text in record.content)
