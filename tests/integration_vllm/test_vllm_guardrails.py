@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,13 +54,16 @@ async def guarded(
         yield Gateway(f"{server.url}/v1", keys, sink, tiny_model)
 
 
+async def pinned_stream(gw: Gateway, model: str, regex: str) -> tuple[str, str, list[Any]]:
+    """A streamed chat request whose output vLLM is made to write as ``regex`` spells it."""
+    return await stream(gw, model, max_tokens=100, extra_body=gw.pinned(regex))
+
+
 @pytest.mark.parametrize("model", MODELS)
 async def test_planted_values_are_redacted_in_vllms_own_chunking(
     guarded: Gateway, model: str
 ) -> None:
-    reasoning, content, _ = await stream(
-        guarded, model, max_tokens=100, extra_body=guarded.pinned(PLANTED)
-    )
+    reasoning, content, _ = await pinned_stream(guarded, model, PLANTED)
     assert (reasoning, content) == ("Mail [EMAIL] now.\n", "\n\nCard [CREDIT_CARD] ok.")
     [record] = await guarded.sink.wait_for(1)
     assert record.reasoning == ("Mail [EMAIL] now.\n",)
@@ -71,9 +75,7 @@ async def test_planted_values_are_redacted_in_vllms_own_chunking(
 async def test_a_secret_in_the_answer_ends_it_with_content_filter(
     guarded: Gateway, model: str
 ) -> None:
-    _, content, chunks = await stream(
-        guarded, model, max_tokens=100, extra_body=guarded.pinned(SECRET)
-    )
+    _, content, chunks = await pinned_stream(guarded, model, SECRET)
     assert content == "\n\nThe key is "
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "content_filter"
     [record] = await guarded.sink.wait_for(1)
