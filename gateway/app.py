@@ -44,6 +44,7 @@ from gateway.edge.frontdoor import FrontDoor, error_response, internal_error
 from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RouteError
 from gateway.guard.policy import NONE as NO_GUARDRAILS
+from gateway.guard.policy import Guardrails
 from gateway.guard.policy import load as load_guardrails
 from gateway.ledger.record import RecordSink
 from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
@@ -65,6 +66,7 @@ from gateway.routes.health import metrics_app
 from gateway.routes.state import AppState
 from gateway.settings import ModelOverride, Settings
 from gateway.telemetry.metrics import Metrics
+from gateway.upstream.judge import GuardModels
 from gateway.upstream.pool import UpstreamPool, create_transport
 from ratelimit.autopipe import AutoPipeline
 
@@ -156,6 +158,19 @@ DEMO_MODELS = {
 }
 
 
+def _guardrails(stack: contextlib.AsyncExitStack, settings: Settings, metrics: Metrics
+                ) -> tuple[Guardrails, GuardModels | None]:  # fmt: skip
+    """``GUARDRAILS_FILE``'s policies, and a client for their guard models if they have any."""
+    if settings.guardrails_file is None:
+        return NO_GUARDRAILS, None
+    guardrails = load_guardrails(settings.guardrails_file)
+    if not any(policy.judges for policy in guardrails.policies):
+        return guardrails, None
+    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
+    stack.push_async_callback(client.aclose)
+    return guardrails, GuardModels(client, metrics)
+
+
 async def _start(
     stack: contextlib.AsyncExitStack,
     settings: Settings,
@@ -220,6 +235,7 @@ async def _start(
     for work in background:
         task = asyncio.create_task(work)
         stack.push_async_callback(_cancel, task)
+    guardrails, guard_models = _guardrails(stack, settings, metrics)
     state = AppState(
         settings=settings,
         transport=transport,
@@ -241,8 +257,8 @@ async def _start(
         stored=kept.stored,
         conversations=kept.conversations,
         background_store=kept.background,
-        guardrails=load_guardrails(settings.guardrails_file) if settings.guardrails_file
-        else NO_GUARDRAILS,
+        guardrails=guardrails,
+        guard_models=guard_models,
     )  # fmt: skip
     if state.background is not None:  # stopped before the database goes (a LIFO stack)
         sweeping = asyncio.create_task(state.background.sweep_forever())

@@ -53,6 +53,13 @@ from starlette.types import Receive
 from gateway.edge.streaming import DirectWriter, DisconnectWatcher, RelayResponse
 from gateway.errors import GatewayError, RemoteProtocolError, UpstreamError, UpstreamProtocolError
 from gateway.exchange.lifecycle import Exchange
+from gateway.exchange.screening import (
+    ScreenPlan,
+    parse_read,
+    relay_events,
+    screen_whole,
+    screened_output,
+)
 from gateway.relay.effort import COUNTING
 from gateway.relay.rewrite import StreamRelay
 from gateway.relay.sse import SSEParser
@@ -116,7 +123,8 @@ class Forwarder:
         async def push(writer: DirectWriter) -> None:
             await push_stream(ex, leg, relay, writer, self.keepalive_s)
 
-        return RelayResponse(body, watcher, cleanup, headers, push if leg.stream.wire else None)
+        pushed = leg.stream.wire is not None and ex.screen is None  # a screen needs the task
+        return RelayResponse(body, watcher, cleanup, headers, push if pushed else None)
 
     async def detached(self, ex: Exchange, candidates: Sequence[Upstream]) -> AsyncIterator[bytes]:
         """The exchange with no client attached (a background response): every piece a
@@ -168,6 +176,8 @@ class Forwarder:
                 candidates, ex.path, ex.request.upstream_body, ex.upstream_headers
             )
             ex.upstream = upstream.base_url
+        if ex.screen is not None:
+            await screen_whole(ex.screen, ex.rewriter, body)
         ex.mark_first_token()
         arrived = time.perf_counter()
         try:
@@ -250,10 +260,17 @@ def overhead_header(ex: Exchange) -> tuple[str, str]:
     return "x-thinkgate-overhead-ms", f"{ex.overhead_s * 1000:.3f}"
 
 
-async def upstream_output(ex: Exchange, leg: Leg, relay: StreamRelay) -> AsyncIterator[bytes]:
+async def upstream_output(
+    ex: Exchange, leg: Leg, relay: StreamRelay, screen: ScreenPlan | None = None
+) -> AsyncIterator[bytes]:
     """What each upstream read makes for the client (``[DONE]`` held back; maybe nothing),
     across a continuation: when the relay's reasoning budget is spent, the leg moves on to the
-    request that continues the turn. Raises the error that cut the stream short."""
+    request that continues the turn. Raises the error that cut the stream short. With guard
+    models (``screen``), the events wait for their verdicts (``screened_output``)."""
+    if screen is not None:
+        async for out in screened_output(ex, leg, relay, screen):
+            yield out
+        return
     while True:
         while raw := await leg.stream.read():
             arrived = time.perf_counter()
@@ -279,7 +296,7 @@ async def relay_stream(
     this generator is cancelled or never started."""
     last_sent = time.perf_counter()
     try:
-        async for out in upstream_output(ex, leg, relay):
+        async for out in upstream_output(ex, leg, relay, ex.screen):
             if out:
                 ex.mark_first_token()
                 yield out
@@ -446,22 +463,8 @@ def relay_read(
     error that cut it short, if any: the good events before a bad one still go out."""
     out: list[bytes] = []
     try:
-        try:
-            events = parser.feed(raw)
-            error: RemoteProtocolError | None = None
-        except RemoteProtocolError as exc:  # keep what came before the bad event
-            events, error = exc.events, exc
-        for event in events:
-            data = relay.feed(event)
-            if relay.done:
-                break
-            out.append(data if relay.first_id is None else relay.as_first(data, event))
-            if relay.policy.guard is not None and relay.all_blocked:
-                relay.done = relay.stopped = True  # nothing more can go out: stop the engine
-                break
-            if relay.policy.budget is not None and relay.budget_spent():
-                relay.cut_at(event)  # the rest of this turn is never read
-                break
+        events, error = parse_read(parser, raw)
+        relay_events(relay, events, out)
     except (GatewayError, RemoteProtocolError) as exc:
         return b"".join(out), exc
     return b"".join(out), error

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gateway.admission.gate import Gate, Ticket
 from gateway.auth.keys import KeyInfo
@@ -36,6 +36,9 @@ from gateway.relay.guarding import GuardAct
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_completion
 from gateway.telemetry.metrics import CompletedRequest, GapCounts, Metrics
+
+if TYPE_CHECKING:
+    from gateway.exchange.screening import ScreenPlan
 
 log = logging.getLogger("thinkgate")
 
@@ -83,6 +86,7 @@ class Exchange:
     # response headers the request's parse decided (x-thinkgate-ignored, a clamped max_tokens)
     notes: tuple[tuple[str, str], ...] = ()
     prompt_acts: tuple[GuardAct, ...] = ()  # what guardrail policies did to the prompt
+    screen: ScreenPlan | None = None  # guard models over the output (exchange.screening)
     _finishing: asyncio.Future[None] | None = None
 
     def mark_first_token(self) -> None:

@@ -13,10 +13,23 @@ policies:
     targets: [client, ledger]   # where a redaction applies
 ```
 
+A guard model (``gateway.guard.judging``) is a detector too: an OpenAI-compatible chat
+endpoint that answers as Llama Guard does (``safe``, or ``unsafe`` and its categories)::
+
+    detect: [{model: llama-guard, upstream: "http://guard.models:8000/v1",
+              categories: [S1, S9],       # the categories that count (default: every one)
+              every: sentence,            # or paragraph: when a stream's text is asked
+              window: 4000,               # the most characters of a channel one ask carries
+              timeout_s: 5,
+              params: {temperature: 0}}]  # merged into the guard request's body
+    on_error: block                       # allow | block: a guard model that cannot answer
+
+A guard model judges text; it finds no span to replace, so its policy's action is ``block``
+or ``flag`` (``redact`` is refused). ``on_error`` defaults to ``block`` for a ``block``
+policy and to ``allow`` for a ``flag`` one.
+
 A file that cannot be used is refused with the line and the field (``PolicyFileError``):
-``thinkgate serve`` exits 2 before it listens. Kept deliberately out of this version, and
-refused by name rather than ignored: guard-model detectors (``{model: ...}``), so that a
-policy never silently does less than its file says.
+``thinkgate serve`` exits 2 before it listens.
 """
 
 from __future__ import annotations
@@ -25,10 +38,19 @@ import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gateway.guard.detectors import BUILTIN, Detector, PatternError, builtin, custom
 
@@ -58,11 +80,48 @@ class _PhoneSpec(_Strict):
     phone: _PhoneOptions
 
 
+class _ModelSpec(_Strict):
+    model: str = Field(min_length=1, max_length=256)
+    upstream: str = Field(pattern=r"^https?://[^\s]+$")
+    categories: tuple[str, ...] = ()
+    every: Literal["sentence", "paragraph"] = "sentence"
+    window: int = Field(4000, ge=200, le=100_000)
+    timeout_s: float = Field(5.0, gt=0, le=120)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("params")
+    @classmethod
+    def _own(cls, value: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(value) & {"model", "messages", "stream"})
+        if taken:
+            raise ValueError(f"params may not set {', '.join(taken)}: the gateway does")
+        return value
+
+
+def _kind(item: Any) -> str | None:
+    """Which detector an item of ``detect`` is: a built-in's name, or the key of its mapping
+    (so that an error names the field of the kind it is, not of the first kind tried)."""
+    if isinstance(item, str):
+        return "name"
+    if isinstance(item, dict):
+        return next((k for k in ("model", "regex", "phone") if k in item), "regex")
+    return None
+
+
+_Detect = Annotated[
+    Annotated[str, Tag("name")] | Annotated[_RegexSpec, Tag("regex")]
+    | Annotated[_PhoneSpec, Tag("phone")] | Annotated[_ModelSpec, Tag("model")],
+    Discriminator(_kind, custom_error_type="detector",
+                  custom_error_message="a detector is a name or a mapping ({regex: ...}, "
+                                       "{phone: ...} or {model: ...})"),
+]  # fmt: skip
+
+
 class _PolicySpec(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     tenants: tuple[str, ...] = ("*",)
     models: tuple[str, ...] = ("*",)
-    detect: tuple[str | _RegexSpec | _PhoneSpec, ...] = Field(min_length=1)
+    detect: tuple[_Detect, ...] = Field(min_length=1)
     scope: tuple[Literal["reasoning", "answer", "prompt"], ...] = ("reasoning", "answer")
     action: Action
     targets: tuple[Literal["client", "ledger"], ...] = ("client", "ledger")
@@ -74,11 +133,16 @@ class _PolicySpec(_Strict):
         for item in value if isinstance(value, list) else ():
             if isinstance(item, str) and item not in BUILTIN:
                 raise ValueError(f"unknown detector {item!r} (one of {', '.join(BUILTIN)}, "
-                                 "{regex: ...} or {phone: {region: XX}})")  # fmt: skip
-            if isinstance(item, dict) and "model" in item:
-                raise ValueError("guard-model detectors ({model: ...}) are not supported in "
-                                 "this version")  # fmt: skip
+                                 "{regex: ...}, {phone: {region: XX}} or "
+                                 "{model: ...})")  # fmt: skip
         return value
+
+    @model_validator(mode="after")
+    def _judged(self) -> _PolicySpec:
+        if self.action == "redact" and any(isinstance(d, _ModelSpec) for d in self.detect):
+            raise ValueError("a guard model ({model: ...}) finds no span to redact: its "
+                             "policy's action must be block or flag")  # fmt: skip
+        return self
 
     @field_validator("scope")
     @classmethod
@@ -102,6 +166,24 @@ class _FileSpec(_Strict):
 
 
 @dataclass(frozen=True, slots=True)
+class GuardModel:
+    """A guard model a policy asks (``gateway.guard.judging``)."""
+
+    model: str
+    upstream: str  # an OpenAI-compatible base URL (``…/v1``)
+    categories: frozenset[str]  # the categories that count; empty: every one
+    every: Literal["sentence", "paragraph"]
+    window: int
+    timeout_s: float
+    params: tuple[tuple[str, Any], ...]  # merged into the request body
+
+    @property
+    def name(self) -> str:
+        """The detector's name in acts and records."""
+        return f"model:{self.model}"
+
+
+@dataclass(frozen=True, slots=True)
 class GuardPolicy:
     name: str
     tenants: tuple[str, ...]
@@ -110,6 +192,8 @@ class GuardPolicy:
     channels: frozenset[Channel]
     action: Action
     targets: frozenset[Literal["client", "ledger"]]
+    judges: tuple[GuardModel, ...] = ()
+    on_error: Literal["allow", "block"] = "block"
 
     def applies(self, tenant: str, model: str) -> bool:
         return ("*" in self.tenants or tenant in self.tenants) and any(
@@ -150,7 +234,7 @@ def parse(text: str, source: str = "<guardrails>") -> Guardrails:
         spec = _FileSpec.model_validate(data)
     except ValidationError as exc:
         error = exc.errors(include_url=False, include_input=False)[0]
-        loc = tuple(error["loc"])
+        loc = _untagged(tuple(error["loc"]))
         field = ".".join(str(part) for part in loc) or "(top level)"
         raise PolicyFileError(f"{source}: line {_line(node, loc)}, {field}: {error['msg']}"
                               ) from None  # fmt: skip
@@ -159,8 +243,13 @@ def parse(text: str, source: str = "<guardrails>") -> Guardrails:
 
 def _policy(spec: _PolicySpec, source: str, node: Any, index: int) -> GuardPolicy:
     detectors: list[Detector] = []
+    judges: list[GuardModel] = []
     for position, item in enumerate(spec.detect):
-        if isinstance(item, str):
+        if isinstance(item, _ModelSpec):
+            judges.append(GuardModel(item.model, item.upstream.rstrip("/"),
+                                     frozenset(item.categories), item.every, item.window,
+                                     item.timeout_s, tuple(item.params.items())))  # fmt: skip
+        elif isinstance(item, str):
             detectors.append(builtin(item))
         elif isinstance(item, _PhoneSpec):
             detectors.append(builtin("phone", region=item.phone.region))
@@ -172,8 +261,18 @@ def _policy(spec: _PolicySpec, source: str, node: Any, index: int) -> GuardPolic
                 raise PolicyFileError(f"{source}: line {_line(node, loc)}, "
                                       f"{'.'.join(map(str, loc))}: {exc}") from None  # fmt: skip
     channels: frozenset[Channel] = frozenset(spec.scope)
+    on_error = spec.on_error or ("block" if spec.action == "block" else "allow")
     return GuardPolicy(spec.name, spec.tenants, spec.models, tuple(detectors), channels,
-                       spec.action, frozenset(spec.targets))  # fmt: skip
+                       spec.action, frozenset(spec.targets), tuple(judges), on_error)  # fmt: skip
+
+
+def _untagged(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``loc`` without the detector kind pydantic puts after ``detect.N`` (not a key)."""
+    return tuple(part for i, part in enumerate(loc)
+                 if not (i >= 2 and loc[i - 2] == "detect" and part in _KINDS))  # fmt: skip
+
+
+_KINDS = ("name", "regex", "phone", "model")
 
 
 def _line(node: Any, loc: Sequence[object]) -> int:

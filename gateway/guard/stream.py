@@ -62,6 +62,11 @@ class ChoiceGuard:
         c_client, c_kept = self._feed("answer", content, final)
         return Guarded(r_client, c_client, r_kept, c_kept)
 
+    def stop(self, act: GuardAct) -> None:
+        self.acts.append(act)
+        if self.blocked is None:
+            self.blocked = act.policy
+
     def _feed(self, channel: str, text: str, final: bool) -> tuple[str, str]:
         lane = self._lanes[channel]
         if lane is None:

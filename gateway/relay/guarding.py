@@ -5,7 +5,8 @@ to its ``TextGuard`` when the request has one (``gateway.guard.stream.ChoiceGuar
 it) and gets back two copies: what the client is sent and what the record keeps. A guard may
 hold text back while a match is undecided (the copies are then shorter than what went in, and
 catch up later), replace matches, or end the choice (``blocked``: nothing more of it is sent,
-and the relay closes it with the endpoint's own content-filter ending). ``acts`` lists every
+and the relay closes it with the endpoint's own content-filter ending; ``stop`` does the same
+from outside, for a guard model's verdict). ``acts`` lists every
 action taken, with the matched value, for the record (which keeps only a keyed hash of it).
 """
 
@@ -41,3 +42,7 @@ class TextGuard(Protocol):
     def acts(self) -> list[GuardAct]: ...
 
     def take(self, reasoning: str, content: str, final: bool) -> Guarded: ...
+
+    def stop(self, act: GuardAct) -> None:
+        """End the choice from outside its text (a guard model's verdict): ``act`` is kept,
+        ``blocked`` names its policy, and nothing more of the choice is let through."""

@@ -28,6 +28,8 @@ from gateway.auth.keys import KeyInfo, Role
 from gateway.edge.body import read_body
 from gateway.errors import GatewayError, InvalidRequest, LedgerUnavailable
 from gateway.exchange.lifecycle import Exchange, Forwarded
+from gateway.exchange.screening import ScreenPlan, judge_prompt
+from gateway.guard.judging import Rule, prompt_text
 from gateway.guard.prompt import PromptBlocked, screen_prompt
 from gateway.guard.stream import ChoiceGuard
 from gateway.ledger.record import CompletionRecord, check_recordable
@@ -168,6 +170,7 @@ async def admitted(
     try:  # no byte of an answer goes out unless its record can be written
         check_recordable(call.messages, call.params)
         call, prompt_acts = guard_prompt(state, key, call, route[0])
+        prompt_acts += await judge_the_prompt(state, key, call, route[0])
         call, clamped = await with_room(state, call)
     except GatewayError as exc:
         refused(state, request, key, exc, call.model, call.stream)
@@ -179,6 +182,7 @@ async def admitted(
     ex = exchange(state, request, key, call, route, rewriter, ticket, started, after)
     ex.notes = notes
     ex.prompt_acts = prompt_acts
+    ex.screen = screen_plan(state, key, call, route)
     return ex, candidates
 
 
@@ -195,16 +199,56 @@ def guard_prompt(
     try:
         screened = screen_prompt(policies, orjson.loads(call.upstream_body), call.messages)
     except PromptBlocked as exc:
-        state.metrics.guardrail_acted(exc.policy, "block", "prompt")
-        raise InvalidRequest(
-            f"The guardrail policy {exc.policy!r} refused this request: its prompt holds a "
-            f"match of the {exc.detector} detector.", param="messages", code="guardrail_blocked",
-        ) from None  # fmt: skip
+        raise _prompt_refused(state, exc) from None
     if not screened.acts:
         return call, ()
     changed = dataclasses.replace(call, upstream_body=orjson.dumps(screened.body),  # type: ignore[type-var]
                                   messages=screened.messages)  # fmt: skip
     return changed, screened.acts
+
+
+def _prompt_refused(state: AppState, exc: PromptBlocked) -> InvalidRequest:
+    state.metrics.guardrail_acted(exc.policy, "block", "prompt")
+    found = (f"a guard model ({exc.detector.removeprefix('model:')}) judged it unsafe"
+             if exc.detector.startswith("model:")
+             else f"it holds a match of the {exc.detector} detector")  # fmt: skip
+    return InvalidRequest(f"The guardrail policy {exc.policy!r} refused this request's prompt: "
+                          f"{found}.", param="messages", code="guardrail_blocked")  # fmt: skip
+
+
+def _judges(state: AppState, key: KeyInfo, model: str, endpoint: str,
+            channels: frozenset[str]) -> tuple[Rule, ...]:  # fmt: skip
+    """The guard models of the policies over ``channels`` that apply to this request."""
+    if state.guard_models is None or endpoint == "embeddings":
+        return ()
+    return tuple((p, judge) for p in state.guardrails.select(key.tenant, model)
+                 if p.channels & channels for judge in p.judges)  # fmt: skip
+
+
+async def judge_the_prompt(
+    state: AppState, key: KeyInfo, call: Forwarded, endpoint: str
+) -> tuple[GuardAct, ...]:
+    """What the guard models of policies over the prompt did; a ``block`` refuses it."""
+    rules = _judges(state, key, call.model, endpoint, frozenset({"prompt"}))
+    if not rules:
+        return ()
+    assert state.guard_models is not None
+    try:
+        return await judge_prompt(rules, prompt_text(orjson.loads(call.upstream_body)),
+                                  state.guard_models)  # fmt: skip
+    except PromptBlocked as exc:
+        raise _prompt_refused(state, exc) from None
+
+
+def screen_plan(state: AppState, key: KeyInfo, call: Forwarded, route: tuple[str, str]
+                ) -> ScreenPlan | None:  # fmt: skip
+    """The guard models over this request's reasoning and answer, if any apply."""
+    rules = _judges(state, key, call.model, route[0], frozenset({"reasoning", "answer"}))
+    if not rules:
+        return None
+    assert state.guard_models is not None
+    prompt = prompt_text(orjson.loads(call.upstream_body))
+    return ScreenPlan(rules, prompt, state.guard_models, route[1] == "/completions")
 
 
 async def with_room(state: AppState, call: C) -> tuple[C, tuple[tuple[str, str], ...]]:

@@ -25,6 +25,7 @@ from gateway.sim.chat import SimulatedDrop, serve_chat
 from gateway.sim.completions import AsCompletions, completions_request, embeddings_body
 from gateway.sim.config import SimConfig
 from gateway.sim.errors import SimRequestError
+from gateway.sim.guard import as_guard
 from gateway.sim.metrics import CONTENT_TYPE, render_metrics
 from gateway.sim.request import parse_chat_request
 from gateway.sim.state import SimState
@@ -87,6 +88,9 @@ class SimApp:
             await send_whole(send, error.status, error.body())
             return
         self.sim.received.append(request.body)
+        lexicon = self.config.guards.get(request.model)
+        if lexicon is not None:
+            request = as_guard(request, lexicon)
         await serve_chat(self.config, self.sim, request, receive, send)
 
     async def _completions(self, receive: Receive, send: Send) -> None:

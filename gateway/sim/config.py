@@ -5,7 +5,9 @@ request from a ``random.Random(seed)`` owned by the app's state; ``models`` maps
 model name to the way its reasoning reaches the client (see ``gateway.sim.script``). The first
 name is the one vLLM would use as the ``model_name`` label of its metrics; ``formats`` names the
 markers a model writes (Qwen3's ``<think>``, Kimi K3's three-token markers, MiniMax M2's close
-marker alone), ``deepseek_r1``'s by default.
+marker alone), ``deepseek_r1``'s by default. ``guards`` names the models that answer as Llama
+Guard does (``gateway.sim.guard``): ``llama-guard`` by default, unsafe for S1 on "detonator"
+and S2 on "counterfeit".
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ def _default_models() -> Mapping[str, SimMode]:
             "qwen3": "tags",
             "kimi-k3": "template",
             "minimax-m2": "template",
+            "llama-guard": "none",
         }
+    )
+
+
+def _default_guards() -> Mapping[str, Mapping[str, tuple[str, ...]]]:
+    return MappingProxyType(
+        {"llama-guard": MappingProxyType({"S1": ("detonator",), "S2": ("counterfeit",)})}
     )
 
 
@@ -46,6 +55,8 @@ class SimConfig:
     models: Mapping[str, SimMode] = field(default_factory=_default_models)
     # the markers each model writes (a gateway.relay.formats name); deepseek_r1's when absent
     formats: Mapping[str, str] = field(default_factory=_default_formats)
+    # models that play a guard model (gateway.sim.guard): category -> the words that violate it
+    guards: Mapping[str, Mapping[str, tuple[str, ...]]] = field(default_factory=_default_guards)
     seed: int = 0
     error_rate: float = 0.0
     drop_rate: float = 0.0

@@ -177,6 +177,13 @@ class Metrics:
             "(redact, block, flag) and scope (reasoning, answer).",
             ["policy", "action", "scope"], registry=r,
         )  # fmt: skip
+        self.guard_model = Histogram(
+            "thinkgate_guard_model_seconds",
+            "Time a guard model took to judge a text (GUARDRAILS_FILE), by policy and outcome "
+            "(safe, unsafe, error).",
+            ["policy", "outcome"], registry=r,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )  # fmt: skip
         self.admission_wait = Histogram("thinkgate_admission_wait_seconds",
                                         "Time a request waited for KV budget.",
                                         buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
@@ -315,6 +322,9 @@ class Metrics:
 
     def guardrail_acted(self, policy: str, action: str, scope: str) -> None:
         self.guardrail_actions.labels(policy, action, scope).inc()
+
+    def guard_model_answered(self, policy: str, outcome: str, seconds: float) -> None:
+        self.guard_model.labels(policy, outcome).observe(seconds)
 
     def unknown(self, endpoint: str, names: Iterable[str]) -> list[str]:
         """Count unknown fields by name; the names labelled for the first time (the caller

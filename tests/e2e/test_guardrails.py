@@ -15,13 +15,11 @@ from typing import Any
 import anthropic
 import httpx
 import openai
-import orjson
 import pytest
-from starlette.types import Message, Receive, Scope, Send
 
 from gateway.ledger.sink import guardrail_body
-from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import RecordingSink, Stack, StackFactory
+from tests.e2e.scripted import Scripted
 
 EMAIL, CARD, KEY = "jane.doe@example.com", "4111 1111 1111 1111", "AKIAIOSFODNN7EXAMPLE"
 # the email split across three reads of the reasoning, the card across two of the answer
@@ -159,40 +157,6 @@ async def test_a_block_ends_chat_and_completions_with_content_filter(
         assert record.finish_reasons == ("content_filter",)
         assert [(a.policy, a.action) for _, a in record.guardrails] == [("secrets", "block")]
         assert all(KEY not in text for text in record.content)
-
-
-class Scripted:
-    """The simulator with every chat request scripted by ``sim`` (the Responses and Messages
-    APIs forward no field of their own to the engine, so the test scripts the engine), and
-    the bodies it was sent, as it got them."""
-
-    def __init__(self, sim: dict[str, Any] | None = None) -> None:
-        self.app = create_sim_app(SimConfig())
-        self.sim = sim
-        self.bodies: list[dict[str, Any]] = []
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].endswith("/chat/completions"):
-            return await self.app(scope, receive, send)
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body, more = body + message.get("body", b""), message.get("more_body", False)
-        self.bodies.append(orjson.loads(body))
-        script = {"sim": self.sim} if self.sim is not None else {}
-        scripted = orjson.dumps({**orjson.loads(body), **script})
-        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
-        headers.append((b"content-length", str(len(scripted)).encode()))
-        given = False
-
-        async def once() -> Message:
-            nonlocal given
-            if given:
-                return await receive()
-            given = True
-            return {"type": "http.request", "body": scripted, "more_body": False}
-
-        await self.app({**scope, "headers": headers}, once, send)
 
 
 async def test_a_block_ends_responses_incomplete_and_messages_with_refusal(
