@@ -21,12 +21,12 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gateway.errors import RemoteProtocolError, UpstreamProtocolError
 from gateway.guard.judging import (
     Acted,
-    Ask,
+    GuardAsk,
     ModelScreen,
     Rule,
     Verdict,
@@ -41,9 +41,30 @@ from gateway.relay.rewrite import Rewriter, StreamRelay
 from gateway.relay.sse import Event, SSEParser
 from gateway.upstream.judge import GuardModels
 
-if TYPE_CHECKING:
-    from gateway.exchange.forward import Leg
-    from gateway.exchange.lifecycle import Exchange
+
+class _Stream(Protocol):
+    async def read(self) -> bytes: ...
+
+
+class Leg(Protocol):
+    """What a screened stream reads (``gateway.exchange.forward.Leg``)."""
+
+    @property
+    def stream(self) -> _Stream: ...
+
+    @property
+    def parser(self) -> SSEParser: ...
+
+    @property
+    def body(self) -> bytes: ...
+
+    async def continue_with(self, body: bytes) -> None: ...
+
+
+class Exchange(Protocol):
+    """What a screened stream tells its exchange (``gateway.exchange.lifecycle.Exchange``)."""
+
+    def observe_read(self, arrived: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +222,7 @@ async def screen_whole(plan: ScreenPlan, rewriter: Rewriter, body: dict[str, Any
 async def judge_prompt(rules: Sequence[Rule], prompt: str, models: GuardModels
                        ) -> tuple[GuardAct, ...]:  # fmt: skip
     """The acts of the guard models over a prompt; ``PromptBlocked`` for a ``block``."""
-    asks: list[Ask] = prompt_asks(rules, prompt)
+    asks: list[GuardAsk] = prompt_asks(rules, prompt)
     verdicts = await asyncio.gather(*(models.ask(ask) for ask in asks))
     acts = [act for ask, verdict in zip(asks, verdicts, strict=True)
             if (act := judged(ask, verdict)) is not None]  # fmt: skip

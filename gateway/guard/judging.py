@@ -1,7 +1,7 @@
 """Guard models over a request: what each is asked, and which upstream events wait (sans-I/O).
 
 A guard model (``GuardModel``: Llama Guard on vLLM, or any OpenAI-compatible chat endpoint
-that answers the same way) judges text; it is asked (``Ask``) with a conversation of the
+that answers the same way) judges text; it is asked (``GuardAsk``) with a conversation of the
 request's prompt as the user's turn and the judged text as the agent's, and answers ``safe``
 or ``unsafe`` with a line of categories (``parse_verdict``). A verdict counts (``judged``) when
 it is unsafe in one of the detector's ``categories`` (any, when it names none).
@@ -79,7 +79,7 @@ def parse_verdict(text: str) -> Verdict:
 
 
 @dataclass(frozen=True, slots=True)
-class Ask:
+class GuardAsk:
     id: int
     choice: int | None  # None: the prompt
     channel: Channel
@@ -96,7 +96,7 @@ class Ask:
                 "stream": False}  # fmt: skip
 
 
-def judged(ask: Ask, verdict: Verdict | None) -> GuardAct | None:
+def judged(ask: GuardAsk, verdict: Verdict | None) -> GuardAct | None:
     """What a verdict (``None``: the guard model could not answer) makes the policy do."""
     policy, judge = ask.policy, ask.judge
     if verdict is None:
@@ -151,7 +151,7 @@ _ids = itertools.count(1)
 
 
 def _ask(rule: Rule, choice: int | None, channel: Channel, prompt: str, text: str,
-         start: int, end: int) -> Ask:  # fmt: skip
+         start: int, end: int) -> GuardAsk:  # fmt: skip
     policy, judge = rule
     window = judge.window
     if channel == "prompt":
@@ -160,18 +160,18 @@ def _ask(rule: Rule, choice: int | None, channel: Channel, prompt: str, text: st
         shown = text[max(0, end - window) : end]
         messages = ({"role": "user", "content": prompt[-window:]},
                     {"role": "assistant", "content": shown})  # fmt: skip
-    return Ask(next(_ids), choice, channel, policy, judge, messages, text[start:end], start)
+    return GuardAsk(next(_ids), choice, channel, policy, judge, messages, text[start:end], start)
 
 
-def prompt_asks(rules: Sequence[Rule], prompt: str) -> list[Ask]:
+def prompt_asks(rules: Sequence[Rule], prompt: str) -> list[GuardAsk]:
     return [_ask(rule, None, "prompt", prompt, prompt, 0, len(prompt))
             for rule in rules if "prompt" in rule[0].channels and prompt]  # fmt: skip
 
 
 def whole_asks(rules: Sequence[Rule], body: dict[str, Any], start: Callable[[], ChoiceState],
-               prompt: str, completions: bool) -> list[Ask]:  # fmt: skip
+               prompt: str, completions: bool) -> list[GuardAsk]:  # fmt: skip
     """One ask per channel per ``window`` of each choice's text (a whole response)."""
-    asks: list[Ask] = []
+    asks: list[GuardAsk] = []
     for choice in body.get("choices") or ():
         if not isinstance(choice, dict):
             continue
@@ -225,7 +225,7 @@ class ModelScreen:
         self._start, self._prompt, self._completions = start, prompt, completions
         self._choices: dict[int, _Choice] = {}
         self._held: deque[_Held] = deque()
-        self._asks: dict[int, tuple[Ask, int]] = {}  # open asks: (ask, rule index)
+        self._asks: dict[int, tuple[GuardAsk, int]] = {}  # open asks: (ask, rule index)
         self._blocked: set[int] = set()
         self._stops: dict[int, tuple[tuple[bool, int], GuardAct]] = {}  # choice: where, why
         self._acted: list[Acted] = []
@@ -235,9 +235,9 @@ class ModelScreen:
         """Asks not answered yet."""
         return len(self._asks)
 
-    def add(self, event: Event) -> list[Ask]:
+    def add(self, event: Event) -> list[GuardAsk]:
         """Hold ``event``; the asks the text it completes needs."""
-        asks: list[Ask] = []
+        asks: list[GuardAsk] = []
         if event.is_done:
             for index, choice in self._choices.items():
                 if index not in self._blocked:
@@ -267,7 +267,7 @@ class ModelScreen:
         self._held.append(_Held(event, needs))
         return asks
 
-    def _take(self, index: int, chunk: dict[str, Any], raw: dict[str, Any]) -> list[Ask]:
+    def _take(self, index: int, chunk: dict[str, Any], raw: dict[str, Any]) -> list[GuardAsk]:
         choice = self._choices.get(index)
         if choice is None:
             lanes: dict[tuple[str, int], _Lane] = {
@@ -288,7 +288,7 @@ class ModelScreen:
         return asks + self._grow(index, choice, "answer", answer, final)
 
     def _grow(self, index: int, choice: _Choice, channel: Channel, text: str,
-              final: bool) -> list[Ask]:  # fmt: skip
+              final: bool) -> list[GuardAsk]:  # fmt: skip
         whole = choice.text[channel] = choice.text[channel] + text
         asks = []
         for k, rule in enumerate(self.rules):

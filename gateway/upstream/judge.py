@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import httpx
 import orjson
 
-from gateway.guard.judging import Ask, Verdict, VerdictError, parse_verdict
+from gateway.guard.judging import GuardAsk, Verdict, VerdictError, parse_verdict
 from gateway.telemetry.metrics import Metrics
 
 log = logging.getLogger("thinkgate")
@@ -28,7 +28,7 @@ class GuardModels:
     client: httpx.AsyncClient
     metrics: Metrics
 
-    async def ask(self, ask: Ask) -> Verdict | None:
+    async def ask(self, ask: GuardAsk) -> Verdict | None:
         started = time.perf_counter()
         judge = ask.judge
         try:

@@ -164,12 +164,17 @@ async def test_a_scrape_after_traffic_shows_every_metric_with_sensible_values(
 ) -> None:
     main = create_sim_app(SimConfig(ttft_ms=5, itl_ms=1, kv_capacity_tokens=CAPACITY))
     broken = create_sim_app(SimConfig(error_rate=1.0, models={BROKEN: "template"}))
-    async with BackgroundServer(main) as engine, BackgroundServer(broken) as failing:
+    guard = create_sim_app(SimConfig())  # plays Llama Guard
+    async with (BackgroundServer(main) as engine, BackgroundServer(broken) as failing,
+                BackgroundServer(guard) as judge):  # fmt: skip
         good_url, bad_url = f"{engine.url}/v1", f"{failing.url}/v1"
-        # a policy that flags every word of the reasoning: thinkgate_guardrail_actions counts
+        # a policy that flags every word of the reasoning: thinkgate_guardrail_actions counts;
+        # a guard model over the answers: thinkgate_guard_model_seconds
         flag = tmp_path / "guardrails.yaml"
         flag.write_text("policies:\n  - {name: words, detect: [{regex: '[a-z]{4,12}', "
-                        "max_length: 12}], scope: [reasoning], action: flag}\n")  # fmt: skip
+                        "max_length: 12}], scope: [reasoning], action: flag}\n"
+                        f"  - {{name: judged, detect: [{{model: llama-guard, upstream: "
+                        f"'{judge.url}/v1'}}], scope: [answer], action: flag}}\n")  # fmt: skip
         stack = await stack_factory(extra_upstreams=(good_url, bad_url), guardrails_file=flag)
         database_url = f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}"
         limited = await limited_key(stack, database_url, rpm=1)

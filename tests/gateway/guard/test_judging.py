@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from gateway.exchange.screening import release_to
 from gateway.guard.judging import (
-    Ask,
+    GuardAsk,
     ModelScreen,
     Verdict,
     VerdictError,
@@ -40,7 +40,7 @@ SENTENCE = st.lists(WORDS, min_size=1, max_size=4).map(lambda ws: " ".join(ws) +
 TEXT = st.lists(SENTENCE, min_size=1, max_size=4).map(" ".join)
 
 
-def verdict(ask: Ask) -> Verdict:
+def verdict(ask: GuardAsk) -> Verdict:
     """A guard model that finds unsafe any text holding BAD (it sees the channel so far)."""
     return Verdict("BAD" in ask.messages[-1]["content"], ("S1",))
 
@@ -178,7 +178,7 @@ def test_categories_outside_the_detectors_do_not_count_and_a_failure_follows_on_
     assert act is not None and (act.action, act.detector) == ("flag", "model:g:S2,S1")
     assert judged(ask, None) is None  # a flag policy's on_error is allow by default
     (harm,) = POLICIES
-    blocking = Ask(1, 0, "answer", harm, harm.judges[0], (), "Hi.")
+    blocking = GuardAsk(1, 0, "answer", harm, harm.judges[0], (), "Hi.")
     failed = judged(blocking, None)
     assert failed is not None and (failed.action, failed.detector) == (
         "block",
