@@ -255,6 +255,26 @@ class Settings(BaseSettings):
     tsa_url: str = ""
     tsa_roots_file: Path | None = None
     tsa_interval_s: float = Field(5.0, gt=0)
+    # Records management (docs/records.md). Retention: records of a tenant become unreadable
+    # (their day's data keys are shredded) once older than this many days, unless a legal hold
+    # keeps them; `thinkgate ledger retention set` overrides it per tenant. Unset: kept forever.
+    # How often a replica runs retention.
+    retention_days: int | None = Field(None, ge=1)
+    retention_interval_s: float = Field(3600.0, gt=0)
+    # SIEM export (gateway.siem): every record's metadata (never content) as an OCSF API
+    # Activity event, at least once, resumed after a restart, to syslog (RFC 5424 over TCP:
+    # tcp://host:port, or tls://host:port), to a file of JSON lines, and/or to a Splunk HTTP
+    # Event Collector (its URL and token). Past `siem_max_backlog` records behind the ledger,
+    # the oldest are skipped (counted: thinkgate_siem_dropped_events_total).
+    siem_syslog_url: str = Field("", pattern=r"^$|^(tcp|tls)://[^/\s]+:\d+$")
+    siem_format: Literal["ocsf"] = "ocsf"
+    siem_file: Path | None = None
+    siem_hec_url: str = ""
+    siem_hec_token: SecretStr | None = None
+    siem_tls_ca_file: Path | None = None
+    siem_max_backlog: int = Field(1_000_000, ge=1)
+    siem_batch: int = Field(500, ge=1, le=10_000)
+    siem_interval_s: float = Field(1.0, gt=0)
     # Entry bundles of the tlog-tiles API (gateway.routes.tlog) to anyone, not only to
     # auditors of tenant '*' (they hold every tenant's record headers).
     tlog_public_entries: bool = False
