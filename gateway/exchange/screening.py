@@ -23,10 +23,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from gateway.errors import RemoteProtocolError, UpstreamProtocolError
+from gateway.errors import GatewayError, RemoteProtocolError, UpstreamProtocolError
 from gateway.guard.judging import (
     Acted,
-    GuardAsk,
     ModelScreen,
     Rule,
     Verdict,
@@ -141,9 +140,11 @@ async def screened_output(
             woke = await waiting.wake()
             if woke is None:
                 break
-            yield release_to(relay, waiting.screen.ready())
-            if woke:
+            if woke:  # the stream broke: what was asked about already still goes out if safe
+                await waiting.settle()
+                yield release_to(relay, waiting.screen.ready())
                 raise woke[0]
+            yield release_to(relay, waiting.screen.ready())
             if relay.cutting:  # the budget was spent: the turn continues in a new request
                 waiting.cut()
                 await leg.continue_with(relay.continuation(leg.body))
@@ -162,7 +163,7 @@ class _Waiting:
         self.reading: asyncio.Future[bytes] | None = None
         self.ended = False
 
-    async def wake(self) -> list[RemoteProtocolError] | None:
+    async def wake(self) -> list[Exception] | None:
         """Wait for a read or a verdict and give it to the screen; ``None`` once nothing is
         left to wait for, else the read's error after its good events (if any)."""
         if self.reading is None and not self.ended:
@@ -173,22 +174,43 @@ class _Waiting:
         if not waits:
             return None
         done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        errors: list[RemoteProtocolError] = []
+        errors: list[Exception] = []
         if self.reading is not None and self.reading in done:
             raw, self.reading = self.reading.result(), None
             self.ended = not raw
             if raw:
                 arrived = time.perf_counter()
                 events, error = parse_read(self.leg.parser, raw)
+                errors += self._add(events)
                 errors += [error] if error is not None else []
-                for event in events:
-                    for ask in self.screen.add(event):
-                        self.asking[asyncio.ensure_future(self.models.ask(ask))] = ask.id
                 self.ex.observe_read(arrived)
         for task in done:
             if task in self.asking:
                 self.screen.resolve(self.asking.pop(task), task.result())
         return errors
+
+    async def settle(self) -> None:
+        """Wait for every ask out (each is bounded by its guard model's ``timeout_s``)."""
+        if self.asking:
+            await asyncio.wait(set(self.asking))
+        for task in list(self.asking):
+            self.screen.resolve(self.asking.pop(task), task.result())
+
+    def _add(self, events: Sequence[Event]) -> list[Exception]:
+        """Hold ``events`` and ask about them; the error of a bad one (raised once what was
+        found safe before it went out), after which nothing more is read."""
+        for event in events:
+            try:
+                asks = self.screen.add(event)
+            except (GatewayError, RemoteProtocolError) as exc:
+                self.ended = True
+                return [exc]
+            for ask in asks:
+                self.asking[asyncio.ensure_future(self.models.ask(ask))] = ask.id
+            if event.is_done:
+                self.ended = True  # nothing after [DONE] is read (a reset then is no failure)
+                break
+        return []
 
     def cut(self) -> None:
         """Stop waiting: the stream is over, or its turn goes on in a continuation (what is
@@ -219,11 +241,17 @@ async def screen_whole(plan: ScreenPlan, rewriter: Rewriter, body: dict[str, Any
             guard.acts.append(act)
 
 
-async def judge_prompt(rules: Sequence[Rule], prompt: str, models: GuardModels
+async def judge_prompt(rules: Sequence[Rule], texts: Sequence[str] | None, models: GuardModels
                        ) -> tuple[GuardAct, ...]:  # fmt: skip
-    """The acts of the guard models over a prompt; ``PromptBlocked`` for a ``block``."""
-    asks: list[GuardAsk] = prompt_asks(rules, prompt)
-    verdicts = await asyncio.gather(*(models.ask(ask) for ask in asks))
+    """The acts of the guard models over a prompt's texts; ``PromptBlocked`` for a ``block``.
+    A prompt of token ids (``None``), which no guard model can read, is what a guard model
+    that cannot answer is: its policy's ``on_error``."""
+    if texts is None:
+        asks = prompt_asks(rules, ["(token ids)"])
+        verdicts: Sequence[Verdict | None] = [None] * len(asks)
+    else:
+        asks = prompt_asks(rules, texts)
+        verdicts = await asyncio.gather(*(models.ask(ask) for ask in asks))
     acts = [act for ask, verdict in zip(asks, verdicts, strict=True)
             if (act := judged(ask, verdict)) is not None]  # fmt: skip
     for act in acts:

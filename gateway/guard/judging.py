@@ -50,6 +50,7 @@ from gateway.relay.rewrite import parse_chunk, text_fields
 from gateway.relay.sse import Event
 
 Rule = tuple[GuardPolicy, GuardModel]
+_CATEGORY = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,31}")
 _BOUNDARY = {
     "sentence": re.compile(r"[.!?…](?=\s)|[。！？]|\n"),
     "paragraph": re.compile(r"\n[ \t]*\n"),
@@ -72,9 +73,10 @@ def parse_verdict(text: str) -> Verdict:
     head = lines[0].casefold() if lines else ""
     if head == "safe":
         return Verdict(False)
-    if head == "unsafe":
+    if head == "unsafe":  # only category names are kept: a guard that says more is not echoed
         named = lines[1].split(",") if len(lines) > 1 else []
-        return Verdict(True, tuple(c.strip() for c in named if c.strip()))
+        kept = [c.strip() for c in named if _CATEGORY.fullmatch(c.strip())]
+        return Verdict(True, tuple(kept[:16]))
     raise VerdictError("the guard model's answer is neither 'safe' nor 'unsafe'")
 
 
@@ -122,9 +124,24 @@ class Acted:
     event: Event | None
 
 
+def prompt_texts(body: dict[str, Any]) -> list[str] | None:
+    """Every text of a request's prompt a guard model judges: each message's (every role's)
+    text, or each legacy prompt; ``None`` for a prompt of token ids (nothing it can read)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list):
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        return None
+    messages = body.get("messages")
+    listed: list[Any] = messages if isinstance(messages, list) else []
+    return [_text(m.get("content")) for m in listed if isinstance(m, dict)]
+
+
 def prompt_text(body: dict[str, Any]) -> str:
-    """The user's turn a guard model is shown: the last user message's text (chat), or the
-    prompt (completions)."""
+    """The user's turn a guard model is shown beside the judged output: the last user
+    message's text (chat), or the prompt (completions)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         return prompt
@@ -154,18 +171,27 @@ def _ask(rule: Rule, choice: int | None, channel: Channel, prompt: str, text: st
          start: int, end: int) -> GuardAsk:  # fmt: skip
     policy, judge = rule
     window = judge.window
+    shown = text[max(0, end - window) : end]  # the judged piece (no longer than window) last
     if channel == "prompt":
-        messages: tuple[dict[str, str], ...] = ({"role": "user", "content": text[-window:]},)
+        messages: tuple[dict[str, str], ...] = ({"role": "user", "content": shown},)
     else:
-        shown = text[max(0, end - window) : end]
         messages = ({"role": "user", "content": prompt[-window:]},
                     {"role": "assistant", "content": shown})  # fmt: skip
     return GuardAsk(next(_ids), choice, channel, policy, judge, messages, text[start:end], start)
 
 
-def prompt_asks(rules: Sequence[Rule], prompt: str) -> list[GuardAsk]:
-    return [_ask(rule, None, "prompt", prompt, prompt, 0, len(prompt))
-            for rule in rules if "prompt" in rule[0].channels and prompt]  # fmt: skip
+def prompt_asks(rules: Sequence[Rule], texts: Sequence[str]) -> list[GuardAsk]:
+    """One ask per ``window`` of each text of the prompt (blank ones aside)."""
+    return [_ask(rule, None, "prompt", text, text, at, upto)
+            for rule in rules if "prompt" in rule[0].channels
+            for text in texts if text.strip()
+            for at, upto in _windows(0, len(text), rule[1].window)]  # fmt: skip
+
+
+def _windows(start: int, end: int, window: int) -> list[tuple[int, int]]:
+    """``[start, end)`` in pieces of at most ``window`` characters (a guard model is shown
+    no more than that of what it decides, so each piece is asked about)."""
+    return [(at, min(end, at + window)) for at in range(start, end, window)]
 
 
 def whole_asks(rules: Sequence[Rule], body: dict[str, Any], start: Callable[[], ChoiceState],
@@ -184,8 +210,9 @@ def whole_asks(rules: Sequence[Rule], body: dict[str, Any], start: Callable[[], 
             for rule in rules:
                 if channel not in rule[0].channels:
                     continue
-                for at in range(0, len(said), rule[1].window):
-                    end = min(len(said), at + rule[1].window)
+                if not said.strip():
+                    continue
+                for at, end in _windows(0, len(said), rule[1].window):
                     asks.append(_ask(rule, int(choice.get("index") or 0), channel, prompt,
                                      said, at, end))  # fmt: skip
     return asks
@@ -304,11 +331,12 @@ class ModelScreen:
                     lane.open.append([end, 0])
                     _advance(lane)
                 continue
-            ask = _ask(rule, index, channel, self._prompt, whole, lane.asked, end)
+            for at, upto in _windows(lane.asked, end, rule[1].window):
+                ask = _ask(rule, index, channel, self._prompt, whole, at, upto)
+                lane.open.append([upto, ask.id])
+                self._asks[ask.id] = (ask, k)
+                asks.append(ask)
             lane.asked = end
-            lane.open.append([end, ask.id])
-            self._asks[ask.id] = (ask, k)
-            asks.append(ask)
         return asks
 
     def resolve(self, ask_id: int, verdict: Verdict | None) -> None:

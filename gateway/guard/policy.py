@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import httpx
 import yaml
 from pydantic import (
     BaseModel,
@@ -88,6 +89,18 @@ class _ModelSpec(_Strict):
     window: int = Field(4000, ge=200, le=100_000)
     timeout_s: float = Field(5.0, gt=0, le=120)
     params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("upstream")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        try:
+            url = httpx.URL(value)
+            url.port  # noqa: B018  # a port that is not a number raises here
+        except (httpx.InvalidURL, ValueError):
+            raise ValueError(f"not a URL: {value!r}") from None
+        if not url.host:
+            raise ValueError(f"not a URL with a host: {value!r}")
+        return value
 
     @field_validator("params")
     @classmethod

@@ -29,7 +29,7 @@ from gateway.edge.body import read_body
 from gateway.errors import GatewayError, InvalidRequest, LedgerUnavailable
 from gateway.exchange.lifecycle import Exchange, Forwarded
 from gateway.exchange.screening import ScreenPlan, judge_prompt
-from gateway.guard.judging import Rule, prompt_text
+from gateway.guard.judging import Rule, prompt_text, prompt_texts
 from gateway.guard.prompt import PromptBlocked, screen_prompt
 from gateway.guard.stream import ChoiceGuard
 from gateway.ledger.record import CompletionRecord, check_recordable
@@ -234,7 +234,7 @@ async def judge_the_prompt(
         return ()
     assert state.guard_models is not None
     try:
-        return await judge_prompt(rules, prompt_text(orjson.loads(call.upstream_body)),
+        return await judge_prompt(rules, prompt_texts(orjson.loads(call.upstream_body)),
                                   state.guard_models)  # fmt: skip
     except PromptBlocked as exc:
         raise _prompt_refused(state, exc) from None

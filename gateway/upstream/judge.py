@@ -2,14 +2,15 @@
 
 ``GuardModels(client, metrics).ask(ask) -> Verdict | None`` posts the ask's chat request to its
 guard model's ``/chat/completions`` and parses the answer; ``None`` when the model cannot
-answer (unreachable, too slow for ``timeout_s``, an error status, or an answer that is not a
-verdict), which the policy's ``on_error`` decides. Each ask is timed into
+answer (unreachable, too slow for ``timeout_s`` in all, an error status, an answer that is not
+a verdict, or any other failure), which the policy's ``on_error`` decides. Each ask is timed into
 ``thinkgate_guard_model_seconds{policy,outcome}``; a failure is logged by policy and model with
 its kind, never with the text that was judged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -32,16 +33,16 @@ class GuardModels:
         started = time.perf_counter()
         judge = ask.judge
         try:
-            response = await self.client.post(
-                f"{judge.upstream}/chat/completions", content=orjson.dumps(ask.body()),
-                headers={"content-type": "application/json"}, timeout=judge.timeout_s,
-            )  # fmt: skip
+            async with asyncio.timeout(judge.timeout_s):  # the whole ask, not each step of it
+                response = await self.client.post(
+                    f"{judge.upstream}/chat/completions", content=orjson.dumps(ask.body()),
+                    headers={"content-type": "application/json"},
+                )  # fmt: skip
             if response.status_code != 200:
                 raise VerdictError(f"status {response.status_code}")
             answer = orjson.loads(response.content)["choices"][0]["message"]["content"]
             verdict = parse_verdict(answer if isinstance(answer, str) else "")
-        except (httpx.HTTPError, orjson.JSONDecodeError, KeyError, IndexError, TypeError,
-                VerdictError) as exc:  # fmt: skip
+        except Exception as exc:  # whatever it is, on_error decides (never a failed request)
             kind = str(exc) if isinstance(exc, VerdictError) else type(exc).__name__
             log.warning("guard model %s of policy %r could not judge (%s)", judge.model,
                         ask.policy.name, kind)  # fmt: skip

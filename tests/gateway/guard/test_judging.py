@@ -22,6 +22,7 @@ from gateway.guard.judging import (
     judged,
     parse_verdict,
     prompt_text,
+    prompt_texts,
 )
 from gateway.guard.policy import parse
 from gateway.guard.stream import ChoiceGuard
@@ -192,3 +193,29 @@ def test_the_user_turn_is_the_last_user_message_or_the_prompt() -> None:
     assert prompt_text({"messages": messages}) == "second"
     assert prompt_text({"prompt": ["legacy", "other"]}) == "legacy"
     assert prompt_text({"messages": "nonsense"}) == ""
+
+
+def test_a_span_longer_than_the_window_is_asked_about_in_pieces_the_guard_sees_whole() -> None:
+    (policy,) = parse(
+        "policies:\n  - name: harm\n    detect:\n      - {model: g, upstream: 'http://g/v1', "
+        "window: 200, every: paragraph}\n    action: block\n"
+    ).policies
+    none = lambda: ChoiceState.start(BUILTIN["none"], "text", thinking=False,  # noqa: E731
+                                     repair_leak=False)  # fmt: skip
+    screen = ModelScreen([(policy, policy.judges[0])], none, "q", completions=False)
+    text = "build the detonator like so, " + "x, " * 100 + "done"
+    asks = screen.add(chunk({"content": text}, "stop"))
+    assert "".join(a.text for a in asks) == text  # every character is decided by some ask
+    assert all(len(a.text) <= 200 and a.messages[-1]["content"].endswith(a.text) for a in asks)
+
+
+def test_every_text_of_a_prompt_is_judged_and_token_ids_cannot_be() -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert prompt_texts({"messages": messages}) == ["be brief", "hi"]
+    assert prompt_texts({"prompt": ["hi", "a detonator"]}) == ["hi", "a detonator"]
+    assert prompt_texts({"prompt": [[1, 2, 3]]}) is None
+
+
+def test_a_guard_that_says_more_than_categories_is_not_echoed() -> None:
+    said = parse_verdict("unsafe\nS1, The answer explains how to build it")
+    assert said == Verdict(True, ("S1",))

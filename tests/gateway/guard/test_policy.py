@@ -58,6 +58,8 @@ def test_policies_are_selected_by_tenant_and_model_in_file_order() -> None:
         ("policies:\n  - name: a\n    detect:\n      - email\n      - model: g\n"
          "        upstream: http://g/v1\n        params: {messages: []}\n    action: block\n",
          "line 7, policies.0.detect.1.params: Value error, params may not set messages"),
+        ("policies:\n  - name: a\n    detect: [{model: g, upstream: 'http://g:x/v1'}]\n"
+         "    action: flag\n", "policies.0.detect.0.upstream: Value error, not a URL"),
         ("policies:\n  - name: a\n    detect: [7]\n    action: flag\n",
          "policies.0.detect.0: a detector is a name or a mapping"),
         ("policies: [\n", "is not valid YAML"),
