@@ -145,7 +145,7 @@ def _signed(sql: Statements, tree: CompactRange, signing: Signing) -> ExecMany:
 
 
 def _insert_key(sql: Statements) -> str:
-    columns = ("dek_id", "tenant", "kek_id", "wrapped", "created_at")
+    columns = ("dek_id", "tenant", "kek_id", "wrapped", "created_at", "period")
     return sql.insert("ledger_data_keys", columns, " ON CONFLICT (dek_id) DO NOTHING")
 
 

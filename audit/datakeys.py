@@ -20,8 +20,12 @@ Rules:
 - While the database is away, a new tenant still gets a DEK: it is kept as *unsaved*, and the
   writer puts its wrapped form (never the plain key) in the spool ahead of the tenant's
   records and inserts it in the transaction that commits them.
+- A tenant has a DEK per UTC day (``period``, by the wall clock when a record is sealed): a
+  new day's first record makes the day's key. Retention shreds a tenant's keys of the days
+  past its limit (``shred_periods``); keys made before periods existed have none and are
+  treated as ending when the tenant's first key with one was made.
 - Shredding erases the wrapped key and records when; ``opening`` then answers ``None``
-  ("destroyed") for every record of the tenant, forever.
+  ("destroyed") for every record it sealed, forever.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import orjson
@@ -65,10 +69,12 @@ class DataKeyRow:
     kek_id: str
     wrapped: bytes
     created_at: float
+    period: str | None = None  # the UTC day it seals (None: a key made before periods)
 
-    def values(self) -> tuple[str, str, str, bytes, float]:
-        """In the column order of ``ledger_data_keys`` (``dek_id`` … ``created_at``)."""
-        return (self.dek_id, self.tenant, self.kek_id, self.wrapped, self.created_at)
+    def values(self) -> tuple[str, str, str, bytes, float, str | None]:
+        """In the column order of ``ledger_data_keys`` (``dek_id`` … ``period``)."""
+        return (self.dek_id, self.tenant, self.kek_id, self.wrapped, self.created_at,
+                self.period)  # fmt: skip
 
     def encode(self) -> bytes:
         return orjson.dumps(
@@ -78,6 +84,7 @@ class DataKeyRow:
                 "kek_id": self.kek_id,
                 "wrapped": self.wrapped.hex(),
                 "created_at": self.created_at,
+                "period": self.period,
             }
         )
 
@@ -86,7 +93,7 @@ class DataKeyRow:
         raw = orjson.loads(data)
         return cls(
             raw["dek_id"], raw["tenant"], raw["kek_id"], bytes.fromhex(raw["wrapped"]),
-            float(raw["created_at"]),
+            float(raw["created_at"]), raw.get("period"),
         )  # fmt: skip
 
 
@@ -96,11 +103,13 @@ class DataKeys:
         engine: AsyncEngine,
         provider: KeyProvider,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._engine = engine
         self._provider = provider
         self._clock = clock
-        self._active: dict[str, tuple[float, str, bytes]] = {}
+        self._wall = wall  # whose UTC day a new record's key belongs to
+        self._active: dict[str, tuple[float, str, bytes, str]] = {}
         self._plain: dict[str, bytes] = {}
         self._loading: dict[str, asyncio.Future[tuple[str, bytes]]] = {}
         self.unsaved: dict[str, DataKeyRow] = {}
@@ -138,7 +147,8 @@ class DataKeys:
     async def for_sealing(self, tenant: str) -> tuple[str, bytes]:
         """``(dek_id, dek)`` for a new record of ``tenant``."""
         cached = self._active.get(tenant)
-        if cached is not None and self._clock() - cached[0] < ACTIVE_TTL_S:
+        fresh = cached is not None and self._clock() - cached[0] < ACTIVE_TTL_S
+        if cached is not None and fresh and cached[3] == period_of(self._wall()):
             return cached[1], cached[2]
         # Single flight: a burst of a tenant's first requests makes one lookup, not one each
         # (which would also give the tenant one new key per request).
@@ -150,10 +160,11 @@ class DataKeys:
         return await asyncio.shield(pending)
 
     async def _refresh(self, tenant: str) -> tuple[str, bytes]:
+        period = period_of(self._wall())
         try:
-            dek_id, dek = await self._load_or_create(tenant)
+            dek_id, dek = await self._load_or_create(tenant, period)
         except (SQLAlchemyError, OSError, TimeoutError):
-            dek_id, dek = self._create_unsaved(tenant)
+            dek_id, dek = self._create_unsaved(tenant, period)
         except DecryptionError:
             self.healthy = False
             cached = self._active.get(tenant)
@@ -161,10 +172,10 @@ class DataKeys:
                 raise KeysUnavailable(
                     f"the data key of tenant {tenant!r} cannot be opened"
                 ) from None
-            self._active[tenant] = (self._clock(), cached[1], cached[2])  # tried again later
+            self._active[tenant] = (self._clock(), *cached[1:])  # tried again later
             return cached[1], cached[2]  # keeps sealing; refreshed once the keys are back
         self.healthy = True
-        self._active[tenant] = (self._clock(), dek_id, dek)
+        self._active[tenant] = (self._clock(), dek_id, dek, period)
         return dek_id, dek
 
     async def opening(self, dek_id: str, *, tenant: str | None = None) -> bytes | None:
@@ -201,6 +212,22 @@ class DataKeys:
             self._plain.pop(dek_id, None)
         return int(result.rowcount or 0)
 
+    async def destroy(self, dek_ids: Collection[str], now: float) -> list[str]:
+        """Destroy these keys (retention); the ones this call destroyed (not another's)."""
+        destroyed = []
+        async with self._engine.begin() as conn:
+            for dek_id in dek_ids:
+                result = await conn.execute(
+                    update(data_keys)
+                    .where(data_keys.c.dek_id == dek_id, data_keys.c.wrapped.is_not(None))
+                    .values(wrapped=None, destroyed_at=now)
+                )
+                if result.rowcount:
+                    destroyed.append(dek_id)
+        for dek_id in destroyed:
+            self._plain.pop(dek_id, None)
+        return destroyed
+
     async def rewrap_all(self) -> int:
         """Key rotation: re-wrap every live DEK under the provider's primary KEK."""
         moved = 0
@@ -223,11 +250,15 @@ class DataKeys:
             query = select(data_keys.c.dek_id).where(data_keys.c.tenant == tenant)
             return {r.dek_id for r in await conn.execute(query)}
 
-    async def _load_or_create(self, tenant: str) -> tuple[str, bytes]:
+    async def _load_or_create(self, tenant: str, period: str) -> tuple[str, bytes]:
         async with self._engine.begin() as conn:
             query = (
                 select(data_keys.c.dek_id, data_keys.c.kek_id, data_keys.c.wrapped)
-                .where(data_keys.c.tenant == tenant, data_keys.c.wrapped.is_not(None))
+                .where(
+                    data_keys.c.tenant == tenant,
+                    data_keys.c.wrapped.is_not(None),
+                    data_keys.c.period == period,
+                )
                 .order_by(data_keys.c.created_at.desc())
                 .limit(1)
             )
@@ -236,23 +267,29 @@ class DataKeys:
                 dek = self._provider.unwrap(WrappedKey(row.kek_id, bytes(row.wrapped)))
                 self._plain[row.dek_id] = dek
                 return row.dek_id, dek
-            new, dek = self._new_row(tenant)
+            new, dek = self._new_row(tenant, period)
             await insert_key(conn, new)
         return new.dek_id, dek
 
-    def _create_unsaved(self, tenant: str) -> tuple[str, bytes]:
-        row, dek = self._new_row(tenant)
+    def _create_unsaved(self, tenant: str, period: str) -> tuple[str, bytes]:
+        row, dek = self._new_row(tenant, period)
         self.unsaved[row.dek_id] = row
         return row.dek_id, dek
 
-    def _new_row(self, tenant: str) -> tuple[DataKeyRow, bytes]:
+    def _new_row(self, tenant: str, period: str) -> tuple[DataKeyRow, bytes]:
         dek = new_data_key()
         wrapped = self._provider.wrap(dek)
         row = DataKeyRow(
-            f"dek-{secrets.token_hex(8)}", tenant, wrapped.kek_id, wrapped.blob, time.time()
-        )
+            f"dek-{secrets.token_hex(8)}", tenant, wrapped.kek_id, wrapped.blob, self._wall(),
+            period,
+        )  # fmt: skip
         self._plain[row.dek_id] = dek
         return row, dek
+
+
+def period_of(when: float) -> str:
+    """The UTC day of a wall-clock time, as a key's ``period`` names it."""
+    return time.strftime("%Y-%m-%d", time.gmtime(when))
 
 
 async def insert_key(conn: AsyncConnection, row: DataKeyRow) -> None:
@@ -266,5 +303,6 @@ async def insert_key(conn: AsyncConnection, row: DataKeyRow) -> None:
                 kek_id=row.kek_id,
                 wrapped=row.wrapped,
                 created_at=row.created_at,
+                period=row.period,
             )
         )

@@ -36,8 +36,12 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-async def export_lines(ledger: LedgerReader, where: store.Filter) -> AsyncIterator[bytes]:
-    note = await ledger.checkpoint()
+async def export_lines(
+    ledger: LedgerReader, where: store.Filter, note: str | None = None
+) -> AsyncIterator[bytes]:
+    """The export of the records ``where`` selects, proven against the checkpoint ``note``
+    (default: the latest); nothing when the ledger has no checkpoint."""
+    note = note if note is not None else await ledger.checkpoint()
     if note is None:
         return
     size = parse_checkpoint(note.split("\n\n", 1)[0] + "\n").size

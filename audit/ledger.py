@@ -11,6 +11,7 @@ carry everything in their header and seal an empty body under a throw-away key (
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import secrets
 import time
@@ -22,12 +23,21 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from audit import crypto, merkle, migrate, schema, store, tiles
+from audit import crypto, merkle, migrate, retention, schema, store, tiles
 from audit.crypto import KeyProvider
 from audit.datakeys import DataKeys
 from audit.errors import AuditError
 from audit.note import NoteSigner, parse_checkpoint
-from audit.record import Body, Facts, Seal, Sealed, encode_header, index_columns, parse_header
+from audit.record import (
+    Body,
+    Facts,
+    Kind,
+    Seal,
+    Sealed,
+    encode_header,
+    index_columns,
+    parse_header,
+)
 from audit.sequencer import Sequencer
 from audit.spool import Spool
 from audit.writer import LedgerWriter, Mode, WriterEvent, WriterStats
@@ -77,6 +87,11 @@ class LedgerReader:
         async with self._engine.connect() as conn:
             rows = await store.find(conn, where, limit)
         return [Listed(i, parse_header(h).fields, leaf) for i, h, leaf in rows]
+
+    async def last_index(self, where: store.Filter) -> int | None:
+        """The largest index ``where`` matches, ``None`` if it matches none."""
+        async with self._engine.connect() as conn:
+            return await store.last_index(conn, where)
 
     async def sealed(self, index: int) -> Sealed:
         async with self._engine.connect() as conn:
@@ -224,11 +239,12 @@ class Ledger(LedgerReader):
         max_batch: int = 1024,
         retry_s: float = 1.0,
         checkpoint_interval_s: float = 0.0,
+        wall: Callable[[], float] = time.time,
     ) -> Ledger:
         """``checkpoint_interval_s``: 0 signs a checkpoint per commit, else one per interval
         over everything committed in it (``audit.writer``)."""
         await migrate.upgrade(engine)
-        keys = DataKeys(engine, provider)
+        keys = DataKeys(engine, provider, wall=wall)  # ``wall``: whose day a record's key is
         sequencer = Sequencer(engine, signer, origin, keys,
                               sign_each_commit=not checkpoint_interval_s)  # fmt: skip
         spool = Spool(spool_path)
@@ -302,7 +318,12 @@ class Ledger(LedgerReader):
         return Opened(index, header.fields, leaf, Body.decode(plain), False)
 
     async def shred(self, tenant: str) -> int:
-        """Destroy every data key of ``tenant`` and append the signed shred record."""
+        """Destroy every data key of ``tenant`` and append the signed shred record;
+        ``ShredBlocked`` naming the holds while a legal hold is in force for it."""
+        async with self._engine.connect() as conn:
+            held = (await retention.read_register(conn, tenant)).active(tenant)
+        if held:
+            raise retention.ShredBlocked(tenant, held)
         now = time.time()
         destroyed = await self._keys.shred(tenant, now)
         statement = self._signer.sign(f"thinkgate shred\n{self.origin}\n{tenant}\n{int(now)}\n")
@@ -315,6 +336,80 @@ class Ledger(LedgerReader):
 
     async def rotate_keys(self) -> int:
         return await self._keys.rewrap_all()
+
+    # -- records management (audit.retention) ------------------------------------------------
+
+    async def register(self, tenant: str | None = None) -> retention.Register:
+        """The holds and retention settings in force (of ``tenant``, or of all)."""
+        async with self._engine.connect() as conn:
+            return await retention.read_register(conn, tenant)
+
+    async def _act(self, kind: Kind, tenant: str, terms: dict[str, Any], now: float,
+                   request_id: str) -> None:  # fmt: skip
+        signed = self._signer.sign(retention.statement(kind, self.origin, tenant, terms, now))
+        await self.append(Facts(kind=kind, tenant=tenant, key_id="operator",
+                                request_id=request_id, created_at=now, status="ok",
+                                statement=signed, terms=terms), Body())  # fmt: skip
+
+    async def place_hold(self, tenant: str, reason: str, *, key_id: str | None = None,
+                         since: float | None = None, until: float | None = None,
+                         now: float | None = None) -> retention.Hold:  # fmt: skip
+        """A legal hold, in force once its signed record is in the ledger."""
+        when = time.time() if now is None else now
+        hold = retention.new_hold(tenant, reason, key_id, since, until, when)
+        await self._act("hold", tenant, hold.terms(), when, hold.id)
+        return hold
+
+    async def release_hold(self, hold_id: str, reason: str = "",
+                           now: float | None = None) -> retention.Hold:  # fmt: skip
+        """Release a hold in force (``HoldNotFound`` otherwise) with a signed record."""
+        retention.check_reason(reason)
+        held = {h.id: h for h in (await self.register()).active()}
+        if hold_id not in held:
+            raise retention.HoldNotFound(f"no hold {hold_id!r} is in force")
+        when = time.time() if now is None else now
+        hold = held[hold_id]
+        await self._act("release", hold.tenant, {"hold": hold_id, "reason": reason}, when,
+                        f"release-{hold_id}")  # fmt: skip
+        return retention.Hold(hold.id, hold.tenant, hold.reason, hold.placed_at, hold.key_id,
+                              hold.since, hold.until, when)  # fmt: skip
+
+    async def set_retention(self, tenant: str, days: int | None,
+                            now: float | None = None) -> None:  # fmt: skip
+        """A tenant's retention in days (``None``: kept forever), with a signed record."""
+        if days is not None and days < 1:
+            raise ValueError("retention is at least one day")
+        when = time.time() if now is None else now
+        await self._act("retention-set", tenant, {"days": days}, when,
+                        f"retention-set-{int(when)}")  # fmt: skip
+
+    async def apply_retention(self, default_days: int | None,
+                              now: float | None = None) -> list[retention.Expiry]:  # fmt: skip
+        """One retention run: every tenant's data keys of the days past its retention are
+        destroyed unless held; each tenant where this run destroyed any gets a signed
+        ``retention`` record naming the days. Replicas may run it at once: a key is
+        destroyed (and counted) by one of them."""
+        when = time.time() if now is None else now
+        async with self._engine.connect() as conn:
+            register = await retention.read_register(conn)
+            tenants = await retention.tenants_with_keys(conn)
+            plans = []
+            for tenant in tenants:
+                days = register.days(tenant, default_days)
+                if days is not None:
+                    plans.append(await retention.expiring(conn, tenant, days, when,
+                                                          register.active(tenant)))  # fmt: skip
+        done = []
+        for plan in plans:
+            destroyed = await self._keys.destroy(plan.dek_ids, when) if plan.dek_ids else []
+            if not destroyed:
+                continue
+            run = dataclasses.replace(plan, dek_ids=tuple(destroyed))
+            terms = {"days": run.days, "before": run.before, "periods": list(run.periods),
+                     "keys": len(destroyed), "kept_by": list(run.kept_by)}  # fmt: skip
+            await self._act("retention", run.tenant, terms, when, f"retention-{int(when)}")
+            done.append(run)
+        return done
 
 
 def _plan(make: Callable[[], list[T]]) -> list[T]:

@@ -32,7 +32,7 @@ from audit.errors import AuditError
 SCHEMA_VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
 
-Kind = Literal["completion", "access", "shred"]
+Kind = Literal["completion", "access", "shred", "hold", "release", "retention", "retention-set"]
 Capture = Literal["full", "reasoning", "metadata"]
 
 
@@ -74,6 +74,8 @@ class Facts:
     capture: Capture = "full"
     subject: int | None = None  # access records: the index that was read
     statement: str | None = None  # shred records: the signed note that orders the shredding
+    # records management (audit.retention): what a hold, release or retention record did
+    terms: dict[str, Any] | None = None
     traceparent: str | None = None  # completions: the caller's W3C trace context, if any
     reasoning_format: str | None = None  # completions: the format that split the answer
     thinking: bool | None = None  # completions: False when the request switched thinking off

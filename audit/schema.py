@@ -11,8 +11,9 @@ Tables (same schema on SQLite and PostgreSQL; created by the Alembic migrations 
   ``audit.merkle.NodeID``. Complete subtrees never change, so this table is insert-only too;
   any proof needs O(log n) of them.
 - ``ledger_checkpoints``: every signed tree head (C2SP tlog-checkpoint note), by tree size.
-- ``ledger_data_keys``: tenant data keys, wrapped (AES-KW) under a key-encryption key. The only
-  mutable table: key rotation re-wraps a row, crypto-shredding erases ``wrapped``.
+- ``ledger_data_keys``: tenant data keys, one per tenant and UTC day (``period``), wrapped
+  (AES-KW) under a key-encryption key. The only mutable table: key rotation re-wraps a row,
+  crypto-shredding (a tenant's, or retention's of a day) erases ``wrapped``.
 
 Write-once is enforced by the database, not only by this code: on SQLite, ``BEFORE UPDATE`` and
 ``BEFORE DELETE`` triggers abort, and a ``BEFORE INSERT`` trigger refuses a row whose key exists
@@ -111,6 +112,9 @@ data_keys = Table(
     Column("wrapped", LargeBinary, nullable=True),  # NULL once shredded
     Column("created_at", Float, nullable=False),
     Column("destroyed_at", Float, nullable=True),
+    # the UTC day ("2026-12-02") whose records the key seals (migration 0003): retention
+    # shreds a tenant's records a day at a time; NULL for the keys made before it (any day)
+    Column("period", String(10), nullable=True),
 )
 
 WRITE_ONCE = {

@@ -178,6 +178,12 @@ async def find(conn: AsyncConnection, f: Filter, limit: int) -> list[tuple[int, 
     return [(int(r.idx), bytes(r.header), bytes(r.leaf_hash)) for r in await conn.execute(query)]
 
 
+async def last_index(conn: AsyncConnection, f: Filter) -> int | None:
+    """The largest index of the entries ``f`` matches (``None``: none does)."""
+    last = (await conn.execute(select(func.max(entries.c.idx)).where(*_conditions(f)))).scalar()
+    return None if last is None else int(last)
+
+
 async def entry(conn: AsyncConnection, index: int) -> tuple[bytes, bytes, bytes] | None:
     """``(header, ciphertext, leaf_hash)`` of one entry."""
     query = select(entries.c.header, entries.c.ciphertext, entries.c.leaf_hash).where(

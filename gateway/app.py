@@ -47,6 +47,7 @@ from gateway.guard.policy import NONE as NO_GUARDRAILS
 from gateway.guard.policy import Guardrails
 from gateway.guard.policy import load as load_guardrails
 from gateway.ledger.record import RecordSink
+from gateway.ledger.retaining import retain_forever
 from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
 from gateway.ledger.timestamping import Timestamping
 from gateway.ledger.witnessing import Witnessing
@@ -59,6 +60,7 @@ from gateway.routes import (
     health,
     messages,
     models,
+    records,
     responses,
     tlog,
 )
@@ -139,6 +141,7 @@ def create_app(
     health.add_routes(app)
     admin.add_routes(app)
     auditor.add_routes(app)
+    records.add_routes(app)
     tlog.add_routes(app)
     if settings.console_enabled:
         console.add_routes(app)
@@ -169,6 +172,29 @@ def _guardrails(stack: contextlib.AsyncExitStack, settings: Settings, metrics: M
     client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
     stack.push_async_callback(client.aclose)
     return guardrails, GuardModels(client, metrics)
+
+
+def _ledger_rounds(stack: contextlib.AsyncExitStack, settings: Settings, ledger: Ledger
+                   ) -> list[Coroutine[Any, Any, None]]:  # fmt: skip
+    """What a ledger does on an interval: retention, and timestamping and witnessing of its
+    checkpoints when configured."""
+    rounds = [retain_forever(ledger, settings.retention_days, settings.retention_interval_s)]
+    every = settings.checkpoint_interval_ms > 0  # each checkpoint stamped and witnessed
+    if settings.tsa_url:
+        roots = (audit_timestamps.load_roots(settings.tsa_roots_file.read_bytes())
+                 if settings.tsa_roots_file else [])  # fmt: skip
+        tsa_client = httpx.AsyncClient(timeout=10)
+        stack.push_async_callback(tsa_client.aclose)
+        rounds.append(Timestamping(ledger, settings.tsa_url, roots, settings.tsa_interval_s,
+                                   tsa_client, every_checkpoint=every).run())  # fmt: skip
+    if settings.witnesses:
+        witness_client = httpx.AsyncClient(timeout=10)
+        stack.push_async_callback(witness_client.aclose)
+        witnessing = Witnessing(ledger, settings.witnesses, settings.witness_interval_s,
+                                witness_client, stamped=bool(settings.tsa_url),
+                                every_checkpoint=every)  # fmt: skip
+        rounds.append(witnessing.run())
+    return rounds
 
 
 async def _start(
@@ -217,21 +243,8 @@ async def _start(
     background = [kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),
                   upstreams.probe_forever()]  # fmt: skip
     background += kept.purges()
-    every = settings.checkpoint_interval_ms > 0  # each checkpoint stamped and witnessed
-    if ledger is not None and settings.tsa_url:
-        roots = (audit_timestamps.load_roots(settings.tsa_roots_file.read_bytes())
-                 if settings.tsa_roots_file else [])  # fmt: skip
-        tsa_client = httpx.AsyncClient(timeout=10)
-        stack.push_async_callback(tsa_client.aclose)
-        background.append(Timestamping(ledger, settings.tsa_url, roots, settings.tsa_interval_s,
-                                       tsa_client, every_checkpoint=every).run())  # fmt: skip
-    if ledger is not None and settings.witnesses:
-        witness_client = httpx.AsyncClient(timeout=10)
-        stack.push_async_callback(witness_client.aclose)
-        witnessing = Witnessing(ledger, settings.witnesses, settings.witness_interval_s,
-                                witness_client, stamped=bool(settings.tsa_url),
-                                every_checkpoint=every)  # fmt: skip
-        background.append(witnessing.run())
+    if ledger is not None:
+        background += _ledger_rounds(stack, settings, ledger)
     for work in background:
         task = asyncio.create_task(work)
         stack.push_async_callback(_cancel, task)

@@ -1,4 +1,5 @@
-"""The ``thinkgate ledger`` commands: init, verify (online and offline), export, shred, rotate-kek.
+"""The ``thinkgate ledger`` commands: init, verify (online and offline), export (and its
+evidence bundle), shred, rotate-kek.
 
 ``verify`` and ``export`` need only the database and the public half of the signing key: no
 decryption key is loaded. Offline ``verify --export FILE --public-key FILE`` needs neither
@@ -8,20 +9,23 @@ database nor any secret. A progress bar (rich) is drawn on stderr when it is a t
 from __future__ import annotations
 
 import asyncio
+import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
 import orjson
 
-from audit import timestamps
+from audit import evidence, timestamps
 from audit.crypto import FileKeyProvider
 from audit.export import check_export, export_lines
 from audit.ledger import Ledger, LedgerReader
 from audit.migrate import upgrade
 from audit.note import NoteError, NoteSigner, NoteVerifier, load_signing_key
-from audit.store import Filter
+from audit.store import DB_ERRORS, Filter
 from audit.verify import Report, verify
 from audit.witness import CosignerKey, WitnessError, WitnessPolicy
 from gateway.db import create_engine, upgrade_schema
@@ -155,6 +159,95 @@ async def export_to(settings: Settings, where: Filter, out: BinaryIO) -> int:
         await engine.dispose()
     out.flush()
     return max(count, 0)
+
+
+async def export_evidence(settings: Settings, where: Filter, out: Path) -> tuple[int, str]:
+    """Write the evidence bundle (``audit.evidence``, docs/evidence.md) of the records
+    ``where`` selects to ``out``; the exit code and the line to print. Reads the database, the
+    public half of the signing key, the witnesses' keys and ``TSA_ROOTS_FILE``; the tar is
+    written beside ``out`` and renamed into place, so a failed export leaves none behind."""
+    try:
+        with tempfile.TemporaryFile() as records:
+            made = await _gather_evidence(settings, where, records)
+            files = evidence.members(made, evidence.verifier_source())
+            _write_atomically(out, files, records)
+    except evidence.EvidenceError as exc:
+        return 1, f"no evidence bundle: {exc}"
+    except KeyUnavailable as exc:
+        return 2, str(exc)
+    except DB_ERRORS as exc:
+        return 2, f"cannot read the ledger database ({type(exc).__name__})"
+    head = made.checkpoint
+    when = made.stamped_at()
+    stamp = (f"stamped {when.isoformat()}" if when is not None else
+             "not stamped: no RFC 3161 timestamp covers its newest record yet")  # fmt: skip
+    return 0, (f"wrote {out}: {made.records} records proven against the checkpoint of size "
+               f"{head.size} ({stamp}; cosigned by {len(made.cosigned())} of "
+               f"{len(made.witness_keys)} witnesses)")  # fmt: skip
+
+
+async def _gather_evidence(
+    settings: Settings, where: Filter, records: BinaryIO
+) -> evidence.Evidence:
+    """The bundle's parts, the export lines written to ``records``."""
+    settings = await with_origin(settings)
+    try:
+        log_key = verifier_key(settings)
+    except (OSError, ValueError) as exc:
+        raise KeyUnavailable(f"cannot derive the verifier key from "
+                             f"{settings.signing_key_file}: {exc}") from None  # fmt: skip
+    roots = None
+    if settings.tsa_roots_file is not None:
+        try:
+            roots = await asyncio.to_thread(settings.tsa_roots_file.read_bytes)
+        except OSError as exc:
+            raise KeyUnavailable(f"cannot read the TSA roots file {settings.tsa_roots_file}: "
+                                 f"{exc.strerror}") from None  # fmt: skip
+    engine = create_engine(settings.database_url)
+    try:
+        reader = LedgerReader(engine)
+        note = await _evidence_checkpoint(reader, settings, where)
+        size = evidence.tree_size(note)
+        stamp = (await reader.timestamps([size])).get(size)
+        lines = -1  # the first line is the checkpoint
+        async for line in export_lines(reader, where, note):
+            records.write(line)
+            lines += 1
+    finally:
+        await engine.dispose()
+    return evidence.Evidence(
+        note, log_key, max(lines, 0), evidence.Selection(where.tenant, where.since, where.until),
+        stamp, roots, tuple(w.key for w in settings.witnesses),
+    )  # fmt: skip
+
+
+async def _evidence_checkpoint(reader: LedgerReader, settings: Settings, where: Filter) -> str:
+    """The checkpoint the bundle proves its records against (``evidence.choose``): stamped
+    and cosigned by the publishing quorum, else stamped, else cosigned, else the latest."""
+    latest = await reader.checkpoint()
+    if latest is None:
+        return evidence.choose([], None)  # raises EvidenceError: nothing to prove against
+    names, quorum, _ = settings.publish_policy
+    candidates = [
+        await reader.published(names, quorum, stamped=True) if quorum else None,
+        await reader.published(stamped=True),
+        await reader.published(names, quorum) if quorum else None,
+        latest,
+    ]
+    last = await reader.last_index(replace(where, up_to=evidence.tree_size(latest)))
+    return evidence.choose(candidates, last)
+
+
+def _write_atomically(out: Path, files: list[tuple[str, bytes]], records: BinaryIO) -> None:
+    size = records.tell()
+    partial = out.with_name(f"{out.name}.partial")
+    try:
+        with partial.open("wb") as tar:
+            evidence.write_bundle(tar, files, records, size, time.time())
+        partial.replace(out)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise KeyUnavailable(f"cannot write {out}: {exc.strerror}") from None
 
 
 async def shred(settings: Settings, tenant: str) -> int:

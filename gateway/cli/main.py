@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.cli import preflight
+from gateway.cli import preflight, records
 from gateway.settings import Settings
 
 _DESCRIPTION = (
@@ -194,8 +194,14 @@ def _ledger_parser(sub: Any) -> None:
                         help="RFC 3339 (2026-12-01T10:00:00Z) or epoch seconds")  # fmt: skip
     export.add_argument("--until", type=_time_arg, default=None,
                         help="RFC 3339 or epoch seconds")  # fmt: skip
-    export.add_argument("--output", type=Path, default=None, help="default: stdout")
+    into = export.add_mutually_exclusive_group()
+    into.add_argument("--output", type=Path, default=None, help="default: stdout")
+    into.add_argument("--evidence", type=Path, default=None, metavar="OUT.tar",
+                      help="write an evidence bundle instead: the records, the checkpoint, its "
+                           "timestamp and cosignatures, the keys and a README with the commands "
+                           "that check them (docs/evidence.md)")  # fmt: skip
     export.set_defaults(func=cmd_ledger_export)
+    records.add_parsers(ledger, _missing_keys, _time_arg)
     shred = ledger.add_parser("shred", help="destroy a tenant's data keys (irreversible)")
     shred.add_argument("--tenant", required=True)
     shred.set_defaults(func=cmd_ledger_shred)
@@ -480,6 +486,12 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
     if missing := _missing_keys(settings, "signing_key_file"):  # no decryption key needed
         return missing
     where = Filter(tenant=args.tenant, since=args.since, until=args.until)
+    if args.evidence is not None:
+        from gateway.cli.ledger import export_evidence
+
+        code, said = asyncio.run(export_evidence(settings, where, args.evidence))
+        print(said, file=sys.stderr)
+        return code
     if args.output is None:
         count = asyncio.run(export_to(settings, where, sys.stdout.buffer))
     else:
@@ -490,12 +502,17 @@ def cmd_ledger_export(args: argparse.Namespace) -> int:
 
 
 def cmd_ledger_shred(args: argparse.Namespace) -> int:
+    from audit.retention import ShredBlocked
     from gateway.cli.ledger import shred
 
     settings = Settings()
     if missing := _missing_keys(settings):
         return missing
-    destroyed = asyncio.run(shred(settings, args.tenant))
+    try:
+        destroyed = asyncio.run(shred(settings, args.tenant))
+    except ShredBlocked as exc:
+        print(f"thinkgate ledger shred: refused: {exc}; release the holds first", file=sys.stderr)
+        return 1
     print(f"shredded tenant {args.tenant}: {destroyed} data keys destroyed, shred record appended")
     return 0
 

@@ -26,9 +26,9 @@ from typing import Any, Protocol
 from gateway.errors import GatewayError, RemoteProtocolError, UpstreamProtocolError
 from gateway.guard.judging import (
     Acted,
+    GuardVerdict,
     ModelScreen,
     Rule,
-    Verdict,
     judged,
     prompt_asks,
     whole_asks,
@@ -45,7 +45,7 @@ class _Stream(Protocol):
     async def read(self) -> bytes: ...
 
 
-class Leg(Protocol):
+class _Leg(Protocol):
     """What a screened stream reads (``gateway.exchange.forward.Leg``)."""
 
     @property
@@ -60,7 +60,7 @@ class Leg(Protocol):
     async def continue_with(self, body: bytes) -> None: ...
 
 
-class Exchange(Protocol):
+class _Exchange(Protocol):
     """What a screened stream tells its exchange (``gateway.exchange.lifecycle.Exchange``)."""
 
     def observe_read(self, arrived: float) -> None: ...
@@ -131,7 +131,7 @@ def release_to(relay: StreamRelay, items: Sequence[Event | Acted]) -> bytes:
 
 
 async def screened_output(
-    ex: Exchange, leg: Leg, relay: StreamRelay, plan: ScreenPlan
+    ex: _Exchange, leg: _Leg, relay: StreamRelay, plan: ScreenPlan
 ) -> AsyncIterator[bytes]:
     """``upstream_output`` with every event held until the guard models found it safe."""
     waiting = _Waiting(ex, leg, plan.models, plan.start(relay))
@@ -157,9 +157,9 @@ async def screened_output(
 class _Waiting:
     """The upstream read and the guard models' asks a screened stream waits on."""
 
-    def __init__(self, ex: Exchange, leg: Leg, models: GuardModels, screen: ModelScreen) -> None:
+    def __init__(self, ex: _Exchange, leg: _Leg, models: GuardModels, screen: ModelScreen) -> None:
         self.ex, self.leg, self.models, self.screen = ex, leg, models, screen
-        self.asking: dict[asyncio.Future[Verdict | None], int] = {}
+        self.asking: dict[asyncio.Future[GuardVerdict | None], int] = {}
         self.reading: asyncio.Future[bytes] | None = None
         self.ended = False
 
@@ -248,7 +248,7 @@ async def judge_prompt(rules: Sequence[Rule], texts: Sequence[str] | None, model
     that cannot answer is: its policy's ``on_error``."""
     if texts is None:
         asks = prompt_asks(rules, ["(token ids)"])
-        verdicts: Sequence[Verdict | None] = [None] * len(asks)
+        verdicts: Sequence[GuardVerdict | None] = [None] * len(asks)
     else:
         asks = prompt_asks(rules, texts)
         verdicts = await asyncio.gather(*(models.ask(ask) for ask in asks))

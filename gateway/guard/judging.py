@@ -58,7 +58,7 @@ _BOUNDARY = {
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class GuardVerdict:
     unsafe: bool
     categories: tuple[str, ...] = ()
 
@@ -67,16 +67,16 @@ class VerdictError(ValueError):
     """A guard model answered something that is not a verdict."""
 
 
-def parse_verdict(text: str) -> Verdict:
+def parse_verdict(text: str) -> GuardVerdict:
     """Llama Guard's answer: ``safe``, or ``unsafe`` and a line ``S1,S10``."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     head = lines[0].casefold() if lines else ""
     if head == "safe":
-        return Verdict(False)
+        return GuardVerdict(False)
     if head == "unsafe":  # only category names are kept: a guard that says more is not echoed
         named = lines[1].split(",") if len(lines) > 1 else []
         kept = [c.strip() for c in named if _CATEGORY.fullmatch(c.strip())]
-        return Verdict(True, tuple(kept[:16]))
+        return GuardVerdict(True, tuple(kept[:16]))
     raise VerdictError("the guard model's answer is neither 'safe' nor 'unsafe'")
 
 
@@ -98,7 +98,7 @@ class GuardAsk:
                 "stream": False}  # fmt: skip
 
 
-def judged(ask: GuardAsk, verdict: Verdict | None) -> GuardAct | None:
+def judged(ask: GuardAsk, verdict: GuardVerdict | None) -> GuardAct | None:
     """What a verdict (``None``: the guard model could not answer) makes the policy do."""
     policy, judge = ask.policy, ask.judge
     if verdict is None:
@@ -339,7 +339,7 @@ class ModelScreen:
             lane.asked = end
         return asks
 
-    def resolve(self, ask_id: int, verdict: Verdict | None) -> None:
+    def resolve(self, ask_id: int, verdict: GuardVerdict | None) -> None:
         """A guard model's answer to an ask (``None``: it could not answer)."""
         entry = self._asks.pop(ask_id, None)
         if entry is None:

@@ -19,6 +19,8 @@ import hashlib
 import hmac
 import logging
 import secrets
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +187,10 @@ async def resolved(settings: Settings, engine: AsyncEngine) -> Settings:
     return settings.model_copy(update={"audit_origin": await log_origin(settings, engine)})
 
 
-async def open_ledger(settings: Settings, engine: AsyncEngine) -> Ledger:
+async def open_ledger(settings: Settings, engine: AsyncEngine,
+                      wall: Callable[[], float] = time.time) -> Ledger:  # fmt: skip
+    """The ledger the settings name; ``wall``: the clock whose UTC day a record's key is (a
+    test seeds records of days past with it)."""
     origin = await log_origin(settings, engine)
     provider = ReloadingKeyProvider(settings.ledger_key_file)
     signer = NoteSigner(origin, load_signing_key(settings.signing_key_file))
@@ -198,4 +203,5 @@ async def open_ledger(settings: Settings, engine: AsyncEngine) -> Ledger:
         mode=settings.audit_mode,
         max_batch=settings.audit_batch_max,
         checkpoint_interval_s=settings.checkpoint_interval_ms / 1000,
+        wall=wall,
     )

@@ -33,6 +33,7 @@ from audit import export, store
 from audit.crypto import DecryptionError
 from audit.ledger import Ledger, Listed, Opened, ProofUnavailable
 from audit.record import Body, Facts
+from audit.retention import Hold
 from gateway.auth.bearer import authenticate
 from gateway.auth.keys import ALL_TENANTS, KeyInfo
 from gateway.errors import (
@@ -131,8 +132,17 @@ async def list_records(request: Request) -> Response:
     else:
         page, last = await _guarded(ledger, where, limit, guardrail)
         next_cursor = _b64(str(last).encode()) if last is not None else None
-    data = [_record_json(r.index, r.header, r.leaf_hash) for r in page]
+    holds = (await ledger.register(where.tenant)).active(where.tenant)
+    data = [{**_record_json(r.index, r.header, r.leaf_hash), "held_by": held_by(holds, r.header)}
+            for r in page]  # fmt: skip
     return _json({"object": "list", "data": data, "next_cursor": next_cursor})
+
+
+def held_by(holds: list[Hold], header: dict[str, Any]) -> list[str]:
+    """The legal holds that keep a record (its tenant's, over its time and key)."""
+    when, key_id = float(header.get("created_at") or 0), header.get("key_id")
+    return [h.id for h in holds
+            if h.tenant == header.get("tenant") and h.covers_time(when, key_id)]  # fmt: skip
 
 
 GUARDRAIL_SCAN = 10_000  # records a guardrail filter reads per page at most
@@ -179,8 +189,10 @@ async def read_record(request: Request) -> Response:
     if record is None or key.tenant not in (ALL_TENANTS, tenant):
         raise NotFound(f"No record {index}.", code="record_not_found")
     await ledger.append(_access_facts(request, key, index, str(tenant)), Body())
+    holds = (await ledger.register(str(tenant))).active(str(tenant))
     # the access record this read appended: its request id finds it in ``records``
-    return _json({**_opened_json(record), "access_request_id": request.state.request_id})
+    return _json({**_opened_json(record), "access_request_id": request.state.request_id,
+                  "held_by": held_by(holds, record.header)})  # fmt: skip
 
 
 async def raw_record(request: Request) -> Response:

@@ -1,6 +1,6 @@
 """The guard models' client: one ask, one verdict (the I/O half of ``gateway.guard.judging``).
 
-``GuardModels(client, metrics).ask(ask) -> Verdict | None`` posts the ask's chat request to its
+``GuardModels(client, metrics).ask(ask) -> GuardVerdict | None`` posts the ask's chat request to its
 guard model's ``/chat/completions`` and parses the answer; ``None`` when the model cannot
 answer (unreachable, too slow for ``timeout_s`` in all, an error status, an answer that is not
 a verdict, or any other failure), which the policy's ``on_error`` decides. Each ask is timed into
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import httpx
 import orjson
 
-from gateway.guard.judging import GuardAsk, Verdict, VerdictError, parse_verdict
+from gateway.guard.judging import GuardAsk, GuardVerdict, VerdictError, parse_verdict
 from gateway.telemetry.metrics import Metrics
 
 log = logging.getLogger("thinkgate")
@@ -29,7 +29,7 @@ class GuardModels:
     client: httpx.AsyncClient
     metrics: Metrics
 
-    async def ask(self, ask: GuardAsk) -> Verdict | None:
+    async def ask(self, ask: GuardAsk) -> GuardVerdict | None:
         started = time.perf_counter()
         judge = ask.judge
         try:

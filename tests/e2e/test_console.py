@@ -442,3 +442,30 @@ async def test_guardrail_acts_are_shown_and_filtered(
     await expect(page.locator("table.header")).to_contain_text('["pii:redact"]')
     assert "jane.doe@example.com" not in await page.content()
     assert page.errors == []  # type: ignore[attr-defined]
+
+
+async def test_retention_and_holds_are_shown_and_held_records_marked(
+    stack_factory: Any, tmp_path: Path, browser: Browser
+) -> None:
+    stack: Stack = await stack_factory(retention_days=365)
+    async with openai.AsyncOpenAI(base_url=stack.url, api_key=stack.keys["visible"],
+                                  max_retries=0) as client:  # fmt: skip
+        await client.chat.completions.create(
+            model="deepseek-r1", max_tokens=50, messages=[{"role": "user", "content": "Hi"}]
+        )
+    admin = {"authorization": f"Bearer {stack.keys['admin']}"}
+    async with httpx.AsyncClient(base_url=stack.root, headers=admin) as http:
+        hold = (await http.post("/admin/v1/holds", json={
+            "tenant": "acme", "reason": "SEC inquiry 7"})).json()  # fmt: skip
+        await http.put("/admin/v1/retention/acme", json={"days": 2190})
+    page = await sign_in(browser, stack)
+    rows = page.locator("table.records tbody tr")
+    held = rows.filter(has=page.locator(".tag.held", has_text=f"held: {hold['id']}"))
+    # every acme record: the completion, the hold's own record and the retention setting's
+    await expect(held).to_have_count(3)
+    await page.get_by_role("link", name="Retention").click()
+    await expect(page.get_by_role("heading", name="Tenant acme")).to_be_visible()
+    await expect(page.locator("main")).to_contain_text("2190 days")
+    await expect(page.locator("main")).to_contain_text("The gateway's default retention: 365 days")
+    await expect(page.locator("table.holds tbody tr")).to_contain_text("SEC inquiry 7")
+    assert page.errors == []  # type: ignore[attr-defined]

@@ -1,5 +1,5 @@
 // The console's pages, routed by the URL's fragment (#records?model=x, #record/12, #overview,
-// #export, #keys). The fragment keeps the filters, never the key.
+// #retention, #export, #keys). The fragment keeps the filters, never the key.
 
 import { ApiError, call, query, session } from "./api.js";
 import { h, prose, replace, svg, time } from "./dom.js";
@@ -122,7 +122,8 @@ function signOut() {
 function navigation(role, path) {
   const links = role === "admin"
     ? [["keys", "Keys"]]
-    : [["records", "Records"], ["overview", "Overview"], ["export", "Export"]];
+    : [["records", "Records"], ["overview", "Overview"], ["retention", "Retention"],
+       ["export", "Export"]];
   replace(nav,
     h("span", { class: "brand" }, "thinkgate"),
     links.map(([to, label]) => h("a", { href: `#${to}`, "aria-current": path === to ? "page" : null },
@@ -296,7 +297,9 @@ async function records(params) {
       h("td", { class: "num" }, header.kind === "completion" ? String(used.answer) : "-"),
       h("td", {}, header.client_disconnected ? "yes" : ""),
       h("td", {}, (header.guardrails || []).map((acted) =>
-        h("span", { class: "tag guardrail", title: "a guardrail policy acted" }, acted))),
+        h("span", { class: "tag guardrail", title: "a guardrail policy acted" }, acted)),
+        (record.held_by || []).map((hold) =>
+          h("span", { class: "tag held", title: "kept by a legal hold" }, `held: ${hold}`))),
       h("td", {}, badgeFor(record.index, header)));
   });
   const next = { ...Object.fromEntries(params), cursor: page.next_cursor };
@@ -681,6 +684,37 @@ async function loadTenants(holder) {
 
 // --- routing -------------------------------------------------------------------------------
 
+// --- retention and legal holds ----------------------------------------------------------------
+
+function days(count) {
+  return count === null || count === undefined ? "kept forever" : `${count} days`;
+}
+
+async function retentionPage() {
+  const kept = await call("/audit/v1/retention");
+  const when = (at) => (at === null || at === undefined ? "-" : time(at));
+  const sections = kept.data.map((tenant) => h("section", { class: "card" },
+    h("h2", {}, `Tenant ${tenant.tenant}`),
+    h("p", {}, "Retention: ", h("strong", {}, days(tenant.days)),
+      tenant.own ? " (set for this tenant)" : " (the gateway's default)"),
+    tenant.holds.length
+      ? h("table", { class: "holds" },
+          h("caption", {}, "Legal holds (records they cover survive retention and shredding)"),
+          h("thead", {}, h("tr", {}, ["Hold", "Reason", "Key", "From", "Until", "Placed",
+            "Released"].map((t) => h("th", { scope: "col" }, t)))),
+          h("tbody", {}, tenant.holds.map((hold) => h("tr", { class: hold.released_at ? "released" : "" },
+            h("td", { class: "mono" }, hold.id), h("td", {}, hold.reason),
+            h("td", { class: "mono" }, hold.key_id || "every key"), h("td", {}, when(hold.since)),
+            h("td", {}, when(hold.until)), h("td", {}, when(hold.placed_at)),
+            h("td", {}, hold.released_at ? when(hold.released_at) : h("span", { class: "tag held" }, "in force"))))))
+      : h("p", { class: "empty" }, "No legal holds.")));
+  replace(main, h("h1", {}, "Retention and legal holds"),
+    h("p", { class: "help" }, `The gateway's default retention: ${days(kept.default_days)}. ` +
+      "Records past their tenant's retention become unreadable a UTC day at a time; the tree " +
+      "and every proof stay valid."),
+    sections.length ? sections : h("p", { class: "empty" }, "No tenant has a retention or a hold of its own."));
+}
+
 async function route() {
   const role = sessionStorage.getItem(ROLE);
   if (!session.key || !role) {
@@ -700,6 +734,8 @@ async function route() {
       await overview(params);
     } else if (page === "export") {
       await exportPage(params);
+    } else if (page === "retention") {
+      await retentionPage();
     } else {
       await records(params);
     }

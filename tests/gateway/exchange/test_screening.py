@@ -12,7 +12,7 @@ import pytest
 
 from gateway.errors import GatewayError
 from gateway.exchange.screening import ScreenPlan, screened_output
-from gateway.guard.judging import GuardAsk, Verdict
+from gateway.guard.judging import GuardAsk, GuardVerdict
 from gateway.guard.policy import parse
 from gateway.guard.stream import ChoiceGuard
 from gateway.relay.rewrite import Policy, StreamRelay
@@ -57,10 +57,10 @@ class Exchange:
 class Safe:
     """A guard model that answers after the engine's next read came (the error's)."""
 
-    async def ask(self, ask: GuardAsk) -> Verdict:
+    async def ask(self, ask: GuardAsk) -> GuardVerdict:
         for _ in range(5):
             await asyncio.sleep(0)  # yield to the loop: the read of the error completes first
-        return Verdict(False)
+        return GuardVerdict(False)
 
 
 def relay() -> StreamRelay:

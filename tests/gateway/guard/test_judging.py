@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from gateway.exchange.screening import release_to
 from gateway.guard.judging import (
     GuardAsk,
+    GuardVerdict,
     ModelScreen,
-    Verdict,
     VerdictError,
     judged,
     parse_verdict,
@@ -41,9 +41,9 @@ SENTENCE = st.lists(WORDS, min_size=1, max_size=4).map(lambda ws: " ".join(ws) +
 TEXT = st.lists(SENTENCE, min_size=1, max_size=4).map(" ".join)
 
 
-def verdict(ask: GuardAsk) -> Verdict:
+def verdict(ask: GuardAsk) -> GuardVerdict:
     """A guard model that finds unsafe any text holding BAD (it sees the channel so far)."""
-    return Verdict("BAD" in ask.messages[-1]["content"], ("S1",))
+    return GuardVerdict("BAD" in ask.messages[-1]["content"], ("S1",))
 
 
 def chunk(delta: dict[str, Any], finish: str | None = None) -> Event:
@@ -153,10 +153,10 @@ def test_what_came_before_the_unsafe_sentence_goes_out_even_when_its_verdict_is_
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("safe", Verdict(False)), ("  Safe\n", Verdict(False)),
-     ("unsafe\nS1,S10", Verdict(True, ("S1", "S10"))), ("unsafe", Verdict(True))],
+    [("safe", GuardVerdict(False)), ("  Safe\n", GuardVerdict(False)),
+     ("unsafe\nS1,S10", GuardVerdict(True, ("S1", "S10"))), ("unsafe", GuardVerdict(True))],
 )  # fmt: skip
-def test_llama_guards_verdicts_are_read(text: str, expected: Verdict) -> None:
+def test_llama_guards_verdicts_are_read(text: str, expected: GuardVerdict) -> None:
     assert parse_verdict(text) == expected
 
 
@@ -174,8 +174,8 @@ def test_categories_outside_the_detectors_do_not_count_and_a_failure_follows_on_
     (ask,) = [a for a in (ModelScreen([(flag, flag.judges[0])], lambda: ChoiceState.start(
         BUILTIN["none"], "text", thinking=False, repair_leak=False), "q", False).add(
         chunk({"content": "Hi."}, "stop")))]  # fmt: skip
-    assert judged(ask, Verdict(True, ("S2",))) is None
-    act = judged(ask, Verdict(True, ("S2", "S1")))
+    assert judged(ask, GuardVerdict(True, ("S2",))) is None
+    act = judged(ask, GuardVerdict(True, ("S2", "S1")))
     assert act is not None and (act.action, act.detector) == ("flag", "model:g:S2,S1")
     assert judged(ask, None) is None  # a flag policy's on_error is allow by default
     (harm,) = POLICIES
@@ -218,4 +218,4 @@ def test_every_text_of_a_prompt_is_judged_and_token_ids_cannot_be() -> None:
 
 def test_a_guard_that_says_more_than_categories_is_not_echoed() -> None:
     said = parse_verdict("unsafe\nS1, The answer explains how to build it")
-    assert said == Verdict(True, ("S1",))
+    assert said == GuardVerdict(True, ("S1",))
