@@ -68,6 +68,7 @@ from gateway.routes.health import metrics_app
 from gateway.routes.state import AppState
 from gateway.settings import ModelOverride, Settings
 from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.tracing import open_tracing
 from gateway.upstream.judge import GuardModels
 from gateway.upstream.pool import UpstreamPool, create_transport
 from ratelimit.autopipe import AutoPipeline
@@ -249,6 +250,9 @@ async def _start(
         task = asyncio.create_task(work)
         stack.push_async_callback(_cancel, task)
     guardrails, guard_models = _guardrails(stack, settings, metrics)
+    tracing = open_tracing()
+    if tracing is not None:
+        stack.callback(tracing.shutdown)
     state = AppState(
         settings=settings,
         transport=transport,
@@ -272,6 +276,7 @@ async def _start(
         background_store=kept.background,
         guardrails=guardrails,
         guard_models=guard_models,
+        tracing=tracing,
     )  # fmt: skip
     if state.background is not None:  # stopped before the database goes (a LIFO stack)
         sweeping = asyncio.create_task(state.background.sweep_forever())

@@ -36,6 +36,7 @@ from gateway.relay.guarding import GuardAct
 from gateway.relay.rewrite import Rewriter
 from gateway.telemetry.logs import log_completion
 from gateway.telemetry.metrics import CompletedRequest, GapCounts, Metrics
+from gateway.telemetry.tracing import ExchangeSpan, Outcome
 
 if TYPE_CHECKING:
     from gateway.exchange.screening import ScreenPlan
@@ -87,6 +88,7 @@ class Exchange:
     notes: tuple[tuple[str, str], ...] = ()
     prompt_acts: tuple[GuardAct, ...] = ()  # what guardrail policies did to the prompt
     screen: ScreenPlan | None = None  # guard models over the output (exchange.screening)
+    span: ExchangeSpan | None = None  # its OpenTelemetry spans (telemetry.tracing), if traced
     _finishing: asyncio.Future[None] | None = None
 
     def mark_first_token(self) -> None:
@@ -120,10 +122,14 @@ class Exchange:
 
     @property
     def upstream_headers(self) -> tuple[tuple[bytes, bytes], ...]:
-        """This request's own headers for the upstream: the caller's trace context."""
-        if self.traceparent is None:
+        """This request's own headers for the upstream: the trace context (the gateway's
+        upstream span's when traced, else the caller's as it came)."""
+        traceparent = self.traceparent
+        if self.span is not None:
+            traceparent = self.span.upstream_traceparent() or traceparent
+        if traceparent is None:
             return ()
-        return ((b"traceparent", self.traceparent.encode()),)
+        return ((b"traceparent", traceparent.encode()),)
 
     @property
     def finishing(self) -> bool:
@@ -159,6 +165,7 @@ class Exchange:
         recording = asyncio.ensure_future(self.sink.submit(record))
         keeping = (asyncio.ensure_future(self.after(record))
                    if self.after is not None and record.status == "ok" else None)  # fmt: skip
+        committing = time.time()
         try:
             failures = await self.gate.settle(self.ticket, used)
         except Exception as exc:
@@ -171,7 +178,29 @@ class Exchange:
             except Exception as exc:  # the record has the exchange, so nothing is lost
                 log.warning("keeping request %s failed: %s", self.request_id,
                             type(exc).__name__)  # fmt: skip
-        await recording
+        try:
+            await recording
+        finally:
+            if self.span is not None:
+                self._traced(self.span, record, committing)
+
+    def _traced(self, span: ExchangeSpan, record: CompletionRecord, committing: float) -> None:
+        """End the request's spans with what its record says (never its text)."""
+        span.ledger(committing, time.time())
+        if record.first_token_at is not None:
+            span.event("gen_ai.first_token", record.first_token_at)
+        if self.first_content_at is not None and record.usage and record.usage.reasoning_tokens:
+            span.event("thinkgate.reasoning.end", self.first_content_at)
+        usage = record.usage
+        span.finish(Outcome(
+            tenant=record.tenant, key_id=record.key_id, status=record.status,
+            error_code=record.error_code, stream=record.stream, upstream=record.upstream,
+            input_tokens=usage.prompt_tokens if usage else 0,
+            output_tokens=usage.completion_tokens if usage else 0,
+            reasoning_tokens=usage.reasoning_tokens if usage else 0,
+            finish_reasons=record.finish_reasons, started_at=record.started_at,
+            first_token_at=record.first_token_at, ended_at=record.ended_at,
+        ))  # fmt: skip
 
     def _counted(self, choices: list[ChoiceState]) -> Usage:
         """The usage of an exchange the engine never reported on (the client left, it broke

@@ -25,6 +25,7 @@ from gateway.guard.policy import Guardrails
 from gateway.ledger.record import RecordSink
 from gateway.settings import Settings
 from gateway.telemetry.metrics import Metrics
+from gateway.telemetry.tracing import Tracing
 from gateway.upstream.judge import GuardModels
 from gateway.upstream.pool import UpstreamPool
 from ratelimit.autopipe import AutoPipeline
@@ -52,6 +53,7 @@ class AppState:
     replica: str = field(default_factory=lambda: secrets.token_hex(8))  # this process's id
     guardrails: Guardrails = NO_GUARDRAILS  # GUARDRAILS_FILE's policies
     guard_models: GuardModels | None = None  # their guard models' client, when they have any
+    tracing: Tracing | None = None  # OpenTelemetry, when OTEL_* configures it
 
     gate: Gate = field(init=False)  # the limiter and the KV budget, asked at once
     forwarder: Forwarder = field(init=False)  # the forward loop over the upstream pool

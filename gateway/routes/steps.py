@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -178,8 +179,11 @@ async def admitted(
     notes = (*notes, *clamped)
     if tokens is None:
         tokens = reservation(state, call.upstream_body, call.n, call.max_tokens)
+    admitting = time.time()
     ticket, candidates = await admit(state, request, key, call.model, call.stream, tokens)
     ex = exchange(state, request, key, call, route, rewriter, ticket, started, after)
+    if ex.span is not None:
+        ex.span.admission(admitting, time.time())
     ex.notes = notes
     ex.prompt_acts = prompt_acts
     ex.screen = screen_plan(state, key, call, route)
@@ -313,11 +317,16 @@ def exchange(
     """The exchange of an admitted request: ``route`` is (endpoint, upstream path), ``started``
     (wall clock, perf counter) when the request arrived."""
     endpoint, path = route
+    traceparent = parse_traceparent(request.headers.get("traceparent"))
+    span = None
+    if state.tracing is not None:
+        span = state.tracing.start(request_id=request.state.request_id, operation=endpoint,
+                                   model=call.model, started_at=started[0],
+                                   traceparent=traceparent)  # fmt: skip
     return Exchange(request.state.request_id, key, call, endpoint, path, rewriter, ticket,
                     state.gate, state.sink, started_at=started[0], t0=started[1],
                     metrics=state.metrics if state.instrument else None,
-                    traceparent=parse_traceparent(request.headers.get("traceparent")),
-                    after=after)  # fmt: skip
+                    traceparent=traceparent, after=after, span=span)  # fmt: skip
 
 
 def refused(

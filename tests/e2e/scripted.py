@@ -20,6 +20,7 @@ class Scripted:
         self.app = create_sim_app(SimConfig())
         self.sim = sim
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each chat request's, as the engine got them
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].endswith("/chat/completions"):
@@ -29,6 +30,7 @@ class Scripted:
             message = await receive()
             body, more = body + message.get("body", b""), message.get("more_body", False)
         self.bodies.append(orjson.loads(body))
+        self.headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
         script = {"sim": self.sim} if self.sim is not None else {}
         scripted = orjson.dumps({**orjson.loads(body), **script})
         headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
