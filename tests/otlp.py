@@ -80,3 +80,31 @@ class Receiver:
                         {a.key: _value(a.value) for a in s.attributes},
                         [e.name for e in s.events],
                     ))  # fmt: skip
+
+
+class ThreadedReceiver:
+    """A ``Receiver`` served by uvicorn on a thread of its own, for a session (a process
+    started before the test's event loop, such as vLLM, exports to it)."""
+
+    def __init__(self) -> None:
+        import asyncio
+        import socket
+        import threading
+
+        import uvicorn
+
+        self.received = Receiver()
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        config = uvicorn.Config(self.received, log_level="warning", lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve(sockets=[self._socket])), daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()

@@ -34,6 +34,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.otlp import ThreadedReceiver
+
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 START_TIMEOUT_S = 240
@@ -106,7 +108,13 @@ def _free_port() -> int:
 
 
 def _start(
-    model: TinyModel, workdir: Path, names: tuple[str, ...], parser: bool, *, embed: bool = False
+    model: TinyModel,
+    workdir: Path,
+    names: tuple[str, ...],
+    parser: bool,
+    *,
+    embed: bool = False,
+    traces: str | None = None,
 ) -> tuple[subprocess.Popen[bytes], VllmServer]:
     port = _free_port()
     tmp = workdir / f"tmp-{port}"
@@ -140,6 +148,8 @@ def _start(
         args += ["--reasoning-parser", "deepseek_r1"]
     if embed:  # the same weights as an embedding model (vLLM's pooling runner)
         args += ["--runner", "pooling", "--convert", "embed"]
+    if traces is not None:  # vLLM's own spans, over OTLP/HTTP (tests/otlp.py receives them)
+        args += ["--otlp-traces-endpoint", f"{traces}/v1/traces"]
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(workdir),
@@ -148,6 +158,8 @@ def _start(
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
     }
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -184,12 +196,29 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="session")
+def otlp_receiver() -> Iterator[ThreadedReceiver]:
+    """Where the parsed server sends its traces (and a test's gateway its own)."""
+    receiver = ThreadedReceiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()
+
+
+@pytest.fixture(scope="session")
 def vllm_servers(
-    tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, VllmServer]]:
+    tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory,
+    otlp_receiver: ThreadedReceiver,
+) -> Iterator[dict[str, VllmServer]]:  # fmt: skip
     workdir = tmp_path_factory.mktemp("vllm")
     started = [
-        _start(tiny_model, workdir, ("tiny-r1-parsed", "tiny-v4-parsed"), parser=True),
+        _start(
+            tiny_model,
+            workdir,
+            ("tiny-r1-parsed", "tiny-v4-parsed"),
+            parser=True,
+            traces=otlp_receiver.url,
+        ),
         _start(tiny_model, workdir, RAW_NAMES, parser=False),
         _start(tiny_model, workdir, ("tiny-embed",), parser=False, embed=True),
     ]
