@@ -67,6 +67,7 @@ from gateway.routes import (
 from gateway.routes.health import metrics_app
 from gateway.routes.state import AppState
 from gateway.settings import ModelOverride, Settings
+from gateway.siem.exporter import create_exporter
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import open_tracing
 from gateway.upstream.judge import GuardModels
@@ -175,6 +176,17 @@ def _guardrails(stack: contextlib.AsyncExitStack, settings: Settings, metrics: M
     return guardrails, GuardModels(client, metrics)
 
 
+def _siem(stack: contextlib.AsyncExitStack, settings: Settings, engine: AsyncEngine,
+          metrics: Metrics, ledger: Ledger | None) -> None:  # fmt: skip
+    """The SIEM export (``gateway.siem``) on a task of its own, when a sink is configured and
+    this app writes the ledger; cancelled (releasing its lease) before its sinks close."""
+    exporter = None if ledger is None else create_exporter(settings, engine, metrics)
+    if exporter is not None:
+        stack.push_async_callback(exporter.aclose)
+        task = asyncio.create_task(exporter.run())
+        stack.push_async_callback(_cancel, task)
+
+
 def _ledger_rounds(stack: contextlib.AsyncExitStack, settings: Settings, ledger: Ledger
                    ) -> list[Coroutine[Any, Any, None]]:  # fmt: skip
     """What a ledger does on an interval: retention, and timestamping and witnessing of its
@@ -241,6 +253,7 @@ async def _start(
     stack.callback(upstreams.close)
     kv = open_admission(settings, transport, redis)
     metrics = observe(settings, upstreams, kv, limiter, ledger)
+    _siem(stack, settings, engine, metrics, ledger)
     background = [kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),
                   upstreams.probe_forever()]  # fmt: skip
     background += kept.purges()

@@ -11,7 +11,7 @@ Layers, lowest first; a package imports only packages of lower layers (and its o
     upstream
     admission
     exchange
-    routes
+    routes  console  witness  siem (the SIEM export)
     app
     cli
 """
@@ -35,7 +35,7 @@ LAYERS: dict[str, int] = {
     "upstream": 5,
     "admission": 6,
     "exchange": 7,
-    "routes": 8, "console": 8, "witness": 8,
+    "routes": 8, "console": 8, "witness": 8, "siem": 8,
     "app": 9,
     "cli": 10,
 }  # fmt: skip

@@ -221,6 +221,20 @@ class Metrics:
             "thinkgate_upstream_healthy", "1 while the engine is in rotation.",
             ["upstream"], registry=r, multiprocess_mode="min",
         )  # fmt: skip
+        self.siem_events = Counter(
+            "thinkgate_siem_events", "OCSF events the SIEM export handed to each sink (syslog, "
+            "file, hec), by outcome: sent, or failed (the batch is retried).",
+            ["sink", "outcome"], registry=r,
+        )  # fmt: skip
+        self.siem_dropped = Counter(
+            "thinkgate_siem_dropped_events", "Ledger records the SIEM export skipped: its "
+            "backlog exceeded SIEM_MAX_BACKLOG.", registry=r,
+        )  # fmt: skip
+        self.siem_backlog = Gauge(
+            "thinkgate_siem_backlog_records", "Checkpointed ledger records not yet exported to "
+            "the SIEM (reported by the replica holding the export's lease; 0 elsewhere).",
+            registry=r, multiprocess_mode="max",
+        )  # fmt: skip
         if not self.multiprocess:
             ProcessCollector(registry=r)
         for kind in REJECTION_KINDS:
@@ -231,6 +245,12 @@ class Metrics:
         for url in urls:
             for kind in FAILURE_KINDS:
                 self.upstream_errors.labels(url, kind)
+
+    def siem_sinks(self, names: Iterable[str]) -> None:
+        """Export both outcomes of these SIEM sinks at zero."""
+        for name in names:
+            for outcome in ("sent", "failed"):
+                self.siem_events.labels(name, outcome)
 
     def exposition_registry(self) -> CollectorRegistry:
         """What ``/metrics`` serves: this process's registry, or every worker's figures."""

@@ -175,7 +175,10 @@ async def test_a_scrape_after_traffic_shows_every_metric_with_sensible_values(
                         "max_length: 12}], scope: [reasoning], action: flag}\n"
                         f"  - {{name: judged, detect: [{{model: llama-guard, upstream: "
                         f"'{judge.url}/v1'}}], scope: [answer], action: flag}}\n")  # fmt: skip
-        stack = await stack_factory(extra_upstreams=(good_url, bad_url), guardrails_file=flag)
+        # a SIEM export to a file: the thinkgate_siem_* metrics have samples
+        stack = await stack_factory(extra_upstreams=(good_url, bad_url), guardrails_file=flag,
+                                    siem_file=tmp_path / "siem.jsonl",
+                                    siem_interval_s=0.05)  # fmt: skip
         database_url = f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}"
         limited = await limited_key(stack, database_url, rpm=1)
         leaver = await client_key(database_url, "leaver", reasoning="visible")
@@ -207,9 +210,11 @@ async def test_a_scrape_after_traffic_shows_every_metric_with_sensible_values(
         async def settled() -> bool:
             m = await scrape(stack.root)
             return (m.total("thinkgate_client_disconnects_total") == 1
-                    and m.total("thinkgate_ledger_records_total") == 6)  # fmt: skip
+                    and m.total("thinkgate_ledger_records_total") == 6
+                    and m.total("thinkgate_siem_events_total", outcome="sent") == 6)  # fmt: skip
 
-        # six completions reached the ledger (the refused one never became a completion)
+        # six completions reached the ledger (the refused one never became a completion), and
+        # the SIEM file
         await eventually(settled, within_s=10, every=0.05)
         m = await scrape(stack.root)
 
@@ -276,6 +281,12 @@ async def test_a_scrape_after_traffic_shows_every_metric_with_sensible_values(
     assert m.one("thinkgate_ledger_commit_seconds_count") >= 1
     assert m.one("thinkgate_ledger_spool_records") == 0
     assert abs(m.one("thinkgate_ledger_last_checkpoint_timestamp_seconds") - time.time()) < 60
+
+    # the SIEM export: every record sent to the file, none failed or skipped, none behind
+    assert m.one("thinkgate_siem_events_total", sink="file", outcome="sent") == 6
+    assert m.one("thinkgate_siem_events_total", sink="file", outcome="failed") == 0
+    assert m.one("thinkgate_siem_dropped_events_total") == 0
+    assert m.one("thinkgate_siem_backlog_records") == 0
 
     # KV admission and the engines' own figures
     kv = "thinkgate_kv_budget_tokens"
