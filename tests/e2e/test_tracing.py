@@ -110,4 +110,3 @@ async def test_genai_metrics_are_exported_and_nothing_exported_carries_content_o
     for secret in (PROMPT, REASONING, ANSWER, *stack.keys.values()):
         assert secret.encode() not in exported, secret
     assert b"deepseek-r1" in exported  # the search does see what is there
-
