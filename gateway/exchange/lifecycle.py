@@ -150,7 +150,12 @@ class Exchange:
         record = self._record()
         if self.metrics is not None:
             done = CompletedRequest(
-                record, record.status, self.overhead_s, self.first_content_at, self.gaps
+                record,
+                record.status,
+                self.overhead_s,
+                self.first_content_at,
+                self.gaps,
+                self.span.trace_id if self.span is not None else None,
             )
             self.metrics.observe_completion(done)
             for _, act in record.guardrails:

@@ -13,6 +13,7 @@ import hmac
 import orjson
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 from sqlalchemy import text
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -53,19 +54,24 @@ async def metrics(request: Request) -> Response:
     token = state.settings.metrics_token.get_secret_value()
     if token and not _bearer(request.headers.get("authorization"), token):
         raise AuthError("/metrics needs the metrics bearer token.", code="invalid_api_key")
-    return exposition(state)
+    return exposition(state, request.headers.get("accept", ""))
 
 
-def exposition(state: AppState) -> Response:
+def exposition(state: AppState, accept: str) -> Response:
+    """The metrics in Prometheus' text format, or in OpenMetrics (which carries the latency
+    histograms' exemplars: trace ids of traced requests) when the scraper asks for it."""
     registry = state.metrics.exposition_registry()
+    if "application/openmetrics-text" in accept:
+        return Response(openmetrics.generate_latest(registry),  # type: ignore[no-untyped-call]
+                        media_type=openmetrics.CONTENT_TYPE_LATEST)  # fmt: skip
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
 def metrics_app(state: AppState) -> Starlette:
     """``GET /metrics`` alone, without authentication: for ``METRICS_PORT``."""
 
-    async def open_metrics(_request: Request) -> Response:
-        return exposition(state)
+    async def open_metrics(request: Request) -> Response:
+        return exposition(state, request.headers.get("accept", ""))
 
     return Starlette(routes=[Route("/metrics", open_metrics, methods=["GET"])])
 

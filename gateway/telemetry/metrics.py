@@ -277,10 +277,12 @@ class Metrics:
         c = self._children(record.model, self.tenant(record.tenant), record.stream, done.status,
                            record.endpoint)  # fmt: skip
         c.requests.inc()
-        c.duration.observe(record.ended_at - record.started_at)
+        # a traced request's trace id on the latency histograms (OpenMetrics exemplars)
+        exemplar = {"trace_id": done.trace_id} if done.trace_id else None
+        c.duration.observe(record.ended_at - record.started_at, exemplar)
         c.overhead.observe(done.overhead_s)
         if record.first_token_at is not None:
-            c.ttft.observe(record.first_token_at - record.started_at)
+            c.ttft.observe(record.first_token_at - record.started_at, exemplar)
         if done.first_content_at is not None:
             c.ttfc.observe(done.first_content_at - record.started_at)
         if done.gaps is not None and done.gaps.last is not None:
@@ -386,6 +388,7 @@ class CompletedRequest:
     overhead_s: float
     first_content_at: float | None = None  # wall clock, like the record's times
     gaps: GapCounts | None = None
+    trace_id: str | None = None  # when the request was traced and sampled (its exemplar)
 
 
 def refusal_status(error: GatewayError) -> str:

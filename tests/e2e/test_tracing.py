@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -91,6 +92,16 @@ async def test_spans_follow_the_genai_conventions_and_continue_the_callers_trace
     sent = engine.headers[0]["traceparent"].split("-")
     assert (sent[1], sent[2]) == (CALLER_TRACE, upstream.span_id)
     assert by_endpoint["responses"].trace_id != CALLER_TRACE  # no caller context: a new trace
+    # the latency histograms carry the traced requests' trace ids as exemplars (OpenMetrics)
+    async with httpx.AsyncClient(base_url=stack.root) as http:
+        scrape = await http.get("/metrics", headers={"accept": "application/openmetrics-text"})
+        plain = (await http.get("/metrics")).text
+    assert scrape.headers["content-type"].startswith("application/openmetrics-text")
+    exemplars = [line for line in scrape.text.splitlines()
+                 if line.startswith("thinkgate_request_duration_seconds_bucket")
+                 and f'# {{trace_id="{CALLER_TRACE}"}}' in line]  # fmt: skip
+    assert exemplars, "no exemplar with the chat request's trace id"
+    assert "trace_id" not in plain  # the Prometheus text format has none
 
 
 async def test_genai_metrics_are_exported_and_nothing_exported_carries_content_or_secrets(
