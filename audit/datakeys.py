@@ -20,8 +20,9 @@ Rules:
 - While the database is away, a new tenant still gets a DEK: it is kept as *unsaved*, and the
   writer puts its wrapped form (never the plain key) in the spool ahead of the tenant's
   records and inserts it in the transaction that commits them.
-- A tenant has a DEK per UTC day (``period``, by the wall clock when a record is sealed): a
-  new day's first record makes the day's key. Retention shreds a tenant's keys of the days
+- A tenant has a DEK per UTC day (``period``): a record is sealed under the key of the day
+  of its ``created_at`` (the time retention and holds go by), and a day's first record makes
+  the day's key. Retention shreds a tenant's keys of the days
   past its limit (``shred_periods``); keys made before periods existed have none and are
   treated as ending when the tenant's first key with one was made.
 - Shredding erases the wrapped key and records when; ``opening`` then answers ``None``
@@ -109,9 +110,9 @@ class DataKeys:
         self._provider = provider
         self._clock = clock
         self._wall = wall  # whose UTC day a new record's key belongs to
-        self._active: dict[str, tuple[float, str, bytes, str]] = {}
+        self._active: dict[tuple[str, str], tuple[float, str, bytes]] = {}  # (tenant, day)
         self._plain: dict[str, bytes] = {}
-        self._loading: dict[str, asyncio.Future[tuple[str, bytes]]] = {}
+        self._loading: dict[tuple[str, str], asyncio.Future[tuple[str, bytes]]] = {}
         self.unsaved: dict[str, DataKeyRow] = {}
         self.healthy = True  # the provider opened the last DEK it was asked for
         self._tried_at = -RECOVER_EVERY_S
@@ -144,38 +145,48 @@ class DataKeys:
             pass
         return self.healthy
 
-    async def for_sealing(self, tenant: str) -> tuple[str, bytes]:
-        """``(dek_id, dek)`` for a new record of ``tenant``."""
-        cached = self._active.get(tenant)
-        fresh = cached is not None and self._clock() - cached[0] < ACTIVE_TTL_S
-        if cached is not None and fresh and cached[3] == period_of(self._wall()):
+    async def for_sealing(self, tenant: str, when: float | None = None) -> tuple[str, bytes]:
+        """``(dek_id, dek)`` for a new record of ``tenant`` made at ``when`` (wall clock; now
+        when absent): the tenant's key of that UTC day, so retention and holds, which go by
+        a record's time, go by its key's day too."""
+        slot = (tenant, period_of(self._wall() if when is None else when))
+        cached = self._active.get(slot)
+        if cached is not None and self._clock() - cached[0] < ACTIVE_TTL_S:
             return cached[1], cached[2]
         # Single flight: a burst of a tenant's first requests makes one lookup, not one each
         # (which would also give the tenant one new key per request).
-        pending = self._loading.get(tenant)
+        pending = self._loading.get(slot)
         if pending is None:
-            pending = asyncio.ensure_future(self._refresh(tenant))
-            self._loading[tenant] = pending
-            pending.add_done_callback(lambda _: self._loading.pop(tenant, None))
+            pending = asyncio.ensure_future(self._refresh(*slot))
+            self._loading[slot] = pending
+            pending.add_done_callback(lambda _: self._loading.pop(slot, None))
         return await asyncio.shield(pending)
 
-    async def _refresh(self, tenant: str) -> tuple[str, bytes]:
-        period = period_of(self._wall())
+    async def _refresh(self, tenant: str, period: str) -> tuple[str, bytes]:
+        slot = (tenant, period)
         try:
             dek_id, dek = await self._load_or_create(tenant, period)
         except (SQLAlchemyError, OSError, TimeoutError):
             dek_id, dek = self._create_unsaved(tenant, period)
         except DecryptionError:
             self.healthy = False
-            cached = self._active.get(tenant)
+            # the day's key cached before keeps sealing; a record of a day whose key was
+            # never cached here takes another cached key of the tenant's (the one exception
+            # to a key per day: the gateway refuses new requests meanwhile)
+            cached = self._active.get(slot) or next(
+                (v for k, v in self._active.items() if k[0] == tenant), None)  # fmt: skip
             if cached is None:
                 raise KeysUnavailable(
                     f"the data key of tenant {tenant!r} cannot be opened"
                 ) from None
-            self._active[tenant] = (self._clock(), *cached[1:])  # tried again later
+            self._active[slot] = (self._clock(), cached[1], cached[2])  # tried again later
             return cached[1], cached[2]  # keeps sealing; refreshed once the keys are back
         self.healthy = True
-        self._active[tenant] = (self._clock(), dek_id, dek, period)
+        now = self._clock()
+        for other in [k for k, v in self._active.items()
+                      if k[0] == tenant and k != slot and now - v[0] >= ACTIVE_TTL_S]:  # fmt: skip
+            del self._active[other]  # an earlier day's key, no longer in use here
+        self._active[slot] = (now, dek_id, dek)
         return dek_id, dek
 
     async def opening(self, dek_id: str, *, tenant: str | None = None) -> bytes | None:
@@ -207,7 +218,8 @@ class DataKeys:
                 .where(data_keys.c.tenant == tenant, data_keys.c.wrapped.is_not(None))
                 .values(wrapped=None, destroyed_at=now)
             )
-        self._active.pop(tenant, None)
+        for slot in [k for k in self._active if k[0] == tenant]:
+            del self._active[slot]
         for dek_id in await self._ids(tenant):
             self._plain.pop(dek_id, None)
         return int(result.rowcount or 0)

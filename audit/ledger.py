@@ -11,6 +11,7 @@ carry everything in their header and seal an empty body under a throw-away key (
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
 import secrets
@@ -293,7 +294,7 @@ class Ledger(LedgerReader):
 
     async def seal(self, facts: Facts, body: Body) -> Sealed:
         if facts.kind == "completion":
-            dek_id, dek = await self._keys.for_sealing(facts.tenant)
+            dek_id, dek = await self._keys.for_sealing(facts.tenant, facts.created_at)
         else:
             dek_id, dek = NO_KEY, crypto.new_data_key()
         plain = body.encode()  # first: a body that cannot be encoded takes no sequence number
@@ -346,10 +347,23 @@ class Ledger(LedgerReader):
 
     async def _act(self, kind: Kind, tenant: str, terms: dict[str, Any], now: float,
                    request_id: str) -> None:  # fmt: skip
+        """Append a records-management record and return once it is **in the database**
+        (what every replica reads the holds from), whatever ``AUDIT_MODE`` says: a hold that
+        is only spooled or queued is not yet in force, so this waits (a bounded while) and
+        raises ``RecordsNotInForce`` rather than report it placed."""
         signed = self._signer.sign(retention.statement(kind, self.origin, tenant, terms, now))
         await self.append(Facts(kind=kind, tenant=tenant, key_id="operator",
                                 request_id=request_id, created_at=now, status="ok",
                                 statement=signed, terms=terms), Body())  # fmt: skip
+        where = store.Filter(request_id=request_id, kind=kind)
+        deadline = time.monotonic() + COMMIT_WAIT_S
+        while not await self.find(where, 1):
+            if time.monotonic() > deadline:
+                raise retention.RecordsNotInForce(
+                    f"the {kind} record {request_id} is not in the database yet (it is "
+                    "spooled or queued): it is in force once committed; check before relying "
+                    "on it")  # fmt: skip
+            await asyncio.sleep(0.05)  # the writer's commit, another task: polled, bounded
 
     async def place_hold(self, tenant: str, reason: str, *, key_id: str | None = None,
                          since: float | None = None, until: float | None = None,
@@ -401,15 +415,27 @@ class Ledger(LedgerReader):
                                                           register.active(tenant)))  # fmt: skip
         done = []
         for plan in plans:
+            if not plan.dek_ids:
+                continue
+            # the holds read again right before destroying: one placed during the run counts
+            async with self._engine.connect() as conn:
+                held = (await retention.read_register(conn, plan.tenant)).active(plan.tenant)
+                plan = await retention.expiring(conn, plan.tenant, plan.days, when, held)
             destroyed = await self._keys.destroy(plan.dek_ids, when) if plan.dek_ids else []
             if not destroyed:
                 continue
-            run = dataclasses.replace(plan, dek_ids=tuple(destroyed))
+            gone = set(destroyed)
+            periods = sorted({p for d, p in zip(plan.dek_ids, plan.dek_periods, strict=True)
+                              if d in gone})  # fmt: skip
+            run = dataclasses.replace(plan, dek_ids=tuple(destroyed), periods=tuple(periods))
             terms = {"days": run.days, "before": run.before, "periods": list(run.periods),
                      "keys": len(destroyed), "kept_by": list(run.kept_by)}  # fmt: skip
             await self._act("retention", run.tenant, terms, when, f"retention-{int(when)}")
             done.append(run)
         return done
+
+
+COMMIT_WAIT_S = 5.0  # how long a records-management act waits for its record's commit
 
 
 def _plan(make: Callable[[], list[T]]) -> list[T]:

@@ -9,12 +9,18 @@ Rules:
   ``statement`` is a note signed with the log's key (as a shred's is), so the act can be shown
   to a third party on its own. The holds and settings in force are read back from these
   records (``ledger_entries_kind`` index): there is no other table to keep in step.
-- **Granularity: a tenant's UTC day.** A tenant's records are sealed under a data key of the
-  day they were sealed (``audit.datakeys``), so retention makes a tenant's records unreadable a
-  day at a time: the key of day D is destroyed once D ended ``days`` days before the run, i.e.
-  a record becomes unreadable between ``days`` and ``days + 1`` days after it was sealed (plus
-  the run interval). Keys made before days existed have none: they end when the tenant's
-  first key with a day was made.
+- **Granularity: a tenant's UTC day.** A tenant's records are sealed under the data key of
+  the UTC day of their ``created_at`` (``audit.datakeys``), so retention makes a tenant's
+  records unreadable a day at a time: the key of day D is destroyed once D ended ``days``
+  days before the run, i.e. a record becomes unreadable between ``days`` and ``days + 1`` days
+  after it was made (plus the run interval). Everything else sealed under the tenant's keys
+  that day goes with it (stored responses, conversations, sealed reasoning). Keys made before
+  days existed have none: they end when the tenant's first key with a day was made, so a
+  tenant that sealed nothing since the upgrade keeps those records until it does.
+- **Races.** A hold is in force once its record is committed (``place_hold`` waits for
+  that); retention reads a tenant's holds again right before destroying its keys, and a
+  shred right before shredding, so a hold placed meanwhile counts unless it commits in the
+  milliseconds between that read and the destruction (no lock spans the two: documented).
 - **A hold keeps whole days.** A hold names a tenant, optionally a key and a time range
   (``since``/``until``, open when absent); it keeps readable every day of the tenant that
   overlaps its range, key or not (the day is the unit a key covers): other keys' records of
@@ -58,6 +64,10 @@ class HoldNotFound(AuditError):
     pass
 
 
+class RecordsNotInForce(AuditError):
+    """A records-management act's record is not committed yet (the database is away)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Hold:
     id: str
@@ -96,6 +106,8 @@ def new_hold(tenant: str, reason: str, key_id: str | None, since: float | None,
              until: float | None, now: float) -> Hold:  # fmt: skip
     if not _REASON.fullmatch(reason):
         raise ValueError("a hold's reason is one line of 1 to 500 printable characters")
+    if not tenant or tenant == "*":
+        raise ValueError("a hold names one tenant (not '*': hold each tenant)")
     if since is not None and until is not None and until < since:
         raise ValueError("a hold's until is before its since")
     return Hold(f"hold-{secrets.token_hex(6)}", tenant, reason, now, key_id, since, until)
@@ -167,6 +179,7 @@ class Expiry:
     dek_ids: tuple[str, ...]
     periods: tuple[str, ...]
     kept_by: tuple[str, ...]
+    dek_periods: tuple[str, ...] = ()  # the day of each of ``dek_ids``
 
 
 async def expiring(conn: AsyncConnection, tenant: str, days: int, now: float,
@@ -200,7 +213,7 @@ async def expiring(conn: AsyncConnection, tenant: str, days: int, now: float,
         dek_ids.append(row.dek_id)
         periods.append(row.period or "legacy")
     return Expiry(tenant, days, before, tuple(dek_ids), tuple(sorted(set(periods))),
-                  tuple(sorted(kept_by)))  # fmt: skip
+                  tuple(sorted(kept_by)), tuple(periods))  # fmt: skip
 
 
 async def tenants_with_keys(conn: AsyncConnection) -> list[str]:

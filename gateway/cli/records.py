@@ -8,7 +8,8 @@ the command line (``audit.retention`` holds the rules; docs/records.md the walkt
 - ``hold add --tenant T [--key K] [--since S] [--until U] --reason R``, ``hold list [--tenant
   T] [--all]``, ``hold release ID [--reason R]``: legal holds, each act a signed record.
 
-Exit codes: 0 done, 1 nothing to release (an unknown hold), 2 bad arguments or keys missing.
+Exit codes: 0 done, 1 nothing to release (an unknown hold) or the act's record not committed
+yet (the database is away: it is in force once it is), 2 bad arguments or keys missing.
 """
 
 from __future__ import annotations
@@ -31,10 +32,16 @@ def add_parsers(ledger: Any, missing_keys: Callable[[Settings], int], when: Call
 
     def run(command: Callable[[argparse.Namespace, Settings], int]) -> Callable[..., int]:
         def call(args: argparse.Namespace) -> int:
+            from audit.retention import RecordsNotInForce
+
             settings = Settings()
             if missing := missing_keys(settings):
                 return missing
-            return command(args, settings)
+            try:
+                return command(args, settings)
+            except RecordsNotInForce as exc:
+                print(f"thinkgate ledger: {exc}")
+                return 1
 
         return call
 
@@ -111,6 +118,11 @@ def _show(args: argparse.Namespace, settings: Settings) -> int:
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from gateway.cli.ledger import opened
+
+    if args.now is not None and args.now > time.time():
+        print("thinkgate ledger retention run: --now is in the future: it would destroy days "
+              "still within retention")  # fmt: skip
+        return 2
 
     async def act() -> list[Any]:
         async with opened(settings) as ledger:

@@ -167,10 +167,11 @@ class Exchange:
         used = record.usage.total_tokens if record.usage is not None else 0
         # The record (a ledger commit) runs beside the settlement: one task, not a gather's
         # two; the settlement runs here, and collects its own failures.
+        committing, committed = time.time(), [0.0]
         recording = asyncio.ensure_future(self.sink.submit(record))
+        recording.add_done_callback(lambda _: committed.__setitem__(0, time.time()))
         keeping = (asyncio.ensure_future(self.after(record))
                    if self.after is not None and record.status == "ok" else None)  # fmt: skip
-        committing = time.time()
         try:
             failures = await self.gate.settle(self.ticket, used)
         except Exception as exc:
@@ -183,23 +184,35 @@ class Exchange:
             except Exception as exc:  # the record has the exchange, so nothing is lost
                 log.warning("keeping request %s failed: %s", self.request_id,
                             type(exc).__name__)  # fmt: skip
+        refused: str | None = None
         try:
             await recording
+        except GatewayError as exc:
+            refused = exc.code or "ledger_unavailable"
+            raise
         finally:
             if self.span is not None:
-                self._traced(self.span, record, committing)
+                try:
+                    self._traced(self.span, record, (committing, committed[0] or time.time()),
+                                 refused)  # fmt: skip
+                except Exception:  # tracing never costs a request its answer or its record
+                    log.exception("tracing request %s failed", self.request_id)
 
-    def _traced(self, span: ExchangeSpan, record: CompletionRecord, committing: float) -> None:
-        """End the request's spans with what its record says (never its text)."""
-        span.ledger(committing, time.time())
+    def _traced(self, span: ExchangeSpan, record: CompletionRecord,
+                commit: tuple[float, float], refused: str | None) -> None:  # fmt: skip
+        """End the request's spans with what its record says (never its text); ``refused``:
+        the ledger refused the record (the request then failed)."""
+        span.ledger(*commit)
         if record.first_token_at is not None:
             span.event("gen_ai.first_token", record.first_token_at)
         if self.first_content_at is not None and record.usage and record.usage.reasoning_tokens:
             span.event("thinkgate.reasoning.end", self.first_content_at)
         usage = record.usage
         span.finish(Outcome(
-            tenant=record.tenant, key_id=record.key_id, status=record.status,
-            error_code=record.error_code, stream=record.stream, upstream=record.upstream,
+            tenant=record.tenant, key_id=record.key_id,
+            status="error" if refused else record.status,
+            error_code=refused or record.error_code, stream=record.stream,
+            upstream=record.upstream,
             input_tokens=usage.prompt_tokens if usage else 0,
             output_tokens=usage.completion_tokens if usage else 0,
             reasoning_tokens=usage.reasoning_tokens if usage else 0,

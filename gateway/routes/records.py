@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from audit.ledger import Ledger
-from audit.retention import HoldNotFound
+from audit.retention import HoldNotFound, RecordsNotInForce
 from gateway.auth.bearer import authenticate
 from gateway.auth.keys import ALL_TENANTS, KeyInfo, Role
 from gateway.edge.body import read_body
@@ -89,7 +89,10 @@ async def place_hold(request: Request) -> Response:
         hold = await ledger.place_hold(spec.tenant, spec.reason, key_id=spec.key_id,
                                        since=spec.since, until=spec.until)  # fmt: skip
     except ValueError as exc:
-        raise InvalidRequest(str(exc), param="reason") from None
+        raise InvalidRequest(str(exc), param="tenant" if "tenant" in str(exc) else "reason"
+                             ) from None  # fmt: skip
+    except RecordsNotInForce as exc:
+        raise LedgerUnavailable(str(exc)) from None
     return _json({"object": "legal_hold", **hold.as_dict()}, 201)
 
 
@@ -110,6 +113,8 @@ async def release_hold(request: Request) -> Response:
     hold_id = request.path_params["hold_id"]
     try:
         hold = await ledger.release_hold(hold_id, spec.reason)
+    except RecordsNotInForce as exc:
+        raise LedgerUnavailable(str(exc)) from None
     except HoldNotFound:
         raise NotFound(f"No hold '{hold_id[:32]}' is in force.", param="hold_id") from None
     except ValueError as exc:
@@ -121,7 +126,10 @@ async def set_retention(request: Request) -> Response:
     ledger, _, state = await _ledger(request, "admin")
     spec: RetentionSet = await _body(request, state, RetentionSet)
     tenant = request.path_params["tenant"]
-    await ledger.set_retention(tenant, spec.days)
+    try:
+        await ledger.set_retention(tenant, spec.days)
+    except RecordsNotInForce as exc:
+        raise LedgerUnavailable(str(exc)) from None
     return _json({"object": "retention", "tenant": tenant, "days": spec.days})
 
 

@@ -224,11 +224,17 @@ def open_tracing(environ: Mapping[str, str] = os.environ) -> Tracing | None:
         return None
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    resource = Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME", "thinkgate")})
+    resource = Resource.create({})  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": "thinkgate"}))
     traces = TracerProvider(resource=resource)  # the sampler from OTEL_TRACES_SAMPLER
     traces.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     tracing = Tracing(traces.get_tracer("thinkgate"), [traces])
-    if environ.get("OTEL_METRICS_EXPORTER", "otlp").lower() != "none":
+    # metrics where an endpoint says where (a traces-only endpoint means traces only)
+    metrics_to = environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if metrics_to and environ.get("OTEL_METRICS_EXPORTER", "otlp").lower() != "none":
         tracing.metrics = _genai_metrics(resource, tracing)
     return tracing
 

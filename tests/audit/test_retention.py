@@ -125,3 +125,26 @@ def test_a_hold_needs_a_one_line_reason_and_an_ordered_range() -> None:
         new_hold("t", "two\nlines", None, None, None, 0)
     with pytest.raises(ValueError, match="before its since"):
         new_hold("t", "r", None, 10.0, 5.0, 0)
+
+
+async def test_a_record_is_kept_by_its_own_day_whenever_it_is_sealed(
+    database_url: str, ledger_factory: LedgerFactory
+) -> None:
+    """A request made a moment before midnight and sealed after it is under its own day's
+    key, so a hold up to that moment keeps it (the review's case: sealed by the wall clock's
+    day, it went with the next day's key)."""
+    clock = Clock(BASE_TIME + DAY + 1)  # sealed just after the midnight that ends day 0
+    ledger = await ledger_factory.open(database_url, wall=clock)
+    made = BASE_TIME + DAY - 0.1
+    await ledger.append(completion(0, tenant="acme", created_at=made), body(0))
+    await ledger.append(completion(1, tenant="acme", created_at=BASE_TIME + DAY + 1), body(1))
+    await ledger.place_hold("acme", "case 9", until=made + 0.05, now=BASE_TIME + 5 * DAY)
+    runs = await ledger.apply_retention(1, now=BASE_TIME + 5 * DAY)
+    assert [r.periods for r in runs] == [("2026-01-02",)]  # day 0 held, day 1 gone
+    assert (await ledger.read(0)).body is not None  # type: ignore[union-attr]
+    assert (await ledger.read(1)).body is None  # type: ignore[union-attr]
+
+
+def test_a_hold_names_one_tenant() -> None:
+    with pytest.raises(ValueError, match="one tenant"):
+        new_hold("*", "all of them", None, None, None, 0)

@@ -77,6 +77,9 @@ async def test_retention_destroys_old_days_keeps_held_ones_and_the_log_still_ver
     code, said = await cli(monkeypatch, settings, "ledger", "retention", "set", "--tenant",
                            "acme", "--days", "30")  # fmt: skip
     assert code == 0, said
+    future = str(int(time.time() + 400 * DAY))  # would destroy days within retention
+    code, said = await cli(monkeypatch, settings, "ledger", "retention", "run", "--now", future)
+    assert code == 2 and "future" in said
     # the gateway: every tenant 30 days by default, a retention round every 200 ms
     stack = await stack_factory(retention_days=30, retention_interval_s=0.2)
     async with openai.AsyncOpenAI(base_url=stack.url, api_key=stack.keys["visible"],
