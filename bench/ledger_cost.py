@@ -10,8 +10,11 @@ c = 4 with ``max_tokens`` 1 (the per-request cost, batches of about one record) 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import psutil
 from bench.client import Api
 from bench.loadgen import LoadSpec, run_load
 from bench.procs import CpuMeter, ServerProcess, Workdir, create_client_key, free_port, start_sim
+from bench.sections import write_section
 
 LAUNCH = """
 import sys, uvicorn
@@ -112,3 +116,30 @@ def summary(costs: list[Cost]) -> list[str]:
         lines.append(f"gateway CPU at c = {concurrency}, max_tokens {max_tokens}: "
                      f"{'; '.join(parts)}; the ledger adds {', '.join(added)}")  # fmt: skip
     return lines
+
+
+def all_rounds(label: str, costs: list[Cost]) -> str:
+    """The line under a cost table that lists every round, not only each mode's best."""
+    return f"All rounds ({label}, cell, µs/request, µs/chunk): " + "; ".join(
+        f"{c.mode} c={c.concurrency}/{c.max_tokens} {c.us_per_request:,.0f}/{c.us_per_chunk:.2f}"
+        for c in costs
+    )
+
+
+def cost_main(argv: list[str] | None, description: str,
+              run: Callable[[Workdir, float, int], list[Cost]],
+              render: Callable[[list[Cost]], str], section: str) -> int:  # fmt: skip
+    """The command line of a cost benchmark: ``--duration``, ``--rounds``, ``--write`` (the
+    table into ``section`` of bench/RESULTS.md)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--duration", type=float, default=6.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        costs = run(Workdir(Path(tmp)), args.duration, args.rounds)
+    text = render(costs)
+    print(text)
+    if args.write:
+        write_section(Path(__file__).with_name("RESULTS.md"), section, text)
+    return 0

@@ -16,13 +16,9 @@ per-request cost). CPU of the gateway process (all threads) per request and per 
 
 from __future__ import annotations
 
-import argparse
-import tempfile
-from pathlib import Path
-
-from bench.ledger_cost import Cost, measure, start_gateway
+from bench.ledger_cost import Cost, all_rounds, cost_main, measure, start_gateway
 from bench.procs import Workdir, create_client_key, start_sim
-from bench.sections import revision, write_section
+from bench.sections import revision
 
 LAUNCH = """
 import logging.config, sys, uvicorn
@@ -79,25 +75,12 @@ def render(costs: list[Cost]) -> str:
             f"{req['observed']:,.0f} | {chunk['bare']:.2f} | {chunk['observed']:.2f} | "
             f"{chunk['observed'] / chunk['bare']:.3f}× |"
         )
-    lines += ["", "All rounds (mode, cell, µs/request, µs/chunk): " + "; ".join(
-        f"{c.mode} c={c.concurrency}/{c.max_tokens} {c.us_per_request:,.0f}/{c.us_per_chunk:.2f}"
-        for c in costs)]  # fmt: skip
+    lines += ["", all_rounds("mode", costs)]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=6.0)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        costs = run(Workdir(Path(tmp)), args.duration, args.rounds)
-    text = render(costs)
-    print(text)
-    if args.write:
-        write_section(Path(__file__).with_name("RESULTS.md"), "observability", text)
-    return 0
+    return cost_main(argv, __doc__.splitlines()[0], run, render, "observability")
 
 
 if __name__ == "__main__":

@@ -17,14 +17,10 @@ chunk is one streamed text delta (chat: a chunk with text; Responses: a
 
 from __future__ import annotations
 
-import argparse
-import tempfile
-from pathlib import Path
-
 from bench.client import Api
-from bench.ledger_cost import Cost, measure, start_gateway
+from bench.ledger_cost import Cost, all_rounds, cost_main, measure, start_gateway
 from bench.procs import Workdir, create_client_key, start_sim
-from bench.sections import revision, write_section
+from bench.sections import revision
 
 APIS: tuple[Api, ...] = ("chat", "responses", "messages")
 NAMES = {"responses": "Responses", "messages": "Messages"}
@@ -70,25 +66,12 @@ def render(costs: list[Cost]) -> str:
                 f"| {name} | {NAMES[api]} | {req[api]:,.0f} | {req[api] - req['chat']:+,.0f} | "
                 f"{chunk[api]:.2f} | {chunk[api] / chunk['chat']:.3f}× |"
             )
-    lines += ["", "All rounds (API, cell, µs/request, µs/chunk): " + "; ".join(
-        f"{c.mode} c={c.concurrency}/{c.max_tokens} {c.us_per_request:,.0f}/{c.us_per_chunk:.2f}"
-        for c in costs)]  # fmt: skip
+    lines += ["", all_rounds("API", costs)]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=6.0)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        costs = run(Workdir(Path(tmp)), args.duration, args.rounds)
-    text = render(costs)
-    print(text)
-    if args.write:
-        write_section(Path(__file__).with_name("RESULTS.md"), "responses", text)
-    return 0
+    return cost_main(argv, __doc__.splitlines()[0], run, render, "responses")
 
 
 if __name__ == "__main__":

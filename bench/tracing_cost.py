@@ -15,15 +15,12 @@ tokens (streams: tracing adds nothing per chunk, which this shows).
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
-from bench.ledger_cost import Cost, measure, start_gateway
+from bench.ledger_cost import Cost, all_rounds, cost_main, measure, start_gateway
 from bench.procs import Workdir, create_client_key, start_sim
-from bench.sections import revision, write_section
+from bench.sections import revision
 
 LAUNCH = """
 import logging.config, os, sys, uvicorn
@@ -104,25 +101,12 @@ def render(costs: list[Cost]) -> str:
             lines.append(f"| c = {concurrency}, max_tokens {max_tokens} | {mode} | "
                          f"{req[mode]:,.0f} | {chunk[mode]:.2f} | "
                          f"{req[mode] / req['off']:.3f}× |")  # fmt: skip
-    lines += ["", "All rounds (mode, cell, µs/request, µs/chunk): " + "; ".join(
-        f"{c.mode} c={c.concurrency}/{c.max_tokens} {c.us_per_request:,.0f}/{c.us_per_chunk:.2f}"
-        for c in costs)]  # fmt: skip
+    lines += ["", all_rounds("mode", costs)]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--duration", type=float, default=6.0)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        costs = run(Workdir(Path(tmp)), args.duration, args.rounds)
-    text = render(costs)
-    print(text)
-    if args.write:
-        write_section(Path(__file__).with_name("RESULTS.md"), "tracing", text)
-    return 0
+    return cost_main(argv, __doc__.splitlines()[0], run, render, "tracing")
 
 
 if __name__ == "__main__":

@@ -264,8 +264,8 @@ async def _start(
         stack.push_async_callback(_cancel, task)
     guardrails, guard_models = _guardrails(stack, settings, metrics)
     tracing = open_tracing()
-    if tracing is not None:
-        stack.callback(tracing.shutdown)
+    if tracing is not None:  # flushed off the loop: the exporters' last posts block
+        stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
     state = AppState(
         settings=settings,
         transport=transport,

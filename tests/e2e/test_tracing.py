@@ -59,8 +59,8 @@ def servers(received: Receiver) -> list[Span]:
 
 
 async def test_spans_follow_the_genai_conventions_and_continue_the_callers_trace(
-    stack_factory: StackFactory, receiver: Receiver
-) -> None:
+    receiver: Receiver, stack_factory: StackFactory
+) -> None:  # the receiver first: it outlives the stack, whose exit flushes the last spans
     engine = Scripted({"chunks": CHUNKS})
     stack = await stack_factory(upstream_apps=[engine])
     await traffic(stack)
@@ -105,7 +105,7 @@ async def test_spans_follow_the_genai_conventions_and_continue_the_callers_trace
 
 
 async def test_genai_metrics_are_exported_and_nothing_exported_carries_content_or_secrets(
-    stack_factory: StackFactory, receiver: Receiver
+    receiver: Receiver, stack_factory: StackFactory
 ) -> None:
     stack = await stack_factory(upstream_apps=[Scripted({"chunks": CHUNKS})])
     await traffic(stack)

@@ -11,13 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.app import create_app
-from gateway.edge.servers import BackgroundServer
-from gateway.ledger.sink import ensure_keys
-from gateway.settings import Settings
-from tests.e2e.conftest import RecordingSink, ledger_files, make_keys
 from tests.integration_vllm.conftest import TinyModel, VllmServer
 from tests.integration_vllm.test_vllm import Gateway, stream
+from tests.integration_vllm.test_vllm_guardrails import policed
 
 # the guard is the raw server's tiny-r1; each policy pins what it says
 POLICIES = """
@@ -46,21 +42,9 @@ WRITTEN = r"Plan\.\n</think>\n\nStep one\. Step two\."
 async def judged(
     vllm_servers: dict[str, VllmServer], tiny_model: TinyModel, tmp_path: Path
 ) -> AsyncIterator[Gateway]:
-    policies = tmp_path / "guardrails.yaml"
-    policies.write_text(POLICIES.format(guard=vllm_servers["raw"].url))
-    settings = Settings(
-        upstreams=(vllm_servers["parsed"].url, vllm_servers["raw"].url),
-        database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
-        models={"tiny-r1-parsed": {"reasoning_source": "upstream"}},
-        first_token_timeout_s=180,
-        guardrails_file=policies,
-        **ledger_files(tmp_path),
-    )
-    ensure_keys(settings, create=True)
-    keys = await make_keys(settings)
-    sink = RecordingSink()
-    async with BackgroundServer(create_app(settings, sink=sink)) as server:
-        yield Gateway(f"{server.url}/v1", keys, sink, tiny_model)
+    policies = POLICIES.format(guard=vllm_servers["raw"].url)
+    async with policed(vllm_servers, tiny_model, tmp_path, policies) as gateway:
+        yield gateway
 
 
 async def verdicts(gw: Gateway, outcome: str) -> float:

@@ -4,6 +4,7 @@ splitter, and the planted values reach neither the client nor the record."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -33,18 +34,18 @@ PLANTED = r"Mail jane\.doe@example\.com now\.\n</think>\n\nCard 4111 1111 1111 1
 SECRET = r"Check\.\n</think>\n\nThe key is AKIAIOSFODNN7EXAMPLE and more\."
 
 
-@pytest.fixture
-async def guarded(
-    vllm_servers: dict[str, VllmServer], tiny_model: TinyModel, tmp_path: Path
-) -> AsyncIterator[Gateway]:
-    policies = tmp_path / "guardrails.yaml"
-    policies.write_text(POLICIES)
+@contextlib.asynccontextmanager
+async def policed(vllm_servers: dict[str, VllmServer], tiny_model: TinyModel, tmp_path: Path,
+                  policies: str) -> AsyncIterator[Gateway]:  # fmt: skip
+    """A gateway over both vLLM servers with ``policies`` as its GUARDRAILS_FILE."""
+    path = tmp_path / "guardrails.yaml"
+    path.write_text(policies)
     settings = Settings(
         upstreams=(vllm_servers["parsed"].url, vllm_servers["raw"].url),
         database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
         models={"tiny-r1-parsed": {"reasoning_source": "upstream"}},
         first_token_timeout_s=180,
-        guardrails_file=policies,
+        guardrails_file=path,
         **ledger_files(tmp_path),
     )
     ensure_keys(settings, create=True)
@@ -52,6 +53,14 @@ async def guarded(
     sink = RecordingSink()
     async with BackgroundServer(create_app(settings, sink=sink)) as server:
         yield Gateway(f"{server.url}/v1", keys, sink, tiny_model)
+
+
+@pytest.fixture
+async def guarded(
+    vllm_servers: dict[str, VllmServer], tiny_model: TinyModel, tmp_path: Path
+) -> AsyncIterator[Gateway]:
+    async with policed(vllm_servers, tiny_model, tmp_path, POLICIES) as gateway:
+        yield gateway
 
 
 async def pinned_stream(gw: Gateway, model: str, regex: str) -> tuple[str, str, list[Any]]:
