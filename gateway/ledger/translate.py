@@ -16,11 +16,13 @@ from audit.crypto import DecryptionError, KeyFileError
 from audit.datakeys import KeysUnavailable
 from audit.drivers import DatabaseError
 from audit.errors import AuditError
+from audit.evidence import EvidenceError
 from audit.export import ExportInvalid
 from audit.ledger import ProofUnavailable
 from audit.merkle import ProofError
 from audit.note import NoteError
 from audit.record import RecordFormatError
+from audit.retention import HoldNotFound, RecordsNotInForce, ShredBlocked
 from audit.spool import SpoolCorrupt
 from audit.tiles import EntryTooLarge, TileError
 from audit.timestamps import TimestampError
@@ -55,6 +57,10 @@ TRANSLATIONS: dict[type[AuditError], _Make] = {
     EntryTooLarge: lambda e, _p: Conflict(str(e), code="entry_too_large"),
     WitnessError: lambda e, p: InvalidRequest(f"{e}.", param=p),
     TimestampError: lambda _e, _p: LedgerIntegrityError(_INTEGRITY),
+    HoldNotFound: lambda e, p: NotFound(f"{e}.", param=p, code="hold_not_found"),
+    ShredBlocked: lambda e, _p: Conflict(f"{e}.", code="legal_hold"),
+    RecordsNotInForce: lambda e, _p: LedgerUnavailable(f"{e}."),
+    EvidenceError: lambda e, _p: Conflict(f"{e}.", code="no_evidence"),
 }
 
 
