@@ -303,17 +303,22 @@ async def test_kv_metrics_of_the_real_server_parse(
     # enough to finish well within the gateway's timeout while another test worker runs)
     body = {"model": "tiny-r1", "messages": QUESTION, "max_tokens": 240}
     most_waiting, most_used = 0.0, 0.0
-    async with gateway.sdk() as sdk, httpx.AsyncClient() as client:
-        extra = {"ignore_eos": True}
-        calls = asyncio.gather(
-            *(sdk.chat.completions.create(**body, extra_body=extra) for _ in range(6))
-        )
-        while not calls.done():  # sample the server's own view while the burst runs
-            now = parse_engine_metrics((await client.get(f"{server.root}/metrics")).text)
-            most_waiting = max(most_waiting, now.requests_waiting or 0)
-            most_used = max(most_used, now.kv_usage or 0)
-            await asyncio.wait([calls], timeout=0.02)
-        await calls
+    # vLLM's engine and its HTTP server share one process here: on a loaded machine a scrape
+    # can be answered only once the burst is over, so a burst is tried up to three times
+    for _ in range(3):
+        async with gateway.sdk() as sdk, httpx.AsyncClient() as client:
+            extra = {"ignore_eos": True}
+            calls = asyncio.gather(
+                *(sdk.chat.completions.create(**body, extra_body=extra) for _ in range(6))
+            )
+            while not calls.done():  # sample the server's own view while the burst runs
+                now = parse_engine_metrics((await client.get(f"{server.root}/metrics")).text)
+                most_waiting = max(most_waiting, now.requests_waiting or 0)
+                most_used = max(most_used, now.kv_usage or 0)
+                await asyncio.wait([calls], timeout=0.02)
+            await calls
+        if most_waiting >= 1:
+            break
     assert most_waiting >= 1, (most_waiting, most_used)
     assert 0 < most_used <= 1
 
