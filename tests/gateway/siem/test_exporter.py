@@ -6,7 +6,6 @@ among replicas."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -25,7 +24,7 @@ from gateway.siem.exporter import ExportPlan, SiemExporter, backoff, plan
 from gateway.siem.ocsf import OcsfEvent
 from gateway.siem.sinks import HecSink, JsonLinesSink, SiemSink, SinkDown
 from gateway.telemetry.metrics import Metrics
-from tests.audit.conftest import LedgerFactory, append_records
+from tests.audit.conftest import LedgerFactory, append_records, ledger_factory  # noqa: F401 - the fixture
 from tests.clock import FakeClock
 from tests.gateway.siem.test_sinks import Collector, split_objects
 from tests.ocsf import schema_errors
@@ -54,23 +53,14 @@ def test_the_backoff_doubles_up_to_64_intervals_or_a_third_of_the_lease() -> Non
 
 
 @pytest.fixture
-async def ledger_factory(tmp_path: Path) -> AsyncIterator[LedgerFactory]:
-    factory = LedgerFactory(tmp_path / "ledger")
-    try:
-        yield factory
-    finally:
-        await factory.aclose()
-
-
-@pytest.fixture
-async def ledger(database_url: str, ledger_factory: LedgerFactory) -> Ledger:
+async def ledger(database_url: str, ledger_factory: LedgerFactory) -> Ledger:  # noqa: F811
     opened = await ledger_factory.open(database_url)
     await upgrade_schema(ledger_factory.engine(database_url))
     return opened
 
 
 @pytest.fixture
-def engine(database_url: str, ledger_factory: LedgerFactory, ledger: Ledger) -> AsyncEngine:
+def engine(database_url: str, ledger_factory: LedgerFactory, ledger: Ledger) -> AsyncEngine:  # noqa: F811
     return ledger_factory.engine(database_url)
 
 
