@@ -4,8 +4,6 @@ server in Splunk HEC's place, a TCP (and TLS) server reading octet-counted syslo
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import json
 import ssl
 from collections.abc import AsyncIterator
@@ -14,10 +12,6 @@ from typing import Any
 
 import orjson
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from pydantic import SecretStr
 from starlette.types import Receive, Scope, Send
 
@@ -26,6 +20,7 @@ from gateway.settings import Settings
 from gateway.siem import sinks
 from gateway.siem.ocsf import OcsfEvent
 from gateway.siem.sinks import JsonLinesSink, SinkDown, SyslogSink, hec_body, open_sinks
+from tests.tls import self_signed
 from tests.waiting import eventually
 
 
@@ -247,26 +242,7 @@ async def test_a_receiver_that_is_down_is_a_sink_down(receiver: SyslogReceiver) 
 
 def certificate(directory: Path) -> ssl.SSLContext:
     """A self-signed certificate for 127.0.0.1 in ``directory/ca.pem``; the server's context."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "syslog.test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )  # fmt: skip
-    (directory / "ca.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (directory / "key.pem").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))  # fmt: skip
-    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    served.load_cert_chain(directory / "ca.pem", directory / "key.pem")
-    return served
+    return self_signed(directory, "127.0.0.1", "ca.pem")
 
 
 async def test_tls_syslog_verifies_the_receiver_against_the_configured_ca(tmp_path: Path) -> None:

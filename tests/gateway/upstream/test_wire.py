@@ -5,18 +5,14 @@ broken response, pushing with backpressure, and TLS."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from gateway.upstream.wire import WireError, WirePool, WireResponse
+from tests.tls import self_signed
 from tests.waiting import eventually
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -317,24 +313,7 @@ async def test_a_push_is_ended_with_the_error_that_cut_it() -> None:
 
 
 def _self_signed(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )  # fmt: skip
-    (tmp / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (tmp / "key.pem").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))  # fmt: skip
-    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    served.load_cert_chain(tmp / "cert.pem", tmp / "key.pem")
+    served = self_signed(tmp, "localhost")
     trusting = ssl.create_default_context(cafile=str(tmp / "cert.pem"))
     return served, trusting
 
