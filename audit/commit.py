@@ -16,7 +16,11 @@ Rules of the transaction:
 4. insert the data keys made while the database was away, the entries, the nodes, and one
    checkpoint signed over the new root (none when nothing was appended; none either with
    ``checkpoint=False``, the interval mode, where a later script with no batch publishes one
-   over the whole tree if its size has none yet).
+   over the whole tree if its size has none yet);
+5. write-ahead intents (``audit.intents``): insert the new ones, delete those the batch's
+   records replace (an intent and its record in one commit cancel out), and beat the
+   replica's heartbeat in the same transaction. A commit of intents alone takes neither the
+   sequencer's lock (``Lock``) nor reads the tree: it appends no leaf.
 
 The caller adopts the returned tree only once the transaction committed.
 """
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit.datakeys import DataKeyRow
+from audit.intents import INTENT_COLUMNS, Beat, Intent, cancel_pairs
 from audit.merkle import CompactRange, NodeID, frontier, leaf_hash
 from audit.note import Checkpoint
 from audit.record import Sealed, header_columns, parse_header
@@ -53,7 +58,13 @@ class ExecMany:
     rows: Sequence[Row]
 
 
-Op = Query | ExecMany
+@dataclass(frozen=True, slots=True)
+class Lock:
+    """Take the sequencer's lock for the rest of the transaction (PostgreSQL's advisory lock;
+    SQLite's ``BEGIN IMMEDIATE`` holds the write lock already)."""
+
+
+Op = Query | ExecMany | Lock
 Script = Generator[Op, Any, CompactRange]
 
 
@@ -108,7 +119,40 @@ def commit_script(
     *,
     replay: bool = False,
     checkpoint: bool = True,
+    intents: Sequence[Intent] = (),
+    beat: Beat | None = None,
 ) -> Script:
+    new, done = cancel_pairs(list(intents), [s.replaces for s in batch if s.replaces])
+    if batch or keys or checkpoint:
+        tree = yield from _sequenced(sql, tree, batch, keys, signing, replay, checkpoint)
+    if new:
+        insert = sql.insert("ledger_intents", INTENT_COLUMNS, " ON CONFLICT (id) DO NOTHING")
+        yield ExecMany(insert, [i.row() for i in new])
+    if done:
+        yield ExecMany(f"DELETE FROM ledger_intents WHERE id = {sql.marks(1)[0]}",
+                       [(d,) for d in done])  # fmt: skip
+    if beat is not None:
+        yield _beat(sql, beat)
+    return tree
+
+
+def _beat(sql: Statements, beat: Beat) -> ExecMany:
+    tail = " ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at"
+    return ExecMany(sql.insert("ledger_replicas", ("id", "heartbeat_at", "started_at"), tail),
+                    [(beat.replica, beat.at, beat.started_at)])  # fmt: skip
+
+
+def _sequenced(
+    sql: Statements,
+    tree: CompactRange,
+    batch: Sequence[Sealed],
+    keys: Sequence[DataKeyRow],
+    signing: Signing,
+    replay: bool,
+    checkpoint: bool,
+) -> Script:
+    """Steps 1-4: the leaves, under the sequencer's lock."""
+    yield Lock()
     rows = yield Query("SELECT max(idx) FROM ledger_entries")
     size = 0 if rows[0][0] is None else int(rows[0][0]) + 1
     if size != tree.size:

@@ -10,7 +10,8 @@ engine.
   thread; the whole transaction (``BEGIN IMMEDIATE`` … ``COMMIT``, fsync included) is one hop,
   so the event loop never waits on the disk or on another process's write lock.
 - ``PostgresDriver``: the asyncpg connection under one engine connection the sequencer keeps;
-  the transaction takes ``pg_advisory_xact_lock`` first, so replicas sequence one at a time.
+  a transaction that appends takes ``pg_advisory_xact_lock`` first (the script's ``Lock``), so
+  replicas sequence one at a time; one that only writes intents does not wait for it.
 
 Both keep their connection between commits; ``reset`` drops it (it may have died while idle)
 and reports whether there was one, so the sequencer retries once on a fresh connection.
@@ -26,7 +27,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from audit.commit import ExecMany, Query, Script, Statements
+from audit.commit import ExecMany, Lock, Query, Script, Statements
 from audit.errors import AuditError
 from audit.merkle import CompactRange
 
@@ -113,6 +114,8 @@ def _drive_sqlite(script: Script, conn: sqlite3.Connection) -> CompactRange:
             op = script.send(result)
             if isinstance(op, Query):
                 result = conn.execute(op.sql, op.params).fetchall()
+            elif isinstance(op, Lock):  # BEGIN IMMEDIATE holds the write lock already
+                result = None
             else:
                 conn.executemany(op.sql, op.rows)
                 result = None
@@ -133,7 +136,6 @@ class PostgresDriver:
         pg = await self._asyncpg()
         try:
             async with pg.transaction():
-                await pg.execute("SELECT pg_advisory_xact_lock($1)", SEQUENCER_LOCK)
                 return await _drive_asyncpg(script, pg)
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise DatabaseError(type(exc).__name__) from exc
@@ -164,7 +166,10 @@ async def _drive_asyncpg(script: Script, pg: Any) -> CompactRange:
     try:
         while True:
             op = script.send(result)
-            if isinstance(op, Query):
+            if isinstance(op, Lock):
+                await pg.execute("SELECT pg_advisory_xact_lock($1)", SEQUENCER_LOCK)
+                result = None
+            elif isinstance(op, Query):
                 result = [tuple(r) for r in await pg.fetch(op.sql, *op.params)]
             elif isinstance(op, ExecMany) and op.rows:
                 await pg.executemany(op.sql, op.rows)

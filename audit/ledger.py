@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import logging
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,10 +25,11 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from audit import crypto, merkle, migrate, retention, schema, store, tiles
+from audit import crypto, intentstore, merkle, migrate, retention, schema, store, tiles
 from audit.crypto import KeyProvider
 from audit.datakeys import DataKeys
 from audit.errors import AuditError
+from audit.intents import LOST, Intent, Progress, new_intent_id
 from audit.note import NoteSigner, parse_checkpoint
 from audit.record import (
     Body,
@@ -35,6 +37,7 @@ from audit.record import (
     Kind,
     Seal,
     Sealed,
+    Usage,
     encode_header,
     index_columns,
     parse_header,
@@ -43,6 +46,7 @@ from audit.sequencer import Sequencer
 from audit.spool import Spool
 from audit.writer import LedgerWriter, Mode, WriterEvent, WriterStats
 
+log = logging.getLogger("thinkgate.ledger")
 NO_KEY = "none"
 T = TypeVar("T")
 
@@ -218,13 +222,15 @@ class Ledger(LedgerReader):
         signer: NoteSigner,
         writer: LedgerWriter,
         origin: str,
+        writer_id: str | None = None,
     ) -> None:
         super().__init__(engine)
         self._keys = keys
         self._signer = signer
         self._writer = writer
         self.origin = origin
-        self.writer_id = f"w-{secrets.token_hex(8)}"
+        # this process's records' writer, and the replica its intents and heartbeat name
+        self.writer_id = writer_id or new_writer_id()
         self._sequence = itertools.count()
 
     @classmethod
@@ -249,12 +255,13 @@ class Ledger(LedgerReader):
         sequencer = Sequencer(engine, signer, origin, keys,
                               sign_each_commit=not checkpoint_interval_s)  # fmt: skip
         spool = Spool(spool_path)
+        writer_id = new_writer_id()
         writer = LedgerWriter(
             sequencer, spool, keys, mode=mode, max_batch=max_batch, retry_s=retry_s,
-            checkpoint_interval_s=checkpoint_interval_s,
+            checkpoint_interval_s=checkpoint_interval_s, replica=writer_id,
         )  # fmt: skip
         writer.start()
-        return cls(engine, keys, signer, writer, origin)
+        return cls(engine, keys, signer, writer, origin, writer_id)
 
     async def aclose(self) -> None:
         await self._writer.aclose()
@@ -288,11 +295,64 @@ class Ledger(LedgerReader):
     def verifier_key(self) -> str:
         return self._signer.verifier_key()
 
-    async def append(self, facts: Facts, body: Body) -> None:
-        """Seal and submit; returns when the writer's mode says the record is safe."""
-        await self._writer.submit(await self.seal(facts, body))
+    async def append(self, facts: Facts, body: Body, *, replaces: str | None = None) -> None:
+        """Seal and submit; returns when the writer's mode says the record is safe.
+        ``replaces``: the write-ahead intent this record takes the place of."""
+        await self._writer.submit(await self.seal(facts, body, replaces=replaces))
 
-    async def seal(self, facts: Facts, body: Body) -> Sealed:
+    async def intend(self, facts: Facts, body: Body) -> tuple[str, asyncio.Future[None]]:
+        """Seal an exchange's write-ahead intent (``audit.intents``) and queue it: its id,
+        and what resolves once it is as safe as the writer's mode says (durable in
+        ``strict``). The exchange's record names the id (``append(..., replaces=...)``)."""
+        sealed = await self.seal(facts, body)
+        intent = Intent(new_intent_id(), self.writer_id, facts.tenant, facts.request_id,
+                        facts.created_at, sealed)  # fmt: skip
+        return intent.id, await self._writer.enqueue(intent)
+
+    async def beat(self, progress: Mapping[str, Progress] | None = None) -> None:
+        """This replica's heartbeat, with its running exchanges' progress by intent id."""
+        await intentstore.beat(self._engine, self._writer.beat(), progress or {})
+
+    async def recover_lost(self, stale_s: float, running: Collection[str] = (),
+                           now: float | None = None) -> list[str]:  # fmt: skip
+        """Append a ``replica_lost`` record for every intent whose owner has not beaten for
+        ``stale_s`` (or this replica's own that no ``running`` exchange holds and that is as
+        old), each claimed first so exactly one replica writes it; the request ids."""
+        cutoff = (time.time() if now is None else now) - stale_s
+        done = []
+        for intent_id, owner in await intentstore.lost(self._engine, self.writer_id, cutoff,
+                                                       running):  # fmt: skip
+            claimed = await intentstore.claim(self._engine, self._writer.beat(), intent_id,
+                                              owner, cutoff)  # fmt: skip
+            if claimed is None:
+                continue
+            facts, body = await self._lost_record(claimed)
+            await self.append(facts, body, replaces=claimed.id)
+            done.append(claimed.request_id)
+        if done:
+            await intentstore.forget_replicas(self._engine, cutoff)
+        return done
+
+    async def _lost_record(self, claimed: intentstore.Claimed) -> tuple[Facts, Body]:
+        """The record of an exchange whose replica died: the intent's facts, status
+        ``replica_lost``, what its last beat knew; its sealed request opened (an empty body
+        when the tenant's key was destroyed meanwhile)."""
+        header = parse_header(claimed.sealed.header)
+        progress = claimed.progress
+        body = Body()
+        dek = None if header.dek_id == NO_KEY else await self._keys.opening(header.dek_id)
+        if dek is not None:
+            try:
+                plain = crypto.unseal(dek, header.salt, header.commitment,
+                                      claimed.sealed.header, claimed.sealed.ciphertext)  # fmt: skip
+            except crypto.DecryptionError:  # never the sweep's end: the header is recorded
+                log.error("the intent of request %s cannot be opened: recorded without its "
+                          "request", claimed.request_id)  # fmt: skip
+            else:
+                body = Body.decode(plain)
+        return lost_facts(header.fields, progress, claimed.created_at), body
+
+    async def seal(self, facts: Facts, body: Body, *, replaces: str | None = None) -> Sealed:
         if facts.kind == "completion":
             dek_id, dek = await self._keys.for_sealing(facts.tenant, facts.created_at)
         else:
@@ -303,7 +363,7 @@ class Ledger(LedgerReader):
                     key.commitment)  # fmt: skip
         header = encode_header(facts, seal)
         columns = index_columns(seal.writer, seal.sequence, facts)
-        return Sealed(header, crypto.seal(key, plain, header), columns)
+        return Sealed(header, crypto.seal(key, plain, header), columns, replaces)
 
     async def read(self, index: int) -> Opened | None:
         async with self._engine.connect() as conn:
@@ -436,6 +496,29 @@ class Ledger(LedgerReader):
 
 
 COMMIT_WAIT_S = 5.0  # how long a records-management act waits for its record's commit
+
+
+def new_writer_id() -> str:
+    return f"w-{secrets.token_hex(8)}"
+
+
+# the intent's header fields a ``replica_lost`` record keeps (the rest is what sealing adds)
+_KEPT = ("tenant", "key_id", "request_id", "model", "upstream", "stream", "started_at",
+         "capture", "traceparent", "reasoning_format", "thinking", "endpoint")  # fmt: skip
+
+
+def lost_facts(intent: dict[str, Any], progress: Progress, created_at: float) -> Facts:
+    """A ``replica_lost`` record's header facts: the intent's, and what the owner's last beat
+    said (upstream, first token, tokens counted so far). Its time is the last one known."""
+    kept = {k: intent[k] for k in _KEPT if intent.get(k) is not None}
+    if progress.upstream:
+        kept["upstream"] = progress.upstream
+    prompt, tokens = progress.prompt_tokens, progress.completion_tokens
+    usage = Usage(prompt, tokens, min(progress.reasoning_tokens, tokens), prompt + tokens,
+                  counted=True)  # fmt: skip
+    last = progress.at or created_at
+    return Facts(kind="completion", created_at=last, status=LOST, error_code=LOST,
+                 first_token_at=progress.first_token_at, usage=usage, **kept)  # fmt: skip
 
 
 def _plan(make: Callable[[], list[T]]) -> list[T]:

@@ -58,7 +58,7 @@ class Schema:
             await conn.run_sync(self._upgrade)
 
 
-LEDGER = Schema("audit:migrations", "ledger_alembic_version", "0003", 0x7467_6C65_6467_6D31)
+LEDGER = Schema("audit:migrations", "ledger_alembic_version", "0004", 0x7467_6C65_6467_6D31)
 HEAD, VERSION_TABLE, MIGRATION_LOCK = LEDGER.head, LEDGER.version_table, LEDGER.lock
 config, current = LEDGER.config, LEDGER.current
 

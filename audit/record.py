@@ -250,6 +250,9 @@ class Sealed:
     header: bytes
     ciphertext: bytes
     columns: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
+    # the write-ahead intent this record takes the place of (``audit.intents``): its commit
+    # deletes that intent; not part of the record's bytes
+    replaces: str | None = field(default=None, compare=False, repr=False)
 
     def leaf_data(self) -> bytes:
         return len(self.header).to_bytes(4, "big") + self.header + self.ciphertext

@@ -103,6 +103,33 @@ timestamps = Table(
     Column("created_at", Float, nullable=False),
 )
 
+# Write-ahead intents (migration 0004; ``audit.intents``): one row per exchange whose answer
+# has begun and whose record is not yet in the ledger, with its writer's replica (``owner``);
+# the record's commit deletes it, a sweep turns one whose owner stopped beating into a
+# ``replica_lost`` record. Mutable by design (rows come and go): not part of the Merkle tree.
+intent_metadata = MetaData()
+intents = Table(
+    "ledger_intents",
+    intent_metadata,
+    Column("id", String(64), primary_key=True),
+    Column("owner", String(64), nullable=False, index=True),
+    Column("tenant", String(64), nullable=False),
+    Column("request_id", String(128), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("header", LargeBinary, nullable=False),
+    Column("ciphertext", LargeBinary, nullable=False),
+    Column("progress", Text, nullable=True),  # JSON: first token, tokens so far (the beat's)
+)
+# Each replica's heartbeat (its ledger writer id), beaten in the transaction that inserts its
+# intents too, so an intent is never in the database without a beat at least as new.
+replicas = Table(
+    "ledger_replicas",
+    intent_metadata,
+    Column("id", String(64), primary_key=True),
+    Column("heartbeat_at", Float, nullable=False, index=True),
+    Column("started_at", Float, nullable=False),
+)
+
 data_keys = Table(
     "ledger_data_keys",
     ledger_metadata,

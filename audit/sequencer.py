@@ -20,6 +20,7 @@ from audit import store
 from audit.commit import Script, Signing, commit_script
 from audit.datakeys import DataKeys
 from audit.drivers import open_driver
+from audit.intents import Beat, Intent
 from audit.merkle import CompactRange
 from audit.note import NoteSigner
 from audit.record import Sealed
@@ -48,13 +49,16 @@ class Sequencer:
         """The tree size after this process's last commit (others may have written since)."""
         return self._tree.size
 
-    async def commit(self, batch: Sequence[Sealed], *, replay: bool = False) -> int:
+    async def commit(self, batch: Sequence[Sealed], *, replay: bool = False,
+                     intents: Sequence[Intent] = (), beat: Beat | None = None) -> int:  # fmt: skip
         """Append ``batch`` in order; with ``replay``, skip records the ledger already holds.
-        Returns the new tree size."""
+        ``intents`` are inserted, those ``batch`` replaces deleted, and ``beat`` written, in
+        the same transaction. Returns the new tree size."""
         keys = list(self._keys.unsaved.values())
+        checkpoint = self._sign_each_commit and bool(batch or keys or replay)
         tree = await self._run(lambda: commit_script(
             self._driver.statements, self._tree, batch, keys, self._signing, replay=replay,
-            checkpoint=self._sign_each_commit))  # fmt: skip
+            checkpoint=checkpoint, intents=intents, beat=beat))  # fmt: skip
         self._keys.saved([k.dek_id for k in keys])
         self._tree = tree
         return tree.size

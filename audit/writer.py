@@ -32,6 +32,7 @@ a dead writer would leave strict-mode requests waiting forever.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,7 @@ from typing import Literal
 
 from audit.datakeys import DataKeyRow, DataKeys
 from audit.errors import AuditError
+from audit.intents import Beat, Intent
 from audit.record import Sealed
 from audit.sequencer import Sequencer
 from audit.spool import Spool
@@ -49,7 +51,8 @@ log = logging.getLogger("thinkgate.ledger")
 
 Mode = Literal["strict", "async"]
 
-_KEY, _RECORD = b"K", b"R"
+# spool line types: a data key, a record, the intent the record before it replaces, an intent
+_KEY, _RECORD, _DONE, _INTENT = b"K", b"R", b"D", b"I"
 
 
 class WriterUnavailable(AuditError):
@@ -80,7 +83,7 @@ class WriterEvent:
     last_checkpoint_at: float | None
 
 
-_Item = tuple[Sealed, "asyncio.Future[None] | None"]
+_Item = tuple[Sealed | Intent, "asyncio.Future[None] | None"]
 _STOP = object()
 
 
@@ -96,8 +99,11 @@ class LedgerWriter:
         queue_limit: int = 10_000,
         retry_s: float = 1.0,
         checkpoint_interval_s: float = 0.0,
+        replica: str = "",
     ) -> None:
         self._sequencer = sequencer
+        # the replica's heartbeat rides on every commit that writes intents (``audit.intents``)
+        self._replica, self._started_at = replica, time.time()
         # 0: the sequencer signs each commit; else one checkpoint per interval (``_publish``)
         self._interval = checkpoint_interval_s
         self._checkpoint_due: float | None = 0.0 if checkpoint_interval_s else None
@@ -134,13 +140,24 @@ class LedgerWriter:
         self._task = None
         await self._sequencer.aclose()
 
-    async def submit(self, sealed: Sealed) -> None:
-        if self._mode == "async":
-            await self._queue.put((sealed, None))
-            return
+    async def submit(self, item: Sealed | Intent) -> None:
+        await (await self.enqueue(item))
+
+    async def enqueue(self, item: Sealed | Intent) -> asyncio.Future[None]:
+        """Queue ``item`` (waiting only while the queue is full) and return what resolves
+        once it is as safe as the mode says: durable (committed or spooled) in ``strict``,
+        queued in ``async`` (resolved at once). A caller with other work first (the engine's
+        first token) awaits it later."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self._queue.put((sealed, done))
-        await done
+        if self._mode == "async":
+            await self._queue.put((item, None))
+            done.set_result(None)
+        else:
+            await self._queue.put((item, done))
+        return done
+
+    def beat(self) -> Beat:
+        return Beat(self._replica, time.time(), self._started_at)
 
     async def _run(self) -> None:
         while True:
@@ -198,23 +215,29 @@ class LedgerWriter:
         return [i for i in items if i is not _STOP], stop  # type: ignore[misc]
 
     async def _persist(self, batch: list[_Item]) -> None:
-        sealed = [s for s, _ in batch]
+        sealed = [s for s, _ in batch if isinstance(s, Sealed)]
+        intents = [i for i, _ in batch if isinstance(i, Intent)]
         if len(self._spool) == 0 or await self._replay():
             try:
                 started = time.perf_counter()
-                await self._sequencer.commit(sealed)
+                beat = self.beat() if intents else None
+                await self._sequencer.commit(sealed, intents=intents, beat=beat)
             except DB_ERRORS as exc:
                 log.warning("ledger database unreachable (%s); spooling", type(exc).__name__)
             else:
-                self._committed(len(sealed), time.perf_counter() - started)
+                self._committed(len(sealed), time.perf_counter() - started, bool(intents))
                 _resolve(batch, None)
                 return
         await self._to_spool(batch)
 
-    def _committed(self, count: int, seconds: float) -> None:
+    def _committed(self, count: int, seconds: float, intents: bool = False) -> None:
         self.stats.committed += count
         self.stats.batches += 1
         self.stats.last_commit_seconds = seconds
+        if not count:  # intents alone: no leaf, no checkpoint due
+            self._unavailable = False
+            self._tell(0, seconds)
+            return
         if self._interval:  # the checkpoint that covers it comes within the interval
             if self._checkpoint_due is None:
                 self._checkpoint_due = _now() + self._interval
@@ -230,7 +253,9 @@ class LedgerWriter:
 
     async def _to_spool(self, batch: list[_Item]) -> None:
         keys = [k for k in self._keys.unsaved.values() if k.dek_id not in self._spooled_keys]
-        payloads = [_KEY + k.encode() for k in keys] + [_RECORD + s.leaf_data() for s, _ in batch]
+        payloads = [_KEY + k.encode() for k in keys]
+        for item, _ in batch:
+            payloads += _spool_lines(item)
         try:
             await asyncio.to_thread(self._spool.append, payloads)
         except OSError as exc:
@@ -240,7 +265,7 @@ class LedgerWriter:
             _resolve(batch, WriterUnavailable("The audit ledger cannot store records."))
             return
         self._spooled_keys.update(k.dek_id for k in keys)
-        self.stats.spooled += len(batch)
+        self.stats.spooled += sum(isinstance(item, Sealed) for item, _ in batch)
         _resolve(batch, None)
         self._tell(0, None)
 
@@ -257,11 +282,11 @@ class LedgerWriter:
         if now - self._last_attempt < self._retry_s:
             return False
         self._last_attempt = now
-        keys, records = _parse_spool(await asyncio.to_thread(self._spool.read))
+        keys, records, intents = _parse_spool(await asyncio.to_thread(self._spool.read))
         for key in keys:
             self._keys.unsaved.setdefault(key.dek_id, key)
         try:
-            await self._commit_in_chunks(records)
+            await self._commit_in_chunks(records, intents)
         except DB_ERRORS:
             return False
         await asyncio.to_thread(self._spool.clear)
@@ -275,11 +300,25 @@ class LedgerWriter:
         self._tell(len(records), None)
         return True
 
-    async def _commit_in_chunks(self, records: Sequence[Sealed]) -> None:
+    async def _commit_in_chunks(self, records: Sequence[Sealed], intents: list[Intent]) -> None:
+        """The spool's records in order. Its intents whose record it also holds are dropped;
+        the others (their exchange has not ended, or never will) go in with the first chunk,
+        owned by this replica and under its beat: an exchange still running here keeps its
+        intent until its record comes; one of a process that died is recovered by this
+        replica's sweep (``Ledger.recover_lost``)."""
+        replaced = {s.replaces for s in records if s.replaces}
+        # a predecessor's (this replica started again on its spool): adopted, so this
+        # replica's own sweep records them, as no exchange of this process holds them
+        orphans = [dataclasses.replace(i, owner=self._replica) for i in intents
+                   if i.id not in replaced]  # fmt: skip
+        beat = self.beat() if orphans else None
         if not records:
-            await self._sequencer.commit([], replay=True)  # saves spooled keys, if any
+            # saves spooled keys, if any
+            await self._sequencer.commit([], replay=True, intents=orphans, beat=beat)
         for start in range(0, len(records), self._max_batch):
-            await self._sequencer.commit(records[start : start + self._max_batch], replay=True)
+            chunk = records[start : start + self._max_batch]
+            await self._sequencer.commit(chunk, replay=True, intents=orphans, beat=beat)
+            orphans, beat = [], None
         self._unavailable = False
 
 
@@ -287,10 +326,30 @@ def _now() -> float:
     return time.monotonic()
 
 
-def _parse_spool(payloads: Sequence[bytes]) -> tuple[list[DataKeyRow], list[Sealed]]:
-    keys = [DataKeyRow.decode(p[1:]) for p in payloads if p[:1] == _KEY]
-    records = [Sealed.from_leaf_data(p[1:]) for p in payloads if p[:1] == _RECORD]
-    return keys, records
+def _spool_lines(item: Sealed | Intent) -> list[bytes]:
+    if isinstance(item, Intent):
+        return [_INTENT + item.encode()]
+    lines = [_RECORD + item.leaf_data()]
+    if item.replaces:
+        lines.append(_DONE + item.replaces.encode("ascii"))
+    return lines
+
+
+def _parse_spool(
+    payloads: Sequence[bytes],
+) -> tuple[list[DataKeyRow], list[Sealed], list[Intent]]:
+    keys, records, intents = [], [], []
+    for payload in payloads:
+        kind, data = payload[:1], payload[1:]
+        if kind == _KEY:
+            keys.append(DataKeyRow.decode(data))
+        elif kind == _RECORD:
+            records.append(Sealed.from_leaf_data(data))
+        elif kind == _DONE and records:  # the record before it replaces that intent
+            records[-1] = dataclasses.replace(records[-1], replaces=data.decode("ascii"))
+        elif kind == _INTENT:
+            intents.append(Intent.decode(data))
+    return keys, records, intents
 
 
 def _resolve(batch: Sequence[_Item], error: Exception | None) -> None:

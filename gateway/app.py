@@ -46,6 +46,7 @@ from gateway.errors import GatewayError, InvalidRequest, NotFound, RouteError
 from gateway.guard.policy import NONE as NO_GUARDRAILS
 from gateway.guard.policy import Guardrails
 from gateway.guard.policy import load as load_guardrails
+from gateway.ledger.intents import keep_forever
 from gateway.ledger.record import RecordSink
 from gateway.ledger.retaining import retain_forever
 from gateway.ledger.sink import LedgerSink, ensure_keys, open_ledger
@@ -210,6 +211,16 @@ def _ledger_rounds(stack: contextlib.AsyncExitStack, settings: Settings, ledger:
     return rounds
 
 
+def _intent_keeping(settings: Settings, sink: RecordSink) -> list[Coroutine[Any, Any, None]]:
+    """The heartbeat, the running exchanges' progress and the sweep of lost intents
+    (``gateway.ledger.intents``), with the ledger's sink; beats four times per stale time, at
+    most a second apart, as background responses do."""
+    if not isinstance(sink, LedgerSink):
+        return []
+    stale = settings.background_stale_s
+    return [keep_forever(sink.ledger, sink.running, stale, min(1.0, stale / 4))]
+
+
 async def _start(
     stack: contextlib.AsyncExitStack,
     settings: Settings,
@@ -259,6 +270,7 @@ async def _start(
     background += kept.purges()
     if ledger is not None:
         background += _ledger_rounds(stack, settings, ledger)
+    background += _intent_keeping(settings, sink)
     for work in background:
         task = asyncio.create_task(work)
         stack.push_async_callback(_cancel, task)

@@ -106,9 +106,16 @@ class Forwarder:
         self, ex: Exchange, relay: StreamRelay, candidates: Sequence[Upstream],
         watcher: DisconnectWatcher,
     ) -> RelayResponse:  # fmt: skip
-        """Open the upstream stream (status and first bytes checked) and wrap it for the client."""
+        """Open the upstream stream (status and first bytes checked) and wrap it for the client,
+        once the exchange's write-ahead intent is durable (written while the engine worked)."""
         ex.overhead_s = time.perf_counter() - ex.t0
+        await ex.intend()
         leg = await self._leg(ex, candidates, ex.request.upstream_body)
+        try:
+            await ex.confirm()
+        except BaseException:
+            await leg.stream.aclose()  # no answer without its intent: the engine stops
+            raise
 
         async def cleanup(disconnected: bool) -> None:
             await leg.stream.aclose(ending=relay.done and not relay.stopped)
@@ -135,7 +142,13 @@ class Forwarder:
         assert isinstance(relay, StreamRelay)
         ex.overhead_s = time.perf_counter() - ex.t0
         try:
+            await ex.intend()
             leg = await self._leg(ex, candidates, ex.request.upstream_body)
+            try:
+                await ex.confirm()  # before any event is stored for a client to read
+            except BaseException:
+                await leg.stream.aclose()
+                raise
         except GatewayError as exc:
             if ex.upstream is None and isinstance(exc, UpstreamError):
                 ex.upstream = exc.upstream_url

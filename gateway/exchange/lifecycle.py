@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from audit.intents import Progress
 from gateway.admission.gate import Gate, Ticket
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError, UpstreamError
@@ -89,7 +90,29 @@ class Exchange:
     prompt_acts: tuple[GuardAct, ...] = ()  # what guardrail policies did to the prompt
     screen: ScreenPlan | None = None  # guard models over the output (exchange.screening)
     span: ExchangeSpan | None = None  # its OpenTelemetry spans (telemetry.tracing), if traced
+    intention: Any = None  # its write-ahead intent, once queued (``RecordSink.intend``)
     _finishing: asyncio.Future[None] | None = None
+
+    async def intend(self) -> None:
+        """Queue the exchange's write-ahead intent (``audit.intents``); nothing waits for it
+        here: ``confirm`` does, once the engine's first bytes are in, so the engine's time to
+        first token hides the commit. Raises what the record would (its key unavailable)."""
+        self.intention = await self.sink.intend(self._record(), self.progress)
+
+    async def confirm(self) -> None:
+        """Return once the intent is durable (before the answer's first byte goes out)."""
+        if self.intention is not None:
+            await self.sink.confirm(self.intention)
+
+    def progress(self) -> Progress:
+        """What a heartbeat tells of the running exchange (what a ``replica_lost`` record
+        would say if this replica died now): the engine, the first token, tokens so far."""
+        choices = self.rewriter.choices
+        completion = sum(c.deltas for c in choices.values())
+        reasoning = sum(c.reasoning_tokens for c in choices.values())
+        return Progress(self.upstream, self.first_token_at,
+                        len(self.request.upstream_body) // 4, completion, reasoning,
+                        time.time())  # fmt: skip
 
     def mark_first_token(self) -> None:
         if self.first_token_at is None:
@@ -264,6 +287,7 @@ class Exchange:
             guardrails=(*((None, act) for act in self.prompt_acts),
                         *((i, act) for i, c in enumerate(choices) if c.guard is not None
                           for act in c.guard.acts)),
+            intent=getattr(self.intention, "id", None),
         )  # fmt: skip
 
 

@@ -7,7 +7,7 @@ The gateway builds one ``CompletionRecord`` per completion, however it ended, an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -20,7 +20,9 @@ __all__ = ["CompletionRecord", "DiscardSink", "RecordSink", "Status", "Usage", "
 from gateway.errors import InvalidRequest, Outcome
 from gateway.relay.guarding import GuardAct
 
-Status = Literal["ok", "invalid", "upstream_error", "client_disconnected", "cancelled", "error"]
+Status = Literal[
+    "ok", "invalid", "upstream_error", "client_disconnected", "cancelled", "error", "started"
+]  # started: an exchange's write-ahead intent (audit.intents)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,7 @@ class CompletionRecord:
     tool_calls: tuple[tuple[dict[str, str], ...], ...] | None = None
     # what guardrail policies did, per choice index (values are hashed before they are sealed)
     guardrails: tuple[tuple[int | None, GuardAct], ...] = ()  # None: the prompt
+    intent: str | None = None  # the write-ahead intent this record takes the place of
 
 
 def check_recordable(messages: list[Any], params: dict[str, Any]) -> None:
@@ -124,6 +127,13 @@ class RecordSink(Protocol):
 
     async def submit(self, record: CompletionRecord) -> None: ...
 
+    async def intend(self, record: CompletionRecord, progress: Callable[[], Any]) -> Any:
+        """Queue the exchange's write-ahead intent before its first token (``None``: none
+        was); ``confirm`` it before the first byte of the answer goes out."""
+        ...
+
+    async def confirm(self, intention: Any) -> None: ...
+
 
 class DiscardSink:
     """Drops records: the gateway without a ledger (benchmarks of the relay alone)."""
@@ -135,4 +145,10 @@ class DiscardSink:
         return None
 
     async def submit(self, record: CompletionRecord) -> None:
+        return None
+
+    async def intend(self, record: CompletionRecord, progress: Callable[[], Any]) -> None:
+        return None
+
+    async def confirm(self, intention: Any) -> None:
         return None

@@ -14,6 +14,7 @@ up at start-up and lost with the pod would make every record written under it un
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import hmac
@@ -21,6 +22,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from audit.ledger import Ledger
 from audit.note import NoteSigner, create_signing_key, default_origin, load_signing_key
 from audit.record import Body, Facts, captured
 from audit.writer import WriterUnavailable
+from gateway.ledger.intents import ProgressOf, Running
 from gateway.ledger.record import CompletionRecord
 from gateway.ledger.translate import translate
 from gateway.relay.guarding import GuardAct
@@ -47,11 +50,50 @@ class LedgerKeysMissing(RuntimeError):
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class Intention:
+    """An exchange's write-ahead intent, queued: its id (the record names it) and what
+    resolves once it is as durable as ``AUDIT_MODE`` says."""
+
+    id: str
+    durable: asyncio.Future[None]
+
+
 class LedgerSink:
     def __init__(self, ledger: Ledger, settings: Settings) -> None:
         self.ledger = ledger
         self._capture = settings.audit_capture
         self._fail_open = settings.audit_fail == "open"
+        self.running = Running()  # the exchanges whose intents wait for their records
+
+    async def intend(self, record: CompletionRecord, progress: ProgressOf) -> Intention | None:
+        """Seal and queue the exchange's write-ahead intent (``audit.intents``): ``record``
+        is the exchange as it stands before its first token. Raises what ``submit`` would
+        when its key cannot be had; ``None`` when the ledger fails open and failed."""
+        facts = dataclasses.replace(record_facts(record, self._capture), status="started",
+                                    created_at=record.started_at, ended_at=None)  # fmt: skip
+        body = captured(Body(messages=record.messages, params=record.params), self._capture)
+        try:
+            intent_id, durable = await self.ledger.intend(facts, body)
+        except (KeysUnavailable, KeyFileError, orjson.JSONEncodeError) as exc:
+            if self._fail_open:
+                log.error("intent lost (request %s): %s", record.request_id, type(exc).__name__)
+                return None
+            raise translate(exc) from None
+        self.running.add(intent_id, progress)
+        return Intention(intent_id, durable)
+
+    async def confirm(self, intention: Intention | None) -> None:
+        """Return once the intent is durable; ``ledger_unavailable`` (503) when neither the
+        database nor the spool took it (logged only when the ledger fails open)."""
+        if intention is None:
+            return
+        try:
+            await intention.durable
+        except WriterUnavailable as exc:
+            if not self._fail_open:
+                raise translate(exc) from None
+            log.error("intent lost (request %s): ledger unavailable", intention.id)
 
     def accepting(self) -> bool:
         return self._fail_open or self.ledger.accepting()
@@ -68,6 +110,13 @@ class LedgerSink:
 
     async def submit(self, record: CompletionRecord) -> None:
         try:
+            await self._submit(record)
+        finally:
+            if record.intent is not None:
+                self.running.discard(record.intent)
+
+    async def _submit(self, record: CompletionRecord) -> None:
+        try:
             await self._append(record)
         except KeysUnavailable as exc:
             if not self._fail_open:
@@ -79,16 +128,17 @@ class LedgerSink:
             log.error("audit record lost (request %s): ledger unavailable", record.request_id)
 
     async def _append(self, record: CompletionRecord) -> None:
-        facts = record_facts(record, self._capture)
+        facts, replaces = record_facts(record, self._capture), record.intent
         try:
-            await self.ledger.append(facts, captured(record_body(record), self._capture))
+            await self.ledger.append(facts, captured(record_body(record), self._capture),
+                                     replaces=replaces)  # fmt: skip
         except orjson.JSONEncodeError:
             # Never expected (``check_recordable`` ran before the engine was asked), and never
             # a reason to lose the record: its header, without the body, saying why.
             log.error("audit record of request %s kept without its body: it cannot be encoded",
                       record.request_id)  # fmt: skip
             unencodable = dataclasses.replace(facts, error_code="record_body_unencodable")
-            await self.ledger.append(unencodable, Body())
+            await self.ledger.append(unencodable, Body(), replaces=replaces)
 
 
 def record_facts(record: CompletionRecord, capture: Any) -> Facts:

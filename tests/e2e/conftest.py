@@ -18,7 +18,7 @@ from audit.note import default_origin, load_signing_key
 from gateway.app import create_app
 from gateway.cli.keys import open_store
 from gateway.edge.servers import BackgroundServer
-from gateway.ledger.record import CompletionRecord, RecordSink
+from gateway.ledger.record import CompletionRecord, DiscardSink, RecordSink
 from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
 from gateway.sim.app import SimApp, SimConfig, create_sim_app
@@ -65,8 +65,9 @@ def ledger_files(directory: Path) -> dict[str, Path]:
     }
 
 
-class RecordingSink:
-    """Collects records and lets a test wait, with a deadline, until some have arrived."""
+class RecordingSink(DiscardSink):
+    """Collects records and lets a test wait, with a deadline, until some have arrived
+    (write-ahead intents: none, as ``DiscardSink``)."""
 
     def __init__(self) -> None:
         self.records: list[CompletionRecord] = []

@@ -1,0 +1,107 @@
+"""The intents' table and the replicas' heartbeats, read and claimed (``audit.intents``).
+
+Inserting an intent and deleting it when its record commits belong to the writer's commit
+(``audit.commit``); this module is what the beat and the sweep do around them:
+
+- ``beat``: the replica's heartbeat, and the progress of its running exchanges (first token,
+  tokens so far), one transaction;
+- ``lost``: the intents whose owner has not beaten since ``cutoff`` (another replica's), and
+  this replica's own that no running exchange holds any more (its record was refused);
+- ``claim``: one intent moved to this replica, only while its owner is still presumed dead
+  (exactly one claimer wins; this replica's beat covers it from then on), with its bytes and
+  progress;
+- ``forget_replicas``: heartbeat rows of replicas long gone that own no intent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import and_, bindparam, delete, exists, func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from audit.intents import Beat, Progress
+from audit.record import Sealed
+from audit.schema import intents, replicas
+
+_UPSERT = text(
+    "INSERT INTO ledger_replicas (id, heartbeat_at, started_at) VALUES (:id, :at, :started) "
+    "ON CONFLICT (id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    id: str
+    request_id: str
+    created_at: float
+    sealed: Sealed
+    progress: Progress
+
+
+async def _beat(conn: AsyncConnection, beat: Beat) -> None:
+    await conn.execute(_UPSERT, {"id": beat.replica, "at": beat.at, "started": beat.started_at})
+
+
+async def beat(engine: AsyncEngine, me: Beat, progress: Mapping[str, Progress]) -> None:
+    async with engine.begin() as conn:
+        await _beat(conn, me)
+        if progress:
+            await conn.execute(
+                update(intents)
+                .where(intents.c.id == bindparam("intent"), intents.c.owner == me.replica)
+                .values(progress=bindparam("p")),
+                [{"intent": k, "p": p.encode()} for k, p in progress.items()],
+            )
+
+
+async def lost(
+    engine: AsyncEngine, me: str, cutoff: float, running: Collection[str]
+) -> list[tuple[str, str]]:
+    """``(intent id, owner)`` of every intent to recover: its owner's last beat is older than
+    ``cutoff``, or it is this replica's own, older than ``cutoff``, and not ``running``."""
+    stale_owner = exists().where(replicas.c.id == intents.c.owner, replicas.c.heartbeat_at < cutoff)
+    mine = and_(intents.c.owner == me, intents.c.created_at < cutoff)
+    query = select(intents.c.id, intents.c.owner).where(
+        (intents.c.owner != me) & stale_owner | mine
+    )
+    async with engine.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    return [(r.id, r.owner) for r in rows if r.owner != me or r.id not in running]
+
+
+async def claim(
+    engine: AsyncEngine, me: Beat, intent_id: str, owner: str, cutoff: float
+) -> Claimed | None:
+    """Move the intent to ``me`` if ``owner`` still owns it and (when another replica) still
+    has not beaten since ``cutoff``; ``None`` when another claimer, or the owner's record,
+    came first."""
+    where = [intents.c.id == intent_id, intents.c.owner == owner]
+    if owner != me.replica:
+        where.append(exists().where(replicas.c.id == owner, replicas.c.heartbeat_at < cutoff))
+    async with engine.begin() as conn:
+        await _beat(conn, me)
+        moved = await conn.execute(update(intents).where(*where).values(owner=me.replica))
+        if not moved.rowcount:
+            return None
+        columns = (intents.c.request_id, intents.c.created_at, intents.c.header,
+                   intents.c.ciphertext, intents.c.progress)  # fmt: skip
+        row = (await conn.execute(select(*columns).where(intents.c.id == intent_id))).one()
+    sealed = Sealed(bytes(row.header), bytes(row.ciphertext))
+    return Claimed(intent_id, row.request_id, float(row.created_at), sealed,
+                   Progress.decode(row.progress))  # fmt: skip
+
+
+async def forget_replicas(engine: AsyncEngine, before: float) -> int:
+    """Heartbeat rows older than ``before`` of replicas that own no intent."""
+    owns = exists().where(intents.c.owner == replicas.c.id)
+    async with engine.begin() as conn:
+        result = await conn.execute(delete(replicas).where(replicas.c.heartbeat_at < before, ~owns))
+    return int(result.rowcount or 0)
+
+
+async def pending(engine: AsyncEngine) -> int:
+    """How many intents wait for their record (a gauge; also what tests look at)."""
+    async with engine.connect() as conn:
+        return int((await conn.execute(select(func.count()).select_from(intents))).scalar() or 0)
