@@ -68,7 +68,7 @@ SEVERITIES: Final = {0: "Unknown", 1: "Informational", 2: "Low", 3: "Medium", 4:
 KIND_SEVERITY: Final = {"completion": 1, "access": 2, "shred": 3, "retention": 3, "hold": 2,
                         "release": 3, "retention-set": 3}  # fmt: skip
 FAILED_SEVERITY = 2  # a completion that failed on the gateway's or an engine's side
-FAILURES: Final = frozenset({"error", "upstream_error"})
+FAILURES: Final = frozenset({"error", "upstream_error", "replica_lost"})
 UNREADABLE_SEVERITY = 4
 
 MAPPED: Final = frozenset({"v", "origin", "writer", "sequence", "tenant", "key_id", "request_id",

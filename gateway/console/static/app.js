@@ -12,7 +12,8 @@ const status = document.getElementById("status");
 const ROLE = "thinkgate.role";
 const TENANT = "thinkgate.tenant"; // an auditor key's tenant; "*" sees every tenant
 const PAGE = 50;
-const STATUSES = ["ok", "error", "invalid", "cancelled", "rate_limited"];
+const STATUSES = ["ok", "error", "invalid", "cancelled", "rate_limited", "upstream_error",
+  "client_disconnected", "replica_lost"];
 const RANGES = { "": "Any time", "1h": "Last hour", "24h": "Last 24 hours", "7d": "Last 7 days",
                  "30d": "Last 30 days", custom: "Custom range" };
 const COLORS = { ok: 0, error: 1, invalid: 3, reasoning: 4, answer: 2 };

@@ -99,6 +99,9 @@ def test_a_failed_completion_is_a_failure_at_low_severity_with_its_error_code() 
     assert (e["severity_id"], e["severity"]) == (2, "Low")
     invalid = mapped(completion(status="invalid"))  # the client's fault: informational
     assert (invalid["status_id"], invalid["severity_id"]) == (2, 1)
+    # an exchange whose replica died before its record (audit.intents): a failure too
+    lost = mapped(completion(status="replica_lost", error_code="replica_lost"))
+    assert (lost["status_id"], lost["status_code"], lost["severity_id"]) == (2, "replica_lost", 2)
 
 
 def test_an_auditor_access_is_a_read_of_the_subject_record() -> None:
