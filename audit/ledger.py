@@ -327,7 +327,10 @@ class Ledger(LedgerReader):
             if claimed is None:
                 continue
             facts, body = await self._lost_record(claimed)
-            await self.append(facts, body, replaces=claimed.id)
+            # durable before the next claim, whatever the mode: an intent of this replica's
+            # whose record is only queued would look lost again to the next sweep
+            sealed = await self.seal(facts, body, replaces=claimed.id)
+            await (await self._writer.enqueue(sealed, durable=True))
             done.append(claimed.request_id)
         if done:
             await intentstore.forget_replicas(self._engine, cutoff)

@@ -143,13 +143,15 @@ class LedgerWriter:
     async def submit(self, item: Sealed | Intent) -> None:
         await (await self.enqueue(item))
 
-    async def enqueue(self, item: Sealed | Intent) -> asyncio.Future[None]:
+    async def enqueue(
+        self, item: Sealed | Intent, *, durable: bool = False
+    ) -> asyncio.Future[None]:
         """Queue ``item`` (waiting only while the queue is full) and return what resolves
-        once it is as safe as the mode says: durable (committed or spooled) in ``strict``,
-        queued in ``async`` (resolved at once). A caller with other work first (the engine's
-        first token) awaits it later."""
+        once it is as safe as the mode says: durable (committed or spooled) in ``strict`` or
+        with ``durable``, queued in ``async`` (resolved at once). A caller with other work
+        first (the engine's first token) awaits it later."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._mode == "async":
+        if self._mode == "async" and not durable:
             await self._queue.put((item, None))
             done.set_result(None)
         else:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 from audit.intents import Progress
@@ -26,22 +27,33 @@ ProgressOf = Callable[[], Progress]
 
 
 class Running:
-    def __init__(self) -> None:
+    """The running exchanges by intent id, and those that ended within ``grace_s`` (in
+    ``AUDIT_MODE=async`` an ended exchange's record may still be queued, its intent still in
+    the database: the sweep must not take it for one whose record was refused)."""
+
+    def __init__(self, grace_s: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._live: dict[str, ProgressOf] = {}
         self._told: dict[str, Progress] = {}
+        self._ended: dict[str, float] = {}
+        self._grace_s, self._clock = grace_s, clock
 
     def __len__(self) -> int:
         return len(self._live)
 
     def __contains__(self, intent_id: object) -> bool:
-        return intent_id in self._live
+        return intent_id in self._live or intent_id in self._ended
 
     def add(self, intent_id: str, progress: ProgressOf) -> None:
         self._live[intent_id] = progress
 
     def discard(self, intent_id: str) -> None:
+        """The exchange ended and its record was handed to the ledger."""
         self._live.pop(intent_id, None)
         self._told.pop(intent_id, None)
+        now = self._clock()
+        self._ended[intent_id] = now
+        if len(self._ended) > 64:  # forget the old ones now and then, not on every end
+            self._ended = {k: t for k, t in self._ended.items() if now - t < self._grace_s}
 
     def changed(self) -> dict[str, Progress]:
         """The progress of every running exchange whose figures moved since the last call
@@ -68,26 +80,32 @@ def _figures(p: Progress) -> tuple[object, ...]:
 
 async def keep_forever(ledger: Ledger, running: Running, stale_s: float, beat_s: float) -> None:
     """Beat, then recover lost intents, every ``beat_s``, until cancelled; a failed round is
-    logged and tried again at the next (a database away for a while, say)."""
+    tried again at the next (a database away for a while, say), logged once per outage."""
+    failing = [False]
     while True:
-        await keep_once(ledger, running, stale_s)
+        await keep_once(ledger, running, stale_s, failing)
         await asyncio.sleep(beat_s)
 
 
-async def keep_once(ledger: Ledger, running: Running, stale_s: float) -> list[str]:
-    """One round: the beat, then the sweep; the request ids recorded as lost."""
+async def keep_once(ledger: Ledger, running: Running, stale_s: float,
+                    failing: list[bool] | None = None) -> list[str]:  # fmt: skip
+    """One round: the beat, then the sweep; the request ids recorded as lost. ``failing``:
+    whether the last round failed (its first failure is logged, not every one after)."""
+    failing = [False] if failing is None else failing
     moved = running.changed()
     try:
         await ledger.beat(moved)
-    except Exception as exc:
-        running.untold(moved)  # told again at the next beat
-        log.warning("ledger heartbeat failed (%s)", type(exc).__name__)
-        return []
-    try:
         lost = await ledger.recover_lost(stale_s, running=running)
     except Exception as exc:
-        log.warning("recovering lost exchanges failed (%s)", type(exc).__name__)
+        running.untold(moved)  # told again at the next beat
+        if not failing[0]:
+            log.warning("ledger heartbeat or sweep failed (%s); retried every beat",
+                        type(exc).__name__)  # fmt: skip
+        failing[0] = True
         return []
+    if failing[0]:
+        log.info("ledger heartbeat back")
+    failing[0] = False
     for request_id in lost:
         log.warning("request %s: its replica stopped before its record; recorded as "
                     "replica_lost", request_id)  # fmt: skip

@@ -64,7 +64,8 @@ class LedgerSink:
         self.ledger = ledger
         self._capture = settings.audit_capture
         self._fail_open = settings.audit_fail == "open"
-        self.running = Running()  # the exchanges whose intents wait for their records
+        # the exchanges whose intents wait for their records
+        self.running = Running(grace_s=settings.background_stale_s)
 
     async def intend(self, record: CompletionRecord, progress: ProgressOf) -> Intention | None:
         """Seal and queue the exchange's write-ahead intent (``audit.intents``): ``record``
