@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gateway.sim.app import SimConfig
 from tests.e2e.conftest import Stack
@@ -30,15 +31,26 @@ def intent_rows(tmp_path: Path) -> list[Any]:
         return conn.execute("SELECT request_id, owner, ciphertext FROM ledger_intents").fetchall()
 
 
+QUESTION = MESSAGES[0]["content"]
+# every streaming API, with the same question
+STREAMS = {
+    "chat/completions": {"messages": MESSAGES, "max_tokens": 60},
+    "completions": {"prompt": QUESTION, "max_tokens": 60},
+    "responses": {"input": QUESTION, "max_output_tokens": 60},
+    "messages": {"messages": MESSAGES, "max_tokens": 60},
+}
+
+
+@pytest.mark.parametrize("path", list(STREAMS))
 async def test_a_streams_intent_is_stored_sealed_while_it_streams_and_replaced_by_its_record(
-    stack_factory: Any, tmp_path: Path
+    stack_factory: Any, tmp_path: Path, path: str
 ) -> None:
     stack: Stack = await stack_factory(sim=SimConfig(ttft_ms=20, itl_ms=30))
-    body = {"model": AUDIT_MODEL, "messages": MESSAGES, "stream": True, "max_tokens": 60}
+    body = {"model": AUDIT_MODEL, "stream": True, **STREAMS[path]}
     headers = {"authorization": f"Bearer {stack.keys['visible']}"}
     async with (
         httpx.AsyncClient(timeout=20) as client,
-        client.stream("POST", f"{stack.url}/chat/completions", json=body, headers=headers) as live,
+        client.stream("POST", f"{stack.url}/{path}", json=body, headers=headers) as live,
     ):
         assert live.status_code == 200
         request_id = live.headers["x-request-id"]
@@ -46,7 +58,7 @@ async def test_a_streams_intent_is_stored_sealed_while_it_streams_and_replaced_b
         await anext(chunks)  # the first bytes are out: the intent is durable by now
         [row] = intent_rows(tmp_path)
         assert row[0] == request_id
-        assert MESSAGES[0]["content"].encode() not in row[2]  # sealed
+        assert QUESTION.encode() not in row[2]  # sealed
         async for _ in chunks:
             pass
     assert intent_rows(tmp_path) == []  # its record took its place
