@@ -211,14 +211,15 @@ def _ledger_rounds(stack: contextlib.AsyncExitStack, settings: Settings, ledger:
     return rounds
 
 
-def _intent_keeping(settings: Settings, sink: RecordSink) -> list[Coroutine[Any, Any, None]]:
+def _intent_keeping(settings: Settings, sink: RecordSink | None,
+                    metrics: Metrics) -> list[Coroutine[Any, Any, None]]:  # fmt: skip
     """The heartbeat, the running exchanges' progress and the sweep of lost intents
     (``gateway.ledger.intents``), with the ledger's sink; beats four times per stale time, at
     most a second apart, as background responses do."""
     if not isinstance(sink, LedgerSink):
         return []
-    stale = settings.background_stale_s
-    return [keep_forever(sink.ledger, sink.running, stale, min(1.0, stale / 4))]
+    stale, lost = settings.background_stale_s, metrics.ledger_replica_lost.inc
+    return [keep_forever(sink.ledger, sink.running, stale, min(1.0, stale / 4), lost)]
 
 
 async def _start(
@@ -270,7 +271,7 @@ async def _start(
     background += kept.purges()
     if ledger is not None:
         background += _ledger_rounds(stack, settings, ledger)
-    background += _intent_keeping(settings, sink)
+    background += _intent_keeping(settings, sink, metrics)
     for work in background:
         task = asyncio.create_task(work)
         stack.push_async_callback(_cancel, task)

@@ -78,12 +78,16 @@ def _figures(p: Progress) -> tuple[object, ...]:
             p.reasoning_tokens)  # fmt: skip
 
 
-async def keep_forever(ledger: Ledger, running: Running, stale_s: float, beat_s: float) -> None:
+async def keep_forever(ledger: Ledger, running: Running, stale_s: float, beat_s: float,
+                       on_lost: Callable[[int], object] | None = None) -> None:  # fmt: skip
     """Beat, then recover lost intents, every ``beat_s``, until cancelled; a failed round is
-    tried again at the next (a database away for a while, say), logged once per outage."""
+    tried again at the next (a database away for a while, say), logged once per outage.
+    ``on_lost``: told how many records each round appended (a metric)."""
     failing = [False]
     while True:
-        await keep_once(ledger, running, stale_s, failing)
+        lost = await keep_once(ledger, running, stale_s, failing)
+        if lost and on_lost is not None:
+            on_lost(len(lost))
         await asyncio.sleep(beat_s)
 
 

@@ -190,6 +190,11 @@ class Metrics:
         self.ledger_records = Counter(
             "thinkgate_ledger_records", "Records committed to the audit ledger.", registry=r
         )
+        self.ledger_replica_lost = Counter(
+            "thinkgate_ledger_replica_lost",
+            "Records this replica appended for exchanges whose replica died first "
+            "(write-ahead intents, status replica_lost).", registry=r,
+        )  # fmt: skip
         self.ledger_commit = Histogram("thinkgate_ledger_commit_seconds",
                                        "One group commit of the ledger writer.",
                                        buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip

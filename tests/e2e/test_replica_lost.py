@@ -28,7 +28,12 @@ from audit.schema import entries, intents
 from gateway.db import create_engine
 from tests.e2e.load import RawRequest, request_body
 from tests.e2e.processes import run_cli
-from tests.e2e.test_replica_faults import Cluster, ClusterFactory, cluster_factory  # noqa: F401
+from tests.e2e.test_replica_faults import (  # noqa: F401 - the fixture
+    Cluster,
+    ClusterFactory,
+    cluster_factory,
+    metric,
+)
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.xdist_group("private_postgres"), pytest.mark.timeout(150)]
@@ -102,7 +107,7 @@ async def test_a_killed_replicas_streams_are_recorded_by_the_survivor(
     cluster_factory: ClusterFactory,  # noqa: F811
 ) -> None:
     cluster = await cluster_factory()
-    doomed, _ = cluster.gateways
+    doomed, survivor = cluster.gateways
     held = await held_streams(cluster, doomed.url)
     # the owner's beat has told the database of each stream's first token (within a second)
     await eventually(lambda: _at_least(pending_intents(cluster, started=True), STREAMS), 10)
@@ -115,6 +120,7 @@ async def test_a_killed_replicas_streams_are_recorded_by_the_survivor(
     await eventually(lambda: recorded(cluster, held), within_s=40)
     assert time.monotonic() - killed_at < 35
     await assert_lost_once_each(cluster, held)
+    assert await metric(survivor.url, "thinkgate_ledger_replica_lost_total") == STREAMS
     for row in await lost_rows(cluster):  # what the owner's last beat knew
         header = orjson.loads(row.header)
         assert header["upstream"] == cluster.engine_url
