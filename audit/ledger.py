@@ -311,7 +311,9 @@ class Ledger(LedgerReader):
 
     async def beat(self, progress: Mapping[str, Progress] | None = None) -> None:
         """This replica's heartbeat, with its running exchanges' progress by intent id."""
-        await intentstore.beat(self._engine, self._writer.beat(), progress or {})
+        beat = self._writer.beat()
+        await intentstore.beat(self._engine, beat, progress or {})
+        self._writer.beaten(beat.at)
 
     async def recover_lost(self, stale_s: float, running: Collection[str] = (),
                            now: float | None = None) -> list[str]:  # fmt: skip

@@ -53,6 +53,7 @@ Mode = Literal["strict", "async"]
 
 # spool line types: a data key, a record, the intent the record before it replaces, an intent
 _KEY, _RECORD, _DONE, _INTENT = b"K", b"R", b"D", b"I"
+BEAT_REUSE_S = 1.0  # a commit of intents beats again only when the last beat is this old
 
 
 class WriterUnavailable(AuditError):
@@ -104,6 +105,7 @@ class LedgerWriter:
         self._sequencer = sequencer
         # the replica's heartbeat rides on every commit that writes intents (``audit.intents``)
         self._replica, self._started_at = replica, time.time()
+        self._beaten_at = -float("inf")
         # 0: the sequencer signs each commit; else one checkpoint per interval (``_publish``)
         self._interval = checkpoint_interval_s
         self._checkpoint_due: float | None = 0.0 if checkpoint_interval_s else None
@@ -160,6 +162,17 @@ class LedgerWriter:
 
     def beat(self) -> Beat:
         return Beat(self._replica, time.time(), self._started_at)
+
+    def beaten(self, at: float) -> None:
+        """A beat of this replica's reached the database at ``at`` (wall clock)."""
+        self._beaten_at = max(self._beaten_at, at)
+
+    def _beat_due(self) -> Beat | None:
+        """A beat for a commit that inserts intents, unless one reached the database within
+        ``BEAT_REUSE_S``: the replica's row is then there and fresh, which is all the sweep
+        needs (an intent never waits in the database under an owner with no row)."""
+        beat = self.beat()
+        return beat if beat.at - self._beaten_at >= BEAT_REUSE_S else None
 
     async def _run(self) -> None:
         while True:
@@ -222,8 +235,10 @@ class LedgerWriter:
         if len(self._spool) == 0 or await self._replay():
             try:
                 started = time.perf_counter()
-                beat = self.beat() if intents else None
+                beat = self._beat_due() if intents else None
                 await self._sequencer.commit(sealed, intents=intents, beat=beat)
+                if beat is not None:
+                    self.beaten(beat.at)
             except DB_ERRORS as exc:
                 log.warning("ledger database unreachable (%s); spooling", type(exc).__name__)
             else:
