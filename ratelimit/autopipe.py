@@ -27,10 +27,11 @@ not made for this one), the connection was lost (redis-py's ``ConnectionError`` 
 ``OSError``: not a timeout, and not an error reply such as ``LOADING``), and no reply of the
 batch had been read. That is a pooled socket whose server went away while it sat idle: a Redis
 restart, or a server or proxy that closed an idle connection. redis-py's pool looks for a
-closed socket when it hands one out, but skips that check when its maintenance notifications
-are on (redis-py 8's default with RESP3), so such a socket is found dead only by using it;
-without the retry each one failed a batch, and tripped the circuit
-(``gateway.admission.circuit``) again after Redis was back.
+closed socket when it hands one out (how depends on its version and on what it negotiated with
+the server: some skip the check with maintenance notifications on), but a socket whose server
+is gone behind a proxy, a NAT or a load balancer that kept it open looks alive at checkout and
+is found dead only by using it; without the retry each one failed a batch, and tripped the
+circuit (``gateway.admission.circuit``) again after Redis was back.
 
 Why a script cannot run twice in that case: the server the stale socket talked to is gone, so
 the batch never reached it (or, if it died between running the batch and replying, its effects
