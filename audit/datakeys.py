@@ -7,10 +7,14 @@ Rules:
   own several DEKs (replicas that met the tenant at the same moment each made one; nothing
   breaks, every header says which one it used).
 - The DEK used for *new* records is cached for ``ACTIVE_TTL_S`` (1 s: one indexed read per
-  tenant per second per process): a shred run by another process is honoured by every replica
-  within that bound, new records then being sealed under a fresh DEK (records sealed under a DEK
-  shredded meanwhile are as unreadable as the rest of the tenant's, which is what shredding
-  asked for).
+  tenant per second per process), counted from the moment the database read that found it
+  *began* (a slow read cannot stretch it), and a caller never joins a read that began longer
+  ago than that: no process hands out a DEK more than ``ACTIVE_TTL_S`` after the database last
+  showed it alive. So destroying keys is a **barrier**: ``shred`` and ``destroy`` return only
+  once ``ACTIVE_TTL_S`` (and a margin) has passed since their transaction committed, after
+  which no replica seals under a destroyed key again: a record of an exchange admitted after
+  the command returned is always readable. (Records sealed in that second under the destroyed
+  key are as unreadable as the rest of the tenant's, which is what shredding asked for.)
 - The key provider failing to open a tenant's DEK (a KEK rotated by another process that this
   one has not read yet, a broken key file) never loses a record: the DEK cached before keeps
   sealing, ``healthy`` turns false (the gateway's readiness fails and it refuses new requests
@@ -35,7 +39,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 
 import orjson
@@ -56,6 +60,7 @@ from audit.schema import data_keys
 
 log = logging.getLogger("thinkgate")
 ACTIVE_TTL_S = 1.0
+BARRIER_MARGIN_S = 0.1  # what a destroying command waits beyond ACTIVE_TTL_S (``barrier``)
 RECOVER_EVERY_S = 1.0
 
 
@@ -105,14 +110,17 @@ class DataKeys:
         provider: KeyProvider,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._engine = engine
+        self._sleep = sleep  # how ``shred`` and ``destroy`` wait out the cache (the barrier)
         self._provider = provider
         self._clock = clock
         self._wall = wall  # whose UTC day a new record's key belongs to
         self._active: dict[tuple[str, str], tuple[float, str, bytes]] = {}  # (tenant, day)
         self._plain: dict[str, bytes] = {}
-        self._loading: dict[tuple[str, str], asyncio.Future[tuple[str, bytes]]] = {}
+        # single flight: the read in progress per (tenant, day), and when it began
+        self._loading: dict[tuple[str, str], tuple[float, asyncio.Future[tuple[str, bytes]]]] = {}
         self.unsaved: dict[str, DataKeyRow] = {}
         self.healthy = True  # the provider opened the last DEK it was asked for
         self._tried_at = -RECOVER_EVERY_S
@@ -154,16 +162,23 @@ class DataKeys:
         if cached is not None and self._clock() - cached[0] < ACTIVE_TTL_S:
             return cached[1], cached[2]
         # Single flight: a burst of a tenant's first requests makes one lookup, not one each
-        # (which would also give the tenant one new key per request).
-        pending = self._loading.get(slot)
-        if pending is None:
+        # (which would also give the tenant one new key per request); never one that began
+        # ``ACTIVE_TTL_S`` ago (what it finds may have been destroyed since).
+        loading = self._loading.get(slot)
+        if loading is None or self._clock() - loading[0] >= ACTIVE_TTL_S:
             pending = asyncio.ensure_future(self._refresh(*slot))
-            self._loading[slot] = pending
-            pending.add_done_callback(lambda _: self._loading.pop(slot, None))
-        return await asyncio.shield(pending)
+            loading = self._loading[slot] = (self._clock(), pending)
+            pending.add_done_callback(lambda done: self._loaded(slot, done))
+        return await asyncio.shield(loading[1])
+
+    def _loaded(self, slot: tuple[str, str], done: asyncio.Future[tuple[str, bytes]]) -> None:
+        """A read ended: forget it, unless a newer one took its place meanwhile."""
+        if slot in self._loading and self._loading[slot][1] is done:
+            del self._loading[slot]
 
     async def _refresh(self, tenant: str, period: str) -> tuple[str, bytes]:
         slot = (tenant, period)
+        began = self._clock()  # the key's cache life counts from here, not from the answer
         try:
             dek_id, dek = await self._load_or_create(tenant, period)
         except (SQLAlchemyError, OSError, TimeoutError):
@@ -186,7 +201,7 @@ class DataKeys:
         for other in [k for k, v in self._active.items()
                       if k[0] == tenant and k != slot and now - v[0] >= ACTIVE_TTL_S]:  # fmt: skip
             del self._active[other]  # an earlier day's key, no longer in use here
-        self._active[slot] = (now, dek_id, dek)
+        self._active[slot] = (began, dek_id, dek)
         return dek_id, dek
 
     async def opening(self, dek_id: str, *, tenant: str | None = None) -> bytes | None:
@@ -212,17 +227,33 @@ class DataKeys:
             self.unsaved.pop(dek_id, None)
 
     async def shred(self, tenant: str, now: float) -> int:
+        """Destroy every live key of ``tenant``; returns once no process seals under one of
+        them again (``barrier``)."""
         async with self._engine.begin() as conn:
             result = await conn.execute(
                 update(data_keys)
                 .where(data_keys.c.tenant == tenant, data_keys.c.wrapped.is_not(None))
                 .values(wrapped=None, destroyed_at=now)
             )
+        committed = self._clock()
         for slot in [k for k in self._active if k[0] == tenant]:
             del self._active[slot]
         for dek_id in await self._ids(tenant):
             self._plain.pop(dek_id, None)
-        return int(result.rowcount or 0)
+        destroyed = int(result.rowcount or 0)
+        if destroyed:
+            await self.barrier(committed)
+        return destroyed
+
+    async def barrier(self, committed: float) -> None:
+        """Wait until ``ACTIVE_TTL_S`` and ``BARRIER_MARGIN_S`` have passed since a destroying
+        transaction committed (``committed``, on this process's clock): every process's
+        cached copy of a key it destroyed has expired by then, on every replica (each counts
+        the same second on its own monotonic clock; the margin covers the read that saw the
+        key alive ending just before the commit and clocks that run a little apart)."""
+        remaining = committed + ACTIVE_TTL_S + BARRIER_MARGIN_S - self._clock()
+        if remaining > 0:
+            await self._sleep(remaining)
 
     async def destroy(self, dek_ids: Collection[str], now: float) -> list[str]:
         """Destroy these keys (retention); the ones this call destroyed (not another's)."""
@@ -236,8 +267,14 @@ class DataKeys:
                 )
                 if result.rowcount:
                     destroyed.append(dek_id)
+        committed = self._clock()
+        gone = set(destroyed)
+        for slot in [k for k, v in self._active.items() if v[1] in gone]:
+            del self._active[slot]
         for dek_id in destroyed:
             self._plain.pop(dek_id, None)
+        if destroyed:
+            await self.barrier(committed)
         return destroyed
 
     async def rewrap_all(self) -> int:
