@@ -20,6 +20,7 @@ environment fails them instead. Each server runs in its own process group with i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -48,6 +49,17 @@ class VllmServer:
     root: str
     models: tuple[str, ...]
     log: Path
+    pid: int = 0  # its process group (engine core included: no multiprocessing here)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The server stopped (SIGSTOP) for the block, continued (SIGCONT) after it: a test
+        makes "the engine is still generating" a fact rather than a race."""
+        os.killpg(self.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.killpg(self.pid, signal.SIGCONT)
 
 
 @dataclass(frozen=True)
@@ -166,7 +178,7 @@ def _start(
             args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     root = f"http://127.0.0.1:{port}"
-    return proc, VllmServer(f"{root}/v1", root, names, log)
+    return proc, VllmServer(f"{root}/v1", root, names, log, proc.pid)
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], server: VllmServer) -> None:

@@ -6,6 +6,7 @@ joined text."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -267,7 +268,9 @@ async def test_client_disconnect_aborts_the_vllm_request(
 ) -> None:
     # vLLM 0.32 does not count aborts in request_success_total{finished_reason="abort"};
     # the proof is that the request (ignore_eos) stopped generating before its max_tokens.
-    # The gateway answers only once vLLM produced a first token, so the client leaves at once.
+    # The gateway answers only once vLLM produced a first token; the client leaves while vLLM
+    # is held still (SIGSTOP), so it cannot have finished first however loaded the machine,
+    # and it is let go once the gateway recorded the disconnect and closed its request.
     server = vllm_servers["parsed"]
     before = (await metrics(server))["generated"]
     body = {
@@ -278,12 +281,13 @@ async def test_client_disconnect_aborts_the_vllm_request(
         "ignore_eos": True,
     }
     headers = {"authorization": f"Bearer {gateway.keys[key]}"}
-    async with (
-        httpx.AsyncClient(timeout=60) as client,
-        client.stream("POST", f"{gateway.url}/chat/completions", json=body, headers=headers) as r,
-    ):
-        assert r.status_code == 200
-    (record,) = await gateway.sink.wait_for(1)
+    async with httpx.AsyncClient(timeout=60) as client:
+        with contextlib.ExitStack() as paused:
+            async with client.stream("POST", f"{gateway.url}/chat/completions", json=body,
+                                     headers=headers) as r:  # fmt: skip
+                assert r.status_code == 200
+                paused.enter_context(server.held())  # from here the engine holds still
+            (record,) = await gateway.sink.wait_for(1)  # the client left, seen and recorded
     assert record.status == "client_disconnected"
     await wait_metric(server, "running", lambda v: v == 0)
     generated = (await metrics(server))["generated"] - before
