@@ -10,6 +10,10 @@ Admin (role ``admin``):
   in force by that id.
 - ``PUT /admin/v1/retention/{tenant}`` ``{"days": N | null}`` (``null``: kept forever).
 - ``GET /admin/v1/retention``: each tenant's own retention, and ``RETENTION_DAYS``.
+- ``POST /admin/v1/shred/{tenant}`` ``{"confirm": tenant}``: crypto-shreds the tenant (every
+  data key destroyed, a signed shred record), as ``thinkgate ledger shred``; 409 ``legal_hold``
+  while a hold is in force. Answers once no replica can seal under a destroyed key again (about
+  a second: ``audit.datakeys``), so a record of a request admitted after it is readable.
 
 Auditor: ``GET /audit/v1/retention``: for the key's tenant (every tenant for ``*``), its
 retention in force and its holds (released ones too, with when).
@@ -26,11 +30,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from audit.ledger import Ledger
-from audit.retention import HoldNotFound, RecordsNotInForce
+from audit.retention import HoldNotFound, RecordsNotInForce, ShredBlocked
 from gateway.auth.bearer import authenticate
 from gateway.auth.keys import ALL_TENANTS, KeyInfo, Role
 from gateway.edge.body import read_body
 from gateway.errors import InvalidRequest, LedgerUnavailable, NotFound
+from gateway.ledger.translate import translate
 from gateway.routes.auditor import parse_time
 from gateway.routes.state import AppState
 
@@ -54,6 +59,10 @@ class HoldCreate(_Strict):
 
 class HoldRelease(_Strict):
     reason: str = Field("", max_length=500)
+
+
+class ShredOrder(_Strict):
+    confirm: str = Field(min_length=1, max_length=64)  # the tenant again: it cannot be undone
 
 
 class RetentionSet(_Strict):
@@ -133,6 +142,20 @@ async def set_retention(request: Request) -> Response:
     return _json({"object": "retention", "tenant": tenant, "days": spec.days})
 
 
+async def shred_tenant(request: Request) -> Response:
+    ledger, _, state = await _ledger(request, "admin")
+    order: ShredOrder = await _body(request, state, ShredOrder)
+    tenant = request.path_params["tenant"]
+    if order.confirm != tenant:
+        raise InvalidRequest("A shred cannot be undone: 'confirm' must repeat the tenant.",
+                             param="confirm")  # fmt: skip
+    try:
+        destroyed = await ledger.shred(tenant)
+    except ShredBlocked as exc:
+        raise translate(exc) from None
+    return _json({"object": "shred", "tenant": tenant, "destroyed_keys": destroyed})
+
+
 async def list_retention(request: Request) -> Response:
     ledger, _, state = await _ledger(request, "admin")
     register = await ledger.register()
@@ -164,6 +187,7 @@ def add_routes(app: FastAPI) -> None:
         ("/admin/v1/holds/{hold_id}/release", release_hold, "POST"),
         ("/admin/v1/retention/{tenant}", set_retention, "PUT"),
         ("/admin/v1/retention", list_retention, "GET"),
+        ("/admin/v1/shred/{tenant}", shred_tenant, "POST"),
         ("/audit/v1/retention", auditor_retention, "GET"),
     ):
         app.add_api_route(path, handler, methods=[method], response_model=None)
