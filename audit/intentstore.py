@@ -15,7 +15,7 @@ Inserting an intent and deleting it when its record commits belong to the writer
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import and_, bindparam, delete, exists, func, select, text, update
@@ -57,7 +57,7 @@ async def beat(engine: AsyncEngine, me: Beat, progress: Mapping[str, Progress]) 
 
 
 async def lost(
-    engine: AsyncEngine, me: str, cutoff: float, running: Collection[str]
+    engine: AsyncEngine, me: str, cutoff: float, running: Container[str]
 ) -> list[tuple[str, str]]:
     """``(intent id, owner)`` of every intent to recover: its owner's last beat is older than
     ``cutoff``, or it is this replica's own, older than ``cutoff``, and not ``running``."""

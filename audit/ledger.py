@@ -17,7 +17,7 @@ import itertools
 import logging
 import secrets
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Container, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -315,7 +315,7 @@ class Ledger(LedgerReader):
         await intentstore.beat(self._engine, beat, progress or {})
         self._writer.beaten(beat.at)
 
-    async def recover_lost(self, stale_s: float, running: Collection[str] = (),
+    async def recover_lost(self, stale_s: float, running: Container[str] = (),
                            now: float | None = None) -> list[str]:  # fmt: skip
         """Append a ``replica_lost`` record for every intent whose owner has not beaten for
         ``stale_s`` (or this replica's own that no ``running`` exchange holds and that is as

@@ -75,8 +75,11 @@ class LedgerSink:
                                     created_at=record.started_at, ended_at=None)  # fmt: skip
         body = captured(Body(messages=record.messages, params=record.params), self._capture)
         try:
-            intent_id, durable = await self.ledger.intend(facts, body)
-        except (KeysUnavailable, KeyFileError, orjson.JSONEncodeError) as exc:
+            try:
+                intent_id, durable = await self.ledger.intend(facts, body)
+            except orjson.JSONEncodeError:  # never expected (check_recordable): the header
+                intent_id, durable = await self.ledger.intend(facts, Body())
+        except (KeysUnavailable, KeyFileError) as exc:
             if self._fail_open:
                 log.error("intent lost (request %s): %s", record.request_id, type(exc).__name__)
                 return None
