@@ -301,13 +301,19 @@ class Ledger(LedgerReader):
         await self._writer.submit(await self.seal(facts, body, replaces=replaces))
 
     async def intend(self, facts: Facts, body: Body) -> tuple[str, asyncio.Future[None]]:
-        """Seal an exchange's write-ahead intent (``audit.intents``) and queue it: its id,
-        and what resolves once it is as safe as the writer's mode says (durable in
-        ``strict``). The exchange's record names the id (``append(..., replaces=...)``)."""
+        """Seal an exchange's write-ahead intent (``audit.intents``) and put it aboard the
+        writer's next commit: its id, and what ``confirm`` waits for. The exchange's record
+        names the id (``append(..., replaces=...)``)."""
         sealed = await self.seal(facts, body)
         intent = Intent(new_intent_id(), self.writer_id, facts.tenant, facts.request_id,
                         facts.created_at, sealed)  # fmt: skip
-        return intent.id, await self._writer.enqueue(intent)
+        return intent.id, self._writer.ride(intent)
+
+    async def confirm(self, durable: asyncio.Future[None]) -> None:
+        """Return once an intent ``intend`` queued is as safe as the mode says (committed at
+        once if no other commit took it along yet)."""
+        self._writer.hurry(durable)
+        await durable
 
     async def beat(self, progress: Mapping[str, Progress] | None = None) -> None:
         """This replica's heartbeat, with its running exchanges' progress by intent id."""

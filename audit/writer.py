@@ -32,6 +32,7 @@ a dead writer would leave strict-mode requests waiting forever.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -86,6 +87,7 @@ class WriterEvent:
 
 _Item = tuple[Sealed | Intent, "asyncio.Future[None] | None"]
 _STOP = object()
+_FLUSH = object()  # someone waits for the riding intents: commit now
 
 
 class LedgerWriter:
@@ -106,6 +108,7 @@ class LedgerWriter:
         # the replica's heartbeat rides on every commit that writes intents (``audit.intents``)
         self._replica, self._started_at = replica, time.time()
         self._beaten_at = -float("inf")
+        self._riding: list[_Item] = []  # intents waiting for the next commit (``ride``)
         # 0: the sequencer signs each commit; else one checkpoint per interval (``_publish``)
         self._interval = checkpoint_interval_s
         self._checkpoint_due: float | None = 0.0 if checkpoint_interval_s else None
@@ -159,6 +162,26 @@ class LedgerWriter:
         else:
             await self._queue.put((item, done))
         return done
+
+    def ride(self, intent: Intent) -> asyncio.Future[None]:
+        """Put ``intent`` aboard the next commit, whatever brings it (another exchange's
+        record, most often, under load): what resolves once it is as safe as the mode says.
+        Nothing is committed for it alone until ``hurry``: an exchange confirms its intent
+        only when the engine's first bytes are in, so the intent rides for free with
+        whatever the writer commits meanwhile."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._mode == "async":
+            self._riding.append((intent, None))
+            done.set_result(None)
+        else:
+            self._riding.append((intent, done))
+        return done
+
+    def hurry(self, done: asyncio.Future[None]) -> None:
+        """``done`` is awaited now: commit the riding intents if it is still among them."""
+        if not done.done():
+            with contextlib.suppress(asyncio.QueueFull):  # full: a batch comes anyway
+                self._queue.put_nowait(_FLUSH)
 
     def beat(self) -> Beat:
         return Beat(self._replica, time.time(), self._started_at)
@@ -227,7 +250,9 @@ class LedgerWriter:
         while len(items) < self._max_batch and not self._queue.empty():
             items.append(self._queue.get_nowait())
         stop = _STOP in items
-        return [i for i in items if i is not _STOP], stop  # type: ignore[misc]
+        # the riding intents first: each was made before any record that replaces it
+        riding, self._riding = self._riding, []
+        return riding + [i for i in items if i is not _STOP and i is not _FLUSH], stop  # type: ignore[misc]
 
     async def _persist(self, batch: list[_Item]) -> None:
         sealed = [s for s, _ in batch if isinstance(s, Sealed)]

@@ -93,7 +93,7 @@ class LedgerSink:
         if intention is None:
             return
         try:
-            await intention.durable
+            await self.ledger.confirm(intention.durable)
         except WriterUnavailable as exc:
             if not self._fail_open:
                 raise translate(exc) from None

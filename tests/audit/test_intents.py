@@ -56,7 +56,7 @@ async def test_an_intent_is_durable_when_acknowledged_and_its_record_takes_its_p
 ) -> None:
     ledger = await ledger_factory.open(database_url)
     intent_id, durable = await ledger.intend(started("r-1"), asked("r-1"))
-    await durable
+    await ledger.confirm(durable)
     assert await intentstore.pending(ledger_factory.engine(database_url)) == 1
     assert await rows(ledger) == []  # an intent is not a leaf
 
@@ -73,7 +73,7 @@ async def test_a_dead_replicas_intent_becomes_one_replica_lost_record_whoever_sw
     dead = await ledger_factory.open(database_url)
     sweepers = [await ledger_factory.open(database_url) for _ in range(3)]
     intent_id, durable = await dead.intend(started("r-lost"), asked("r-lost"))
-    await durable
+    await dead.confirm(durable)
     first_token = time.time()
     await dead.beat({intent_id: Progress("http://engine-a/v1", first_token, 12, 40, 30,
                                          time.time())})  # fmt: skip
@@ -109,7 +109,7 @@ async def test_a_replicas_own_intent_is_recovered_only_once_no_exchange_holds_it
 ) -> None:
     ledger = await ledger_factory.open(database_url)
     intent_id, durable = await ledger.intend(started("r-own"), asked("r-own"))
-    await durable
+    await ledger.confirm(durable)
     later = time.time() + LATER
     assert await ledger.recover_lost(30.0, running={intent_id}, now=later) == []
     assert await ledger.recover_lost(30.0, running=set(), now=time.time()) == []  # too young
@@ -157,7 +157,7 @@ async def test_spooled_intents_and_records_replay_to_no_intent_and_one_record(
     ledger = await harness.open()
     await proxy.stop()
     intent_id, durable = await ledger.intend(started("r-spooled"), asked("r-spooled"))
-    await durable  # fsync'd to the spool
+    await ledger.confirm(durable)  # fsync'd to the spool
     facts, body = answered("r-spooled")
     await ledger.append(facts, body, replaces=intent_id)
     await proxy.start()
@@ -177,7 +177,7 @@ async def test_a_spooled_intent_of_a_killed_replica_is_recovered_after_its_spool
     dead = await harness.open(harness.spool_path("dead.spool"))
     await proxy.stop()
     _, durable = await dead.intend(started("r-orphan"), asked("r-orphan"))
-    await durable
+    await dead.confirm(durable)
     _kill(harness, dead)
 
     await proxy.start()
@@ -198,3 +198,19 @@ def _kill(opened: Harness, ledger: Ledger) -> None:
     """As ``kill -9`` leaves it: the writer stops where it is, nothing is flushed or closed."""
     ledger._writer._task.cancel()  # type: ignore[union-attr]
     opened._ledgers.remove(ledger)
+
+
+async def test_an_intent_rides_with_the_next_commit_and_alone_only_when_awaited(
+    database_url: str, ledger_factory: LedgerFactory
+) -> None:
+    ledger = await ledger_factory.open(database_url)
+    engine = ledger_factory.engine(database_url)
+    _, riding = await ledger.intend(started("r-rides"), asked("r-rides"))
+    facts, body = answered("r-other")
+    await ledger.append(facts, body)  # another exchange's record: the intent goes with it
+    assert riding.done() and await intentstore.pending(engine) == 1
+    assert ledger.stats.batches == 1  # one commit for both
+    _, alone = await ledger.intend(started("r-alone"), asked("r-alone"))
+    assert not alone.done()  # nothing commits it until it is awaited
+    await ledger.confirm(alone)
+    assert await intentstore.pending(engine) == 2 and ledger.stats.batches == 2

@@ -50,7 +50,7 @@ async def test_a_round_with_the_database_away_is_logged_once_and_repeats_its_rep
     url = f"sqlite+aiosqlite:///{tmp_path / 'l.db'}"
     ledger = await ledger_factory.open(url)
     intent_id, durable = await ledger.intend(started("r-1"), asked("r-1"))
-    await durable
+    await ledger.confirm(durable)
     running = Running()
     running.add(intent_id, lambda: Progress("http://engine/v1", 2.0, 1, 7, 3, 9.0))
     engine = ledger_factory.engine(url)
