@@ -258,8 +258,8 @@ async def ordering_of_done_and_record(
     body = {"model": MODEL, "messages": MESSAGES, "stream": True, "sim": sim}
     headers = {"authorization": f"Bearer {stack.keys['visible']}"}
     async with httpx.AsyncClient(timeout=30) as client:
-        with raw_sql(tmp_path) as lock:
-            lock.execute("BEGIN IMMEDIATE")  # the ledger's writer now waits for this lock
+        with raw_sql(tmp_path) as lock:  # off the loop, as ledger_table_gone says why
+            await asyncio.to_thread(lock.execute, "BEGIN IMMEDIATE")  # the writer waits now
             try:
                 async with client.stream(
                     "POST", f"{stack.url}/chat/completions", json=body, headers=headers
@@ -270,12 +270,12 @@ async def ordering_of_done_and_record(
                         while last_piece not in received:
                             received += await anext(chunks)
                     done_while_locked = b"data: [DONE]" in received
-                    lock.execute("COMMIT")
+                    await asyncio.to_thread(lock.execute, "COMMIT")
                     async for chunk in chunks:
                         received += chunk
             finally:
                 if lock.in_transaction:
-                    lock.execute("ROLLBACK")
+                    await asyncio.to_thread(lock.execute, "ROLLBACK")
     assert received.endswith(b"data: [DONE]\n\n")
     assert not done_while_locked, "[DONE] was sent before the record could be committed"
     async with audit_client(stack) as audit:
@@ -598,15 +598,21 @@ async def test_audit_capture_limits_the_body(stack_factory: Any, capture: str) -
         assert body["reasoning"] is None and body["content"] is None
 
 
-@contextlib.contextmanager
-def ledger_table_gone(tmp_path: Path) -> Iterator[None]:
-    """The ledger's table disappears (reads and writes fail) and comes back afterwards."""
+@contextlib.asynccontextmanager
+async def ledger_table_gone(tmp_path: Path) -> AsyncIterator[None]:
+    """The ledger's table disappears (reads and writes fail) and comes back afterwards. The
+    statements run off the event loop: the gateway under test shares it, and may hold
+    SQLite's write lock across its turns (its heartbeat's transaction) when they start."""
     with raw_sql(tmp_path) as conn:
-        conn.execute("ALTER TABLE ledger_entries RENAME TO ledger_entries_away")
+        await asyncio.to_thread(
+            conn.execute, "ALTER TABLE ledger_entries RENAME TO ledger_entries_away"
+        )
         try:
             yield
         finally:
-            conn.execute("ALTER TABLE ledger_entries_away RENAME TO ledger_entries")
+            await asyncio.to_thread(
+                conn.execute, "ALTER TABLE ledger_entries_away RENAME TO ledger_entries"
+            )
 
 
 async def post_chat(stack: Stack, stream: bool = False) -> httpx.Response:
@@ -621,7 +627,7 @@ async def test_database_away_records_are_spooled_then_replayed(
 ) -> None:
     stack = await stack_factory()
     await post_chat(stack)
-    with ledger_table_gone(tmp_path):
+    async with ledger_table_gone(tmp_path):
         response = await post_chat(stack, stream=True)
         assert response.status_code == 200 and response.text.endswith("data: [DONE]\n\n")
         spool = (tmp_path / "spool.log").read_bytes()
@@ -644,7 +650,7 @@ async def test_audit_fail_closed_refuses_what_cannot_be_recorded(
     stack = await stack_factory(audit_fail="closed")
     await post_chat(stack)
     (tmp_path / "spool.log").mkdir()
-    with ledger_table_gone(tmp_path):
+    async with ledger_table_gone(tmp_path):
         lost = await post_chat(stack, stream=True)
         assert lost.status_code == 200  # the stream had begun; it ends with an error event
         assert b"event: error" in lost.content and b"ledger_unavailable" in lost.content
@@ -674,7 +680,7 @@ async def test_a_refused_stream_is_not_an_unhandled_server_error(
     stack = await stack_factory(audit_fail="closed")
     await post_chat(stack)
     (tmp_path / "spool.log").mkdir()
-    with ledger_table_gone(tmp_path):
+    async with ledger_table_gone(tmp_path):
         lost = await post_chat(stack, stream=True)
     assert b"ledger_unavailable" in lost.content
     unhandled = [r for r in caplog.records if r.name == "uvicorn.error" and r.exc_info]
@@ -687,7 +693,7 @@ async def test_audit_fail_open_serves_and_loses_the_record(
     stack = await stack_factory(audit_fail="open")
     await post_chat(stack)
     (tmp_path / "spool.log").mkdir()
-    with ledger_table_gone(tmp_path):
+    async with ledger_table_gone(tmp_path):
         served = [await post_chat(stack, stream=True), await post_chat(stack)]
     assert served[0].text.endswith("data: [DONE]\n\n") and b"event: error" not in served[0].content
     assert served[1].status_code == 200 and served[1].json()["choices"][0]["finish_reason"]

@@ -5,6 +5,7 @@ answer needs none. The two-replica kill is ``tests/e2e/test_replica_lost.py``.""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -73,12 +74,16 @@ async def test_a_stream_whose_intent_cannot_be_stored_is_refused_before_any_byte
     stack: Stack = await stack_factory(audit_fail="closed", sim=SimConfig(ttft_ms=50, itl_ms=50))
     assert (await post_chat(stack)).status_code == 200
     (tmp_path / "spool.log").mkdir()  # the spool cannot take anything
-    with raw_sql(tmp_path) as conn:
-        conn.execute("ALTER TABLE ledger_intents RENAME TO ledger_intents_away")
+    with raw_sql(tmp_path) as conn:  # off the loop: the gateway shares it
+        await asyncio.to_thread(
+            conn.execute, "ALTER TABLE ledger_intents RENAME TO ledger_intents_away"
+        )
         try:
             refused = await post_chat(stack, stream=True)
         finally:
-            conn.execute("ALTER TABLE ledger_intents_away RENAME TO ledger_intents")
+            await asyncio.to_thread(
+                conn.execute, "ALTER TABLE ledger_intents_away RENAME TO ledger_intents"
+            )
     assert_error(refused, 503, "ledger_unavailable")  # a status, not a stream cut short
     assert stack.sim is not None  # the engine's request was closed, not read out
     await stack.sim.state.sim.wait_for(lambda sim: sim.cancelled >= 1, timeout=5)
@@ -87,10 +92,11 @@ async def test_a_stream_whose_intent_cannot_be_stored_is_refused_before_any_byte
 async def test_a_whole_answer_writes_no_intent(stack_factory: Any, tmp_path: Path) -> None:
     stack: Stack = await stack_factory()
     assert (await post_chat(stack)).status_code == 200  # the ledger's tables are made
-    with raw_sql(tmp_path) as conn:
-        conn.execute(
+    with raw_sql(tmp_path) as conn:  # off the loop: the gateway shares it
+        await asyncio.to_thread(
+            conn.execute,
             "CREATE TRIGGER no_intents BEFORE INSERT ON ledger_intents "
-            "BEGIN SELECT RAISE(ABORT, 'no intent expected'); END"
+            "BEGIN SELECT RAISE(ABORT, 'no intent expected'); END",
         )
     response = await post_chat(stack)
     assert response.status_code == 200, response.text
