@@ -15,10 +15,11 @@ Inserting an intent and deleting it when its record commits belong to the writer
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+import contextlib
+from collections.abc import AsyncIterator, Container, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import and_, bindparam, delete, exists, func, select, text, update
+from sqlalchemy import and_, case, delete, exists, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit.intents import Beat, Progress
@@ -44,15 +45,24 @@ async def _beat(conn: AsyncConnection, beat: Beat) -> None:
     await conn.execute(_UPSERT, {"id": beat.replica, "at": beat.at, "started": beat.started_at})
 
 
+@contextlib.asynccontextmanager
+async def _autocommit(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection whose every statement is its own transaction: nothing here needs two
+    statements to be atomic, and on SQLite a transaction held across the event loop's turns
+    would hold the database's write lock that long (the ledger writer waits on it)."""
+    async with engine.connect() as conn:
+        yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+
+
 async def beat(engine: AsyncEngine, me: Beat, progress: Mapping[str, Progress]) -> None:
-    async with engine.begin() as conn:
+    async with _autocommit(engine) as conn:
         await _beat(conn, me)
-        if progress:
+        if progress:  # one statement for all of them
+            told = {k: p.encode() for k, p in progress.items()}
             await conn.execute(
                 update(intents)
-                .where(intents.c.id == bindparam("intent"), intents.c.owner == me.replica)
-                .values(progress=bindparam("p")),
-                [{"intent": k, "p": p.encode()} for k, p in progress.items()],
+                .where(intents.c.id.in_(list(told)), intents.c.owner == me.replica)
+                .values(progress=case(told, value=intents.c.id))
             )
 
 
@@ -80,14 +90,16 @@ async def claim(
     where = [intents.c.id == intent_id, intents.c.owner == owner]
     if owner != me.replica:
         where.append(exists().where(replicas.c.id == owner, replicas.c.heartbeat_at < cutoff))
-    async with engine.begin() as conn:
-        await _beat(conn, me)
+    async with _autocommit(engine) as conn:
+        await _beat(conn, me)  # first: the claim is covered by this replica's beat at once
         moved = await conn.execute(update(intents).where(*where).values(owner=me.replica))
         if not moved.rowcount:
             return None
         columns = (intents.c.request_id, intents.c.created_at, intents.c.header,
                    intents.c.ciphertext, intents.c.progress)  # fmt: skip
-        row = (await conn.execute(select(*columns).where(intents.c.id == intent_id))).one()
+        row = (await conn.execute(select(*columns).where(intents.c.id == intent_id))).first()
+    if row is None:  # its owner's record came between the claim and the read: it is done
+        return None
     sealed = Sealed(bytes(row.header), bytes(row.ciphertext))
     return Claimed(intent_id, row.request_id, float(row.created_at), sealed,
                    Progress.decode(row.progress))  # fmt: skip
@@ -96,7 +108,7 @@ async def claim(
 async def forget_replicas(engine: AsyncEngine, before: float) -> int:
     """Heartbeat rows older than ``before`` of replicas that own no intent."""
     owns = exists().where(intents.c.owner == replicas.c.id)
-    async with engine.begin() as conn:
+    async with _autocommit(engine) as conn:
         result = await conn.execute(delete(replicas).where(replicas.c.heartbeat_at < before, ~owns))
     return int(result.rowcount or 0)
 
