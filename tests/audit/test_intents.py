@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import time
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from audit import intentstore
 from audit.intents import LOST, Intent, Progress, cancel_pairs
@@ -81,8 +81,11 @@ async def test_a_dead_replicas_intent_becomes_one_replica_lost_record_whoever_sw
     # while its owner beats, nobody takes it
     assert [await s.recover_lost(30.0) for s in sweepers] == [[], [], []]
 
-    later = time.time() + LATER
-    found = await asyncio.gather(*(s.recover_lost(30.0, now=later) for s in sweepers))
+    # the owner dies: its last beat an hour ago (the sweepers beat as they claim, for real)
+    async with ledger_factory.engine(database_url).begin() as conn:
+        await conn.execute(update(replicas).where(replicas.c.id == dead.writer_id)
+                           .values(heartbeat_at=replicas.c.heartbeat_at - LATER))  # fmt: skip
+    found = await asyncio.gather(*(s.recover_lost(30.0) for s in sweepers))
     assert [r for one in found for r in one] == ["r-lost"]  # claimed once, by one of them
     [listed] = await dead.find(_everything(), 10)
     header = listed.header
@@ -100,7 +103,7 @@ async def test_a_dead_replicas_intent_becomes_one_replica_lost_record_whoever_sw
     opened = await dead.read(listed.index)
     assert opened is not None and opened.body == asked("r-lost")  # the request, readable
     assert await intentstore.pending(ledger_factory.engine(database_url)) == 0
-    assert [await s.recover_lost(30.0, now=later) for s in sweepers] == [[], [], []]
+    assert [await s.recover_lost(30.0) for s in sweepers] == [[], [], []]
     assert (await ledger_factory.verify(database_url)).size == 1
 
 
