@@ -12,6 +12,10 @@ Three servers start side by side from the same tiny model (``tinymodel.py``):
 - ``embed``: the same weights behind vLLM's pooling runner, served as ``tiny-embed``
   (``/v1/embeddings``).
 
+The two generating servers load ``enginepace.py``, a logits processor: a request sent with
+``vllm_xargs: {"pace_s": S}`` takes the engine at least S seconds a step, so a test can have
+"the engine is still generating" as a fact, not a race against the tiny model's speed.
+
 The vLLM environment is ``.venv-vllm`` (``make vllm``, which ``make test`` runs). Without it,
 or with ``pytest --no-vllm``, these tests skip with the reason; under ``CI`` a missing
 environment fails them instead. Each server runs in its own process group with its own
@@ -20,7 +24,6 @@ environment fails them instead. Each server runs in its own process group with i
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -49,17 +52,6 @@ class VllmServer:
     root: str
     models: tuple[str, ...]
     log: Path
-    pid: int = 0  # its process group (engine core included: no multiprocessing here)
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """The server stopped (SIGSTOP) for the block, continued (SIGCONT) after it: a test
-        makes "the engine is still generating" a fact rather than a race."""
-        os.killpg(self.pid, signal.SIGSTOP)
-        try:
-            yield
-        finally:
-            os.killpg(self.pid, signal.SIGCONT)
 
 
 @dataclass(frozen=True)
@@ -160,10 +152,13 @@ def _start(
         args += ["--reasoning-parser", "deepseek_r1"]
     if embed:  # the same weights as an embedding model (vLLM's pooling runner)
         args += ["--runner", "pooling", "--convert", "embed"]
+    else:  # a request may ask to be paced (enginepace.py; pooling takes no logits processor)
+        args += ["--logits-processors", "enginepace:Pace"]
     if traces is not None:  # vLLM's own spans, over OTLP/HTTP (tests/otlp.py receives them)
         args += ["--otlp-traces-endpoint", f"{traces}/v1/traces"]
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "PYTHONPATH": str(Path(__file__).parent),  # enginepace.py, for the API server and engine
         "HOME": str(workdir),
         "TMPDIR": str(tmp),
         "HF_HUB_OFFLINE": "1",
@@ -178,7 +173,7 @@ def _start(
             args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     root = f"http://127.0.0.1:{port}"
-    return proc, VllmServer(f"{root}/v1", root, names, log, proc.pid)
+    return proc, VllmServer(f"{root}/v1", root, names, log)
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], server: VllmServer) -> None:

@@ -6,7 +6,6 @@ joined text."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -236,62 +235,79 @@ async def test_vllm_400_reaches_the_client_with_vllms_message(gateway: Gateway) 
     assert "context length" in info.value.message or "maximum" in info.value.message
 
 
-async def metrics(server: VllmServer) -> dict[str, float]:
+async def engine_counts(server: VllmServer) -> dict[str, float]:
+    """vLLM's own counters: requests running, started (a first token), finished (any
+    ``finished_reason``) and tokens generated."""
     async with httpx.AsyncClient() as client:
         text = (await client.get(f"{server.root}/metrics")).text
-    generated = sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:generation_tokens_total")
-    )
-    snap = parse_engine_metrics(text)
-    return {
-        "generated": generated,
-        "running": snap.requests_running or 0,
-        "waiting": snap.requests_waiting or 0,
-    }
+    names = {
+        "vllm:num_requests_running": "running",
+        "vllm:time_to_first_token_seconds_count": "started",
+        "vllm:request_success_total": "finished",
+        "vllm:generation_tokens_total": "generated",
+    }  # fmt: skip
+    counts = dict.fromkeys(names.values(), 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                counts[names[sample.name]] += sample.value
+    return counts
 
 
-async def wait_metric(server: VllmServer, name: str, ok: Any) -> float:
-    """Poll another process's metrics until ``ok(value)``, for at most 20 s."""
-    async with asyncio.timeout(20):
-        while True:
-            value = (await metrics(server)).get(name, 0.0)
-            if ok(value):
-                return value
-            await asyncio.sleep(0.1)
+# Seconds per engine step of a paced request (enginepace.py): 490 tokens take 24.5 s at least.
+PACE_S = 0.05
+
+
+async def generating(server: VllmServer, before: dict[str, float]) -> bool:
+    """Whether the engine has started a request since ``before`` and is still running it."""
+    now = await engine_counts(server)
+    return now["started"] > before["started"] and now["running"] > 0
 
 
 @pytest.mark.parametrize("key", ["visible", "hidden"])
 async def test_client_disconnect_aborts_the_vllm_request(
     gateway: Gateway, vllm_servers: dict[str, VllmServer], key: str
 ) -> None:
-    # vLLM 0.32 does not count aborts in request_success_total{finished_reason="abort"};
-    # the proof is that the request (ignore_eos) stopped generating before its max_tokens.
-    # The gateway answers only once vLLM produced a first token; the client leaves while vLLM
-    # is held still (SIGSTOP), so it cannot have finished first however loaded the machine,
-    # and it is let go once the gateway recorded the disconnect and closed its request.
-    server = vllm_servers["parsed"]
-    before = (await metrics(server))["generated"]
+    """The client leaves mid-stream: the gateway closes its upstream request, vLLM aborts it.
+    The request is paced (``PACE_S`` per engine step), so its ``max_tokens`` (ignore_eos) take
+    the engine 24.5 s at least, however loaded the machine: the client leaves once the engine
+    reports it running (the gateway's 200 already says vLLM sent a first token), long before
+    it could end on its own. vLLM 0.32 counts no abort in
+    ``request_success_total{finished_reason="abort"}``: the proof is that the request started,
+    left the running ones without finishing under any reason, and generated fewer tokens
+    than asked for (without the abort it would run to ``length``, all 490)."""
+    server, limit = vllm_servers["parsed"], 490
+    before = await engine_counts(server)
     body = {
         "model": "tiny-r1-parsed",
         "messages": QUESTION,
         "stream": True,
-        "max_tokens": 490,
+        "max_tokens": limit,
         "ignore_eos": True,
+        "vllm_xargs": {"pace_s": PACE_S},
     }
+    url = f"{gateway.url}/chat/completions"
     headers = {"authorization": f"Bearer {gateway.keys[key]}"}
-    async with httpx.AsyncClient(timeout=60) as client:
-        with contextlib.ExitStack() as paused:
-            async with client.stream("POST", f"{gateway.url}/chat/completions", json=body,
-                                     headers=headers) as r:  # fmt: skip
-                assert r.status_code == 200
-                paused.enter_context(server.held())  # from here the engine holds still
-            (record,) = await gateway.sink.wait_for(1)  # the client left, seen and recorded
+    async with (
+        httpx.AsyncClient(timeout=60) as client,
+        client.stream("POST", url, json=body, headers=headers) as r,
+    ):
+        assert r.status_code == 200
+        await eventually(lambda: generating(server, before), within_s=30, every=0.02)
+    # the body unread, leaving closed the connection: the client is gone
+    [record] = await gateway.sink.wait_for(1)
     assert record.status == "client_disconnected"
-    await wait_metric(server, "running", lambda v: v == 0)
-    generated = (await metrics(server))["generated"] - before
-    assert 0 < generated < 490
+
+    async def gone() -> dict[str, float] | None:
+        now = await engine_counts(server)
+        return now if now["running"] == 0 else None
+
+    # long enough for an engine that was not aborted to finish its 490 paced tokens: the
+    # assertions below then say what went wrong
+    after = await eventually(gone, within_s=90, every=0.05)
+    assert after["started"] - before["started"] == 1
+    assert after["finished"] == before["finished"]  # neither stop nor length: aborted
+    assert 0 < after["generated"] - before["generated"] < limit
 
 
 async def test_kv_metrics_of_the_real_server_parse(
@@ -660,25 +676,6 @@ async def test_a_background_response_completes_on_real_vllm(gateway: Gateway) ->
     assert done.usage.input_tokens > 0
     [record] = await gateway.sink.wait_for(1)
     assert (record.endpoint, record.status) == ("responses", "ok")
-
-
-async def engine_counts(server: VllmServer) -> dict[str, float]:
-    """vLLM's own counters: requests running, started (a first token), finished (any
-    ``finished_reason``) and tokens generated."""
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(f"{server.root}/metrics")).text
-    names = {
-        "vllm:num_requests_running": "running",
-        "vllm:time_to_first_token_seconds_count": "started",
-        "vllm:request_success_total": "finished",
-        "vllm:generation_tokens_total": "generated",
-    }  # fmt: skip
-    counts = dict.fromkeys(names.values(), 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in names:
-                counts[names[sample.name]] += sample.value
-    return counts
 
 
 async def test_cancelling_a_background_response_aborts_vllms_request(
