@@ -13,6 +13,15 @@ engine.
   a transaction that appends takes ``pg_advisory_xact_lock`` first (the script's ``Lock``), so
   replicas sequence one at a time; one that only writes intents does not wait for it.
 
+A transaction of intents alone (and the heartbeat) is run ``relaxed``: durable against this
+process's death, not the database host's. An intent guards against the replica dying between
+the answer's first byte and its record; a database that loses its last half second in a power
+cut loses the records' commits around it as well, which are not relaxed. So SQLite commits it
+with ``synchronous=NORMAL`` (in WAL mode: written to the WAL, which the kernel keeps once this
+process dies, without the fsync; the next full commit's fsync covers it) and PostgreSQL with
+``synchronous_commit = off`` (the server has it; its WAL writer flushes it within
+``3 × wal_writer_delay``). The fsync was most of an intent's cost (``bench/RESULTS.md``).
+
 Both keep their connection between commits; ``reset`` drops it (it may have died while idle)
 and reports whether there was one, so the sequencer retries once on a fresh connection.
 """
@@ -42,7 +51,7 @@ class DatabaseError(AuditError):
 class Driver(Protocol):
     statements: Statements
 
-    async def run(self, script: Script) -> CompactRange: ...
+    async def run(self, script: Script, *, relaxed: bool = False) -> CompactRange: ...
 
     async def reset(self) -> bool: ...
 
@@ -65,13 +74,18 @@ class SqliteDriver:
         self.statements = Statements("qmark")
         self._path = path
         self._conn: sqlite3.Connection | None = None
+        self._relaxed = False  # the connection's synchronous setting: NORMAL, not FULL
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="ledger-sqlite")
 
-    async def run(self, script: Script) -> CompactRange:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, self._run, script)
+    async def run(self, script: Script, *, relaxed: bool = False) -> CompactRange:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._thread, self._run, script, relaxed)
 
-    def _run(self, script: Script) -> CompactRange:
+    def _run(self, script: Script, relaxed: bool) -> CompactRange:
         conn = self._connection()
+        if relaxed != self._relaxed:  # outside a transaction, where SQLite honours it
+            conn.execute("PRAGMA synchronous=NORMAL" if relaxed else "PRAGMA synchronous=FULL")
+            self._relaxed = relaxed
         conn.execute("BEGIN IMMEDIATE")
         try:
             tree = _drive_sqlite(script, conn)
@@ -88,7 +102,7 @@ class SqliteDriver:
                                    check_same_thread=False)  # fmt: skip
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")  # strict mode promises a durable commit
-            self._conn = conn
+            self._conn, self._relaxed = conn, False
         return self._conn
 
     async def reset(self) -> bool:
@@ -130,12 +144,14 @@ class PostgresDriver:
         self._engine = engine
         self._conn: AsyncConnection | None = None
 
-    async def run(self, script: Script) -> CompactRange:
+    async def run(self, script: Script, *, relaxed: bool = False) -> CompactRange:
         import asyncpg  # type: ignore[import-untyped]  # loaded already by the engine
 
         pg = await self._asyncpg()
         try:
             async with pg.transaction():
+                if relaxed:
+                    await pg.execute("SET LOCAL synchronous_commit = off")
                 return await _drive_asyncpg(script, pg)
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise DatabaseError(type(exc).__name__) from exc

@@ -53,12 +53,14 @@ class Sequencer:
                      intents: Sequence[Intent] = (), beat: Beat | None = None) -> int:  # fmt: skip
         """Append ``batch`` in order; with ``replay``, skip records the ledger already holds.
         ``intents`` are inserted, those ``batch`` replaces deleted, and ``beat`` written, in
-        the same transaction. Returns the new tree size."""
+        the same transaction. Returns the new tree size. A commit of intents alone is
+        ``relaxed`` (``audit.drivers``): durable against this process's death."""
         keys = list(self._keys.unsaved.values())
         checkpoint = self._sign_each_commit and bool(batch or keys or replay)
+        relaxed = not (batch or keys or replay)
         tree = await self._run(lambda: commit_script(
             self._driver.statements, self._tree, batch, keys, self._signing, replay=replay,
-            checkpoint=checkpoint, intents=intents, beat=beat))  # fmt: skip
+            checkpoint=checkpoint, intents=intents, beat=beat), relaxed)  # fmt: skip
         self._keys.saved([k.dek_id for k in keys])
         self._tree = tree
         return tree.size
@@ -70,10 +72,10 @@ class Sequencer:
         self._tree = await self._run(lambda: commit_script(sql, self._tree, [], [], signing))
         return self._tree.size
 
-    async def _run(self, script: Callable[[], Script]) -> CompactRange:
+    async def _run(self, script: Callable[[], Script], relaxed: bool = False) -> CompactRange:
         for last_try in (False, True):
             try:
-                return await self._driver.run(script())
+                return await self._driver.run(script(), relaxed=relaxed)
             except store.DB_ERRORS:
                 # A kept connection may have died while idle (database restarted, idle
                 # timeout): one more try on a fresh one before calling the database away.

@@ -13,8 +13,10 @@ import time
 from sqlalchemy import select, update
 
 from audit import intentstore
+from audit.commit import Query, Script, Statements
 from audit.intents import LOST, Intent, Progress, cancel_pairs
 from audit.ledger import Ledger
+from audit.merkle import CompactRange
 from audit.record import Body, Facts, Sealed
 from audit.schema import intents, replicas
 from audit.store import Filter
@@ -217,3 +219,34 @@ async def test_an_intent_rides_with_the_next_commit_and_alone_only_when_awaited(
     assert not alone.done()  # nothing commits it until it is awaited
     await ledger.confirm(alone)
     assert await intentstore.pending(engine) == 2 and ledger.stats.batches == 2
+
+
+async def test_a_commit_of_intents_alone_is_relaxed_and_a_records_commit_is_not(
+    database_url: str, ledger_factory: LedgerFactory
+) -> None:
+    """Durable against the replica's death, not the database host's (``audit.drivers``): what
+    the database says of the synchronous setting its commits ran under."""
+    ledger = await ledger_factory.open(database_url)
+    driver = ledger._writer._sequencer._driver  # type: ignore[union-attr]
+    seen: list[str] = []
+    run = driver.run
+
+    async def observed(script: Script, *, relaxed: bool = False) -> CompactRange:
+        return await run(_noting(script, driver.statements, seen), relaxed=relaxed)
+
+    driver.run = observed  # type: ignore[method-assign]
+    await ledger.confirm((await ledger.intend(started("r-1"), asked("r-1")))[1])
+    facts, body = answered("r-2")
+    await ledger.append(facts, body)
+    await ledger.confirm((await ledger.intend(started("r-3"), asked("r-3")))[1])
+    relaxed, full = ("1", "2") if database_url.startswith("sqlite") else ("off", "on")
+    assert seen == [relaxed, full, relaxed]
+    assert await intentstore.pending(ledger_factory.engine(database_url)) == 2
+
+
+def _noting(script: Script, sql: Statements, seen: list[str]) -> Script:
+    """``script``, then a query of the synchronous setting its transaction commits under."""
+    tree = yield from script
+    sync = "PRAGMA synchronous" if sql.paramstyle == "qmark" else "SHOW synchronous_commit"
+    seen.append(str((yield Query(sync))[0][0]))
+    return tree
