@@ -315,6 +315,12 @@ class Ledger(LedgerReader):
         self._writer.hurry(durable)
         await durable
 
+    @property
+    def beaten_at(self) -> float:
+        """When (wall clock) a beat of this replica's last reached the database, by ``beat``
+        or riding a commit of intents; -inf before the first."""
+        return self._writer.beaten_at
+
     async def beat(self, progress: Mapping[str, Progress] | None = None) -> None:
         """This replica's heartbeat, with its running exchanges' progress by intent id."""
         beat = self._writer.beat()

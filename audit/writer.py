@@ -186,6 +186,10 @@ class LedgerWriter:
     def beat(self) -> Beat:
         return Beat(self._replica, time.time(), self._started_at)
 
+    @property
+    def beaten_at(self) -> float:
+        return self._beaten_at
+
     def beaten(self, at: float) -> None:
         """A beat of this replica's reached the database at ``at`` (wall clock)."""
         self._beaten_at = max(self._beaten_at, at)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sqlite3
 import time
+from pathlib import Path
 
 from sqlalchemy import select, update
 
@@ -250,3 +252,32 @@ def _noting(script: Script, sql: Statements, seen: list[str]) -> Script:
     sync = "PRAGMA synchronous" if sql.paramstyle == "qmark" else "SHOW synchronous_commit"
     seen.append(str((yield Query(sync))[0][0]))
     return tree
+
+
+async def test_a_relaxed_commit_waits_for_a_write_lock_another_connection_holds(
+    tmp_path: Path, ledger_factory: LedgerFactory
+) -> None:
+    """SQLite commits intents on the event loop without waiting for the lock: while another
+    connection holds it, the commit goes to the worker thread, which waits for it."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'l.db'}"
+    ledger = await ledger_factory.open(url)
+    await ledger.confirm((await ledger.intend(started("r-0"), asked("r-0")))[1])  # connected
+    blocker = sqlite3.connect(tmp_path / "l.db", isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")
+    driver = ledger._writer._sequencer._driver  # type: ignore[union-attr]
+    tried, refused = driver._run_here, []
+
+    def on_the_loop(script: Script) -> CompactRange | None:
+        tree = tried(script)
+        refused.extend([] if tree is not None else ["busy"])
+        return tree
+
+    driver._run_here = on_the_loop
+    _, durable = await ledger.intend(started("r-1"), asked("r-1"))
+    confirming = asyncio.create_task(ledger.confirm(durable))
+    await eventually(lambda: refused == ["busy"], within_s=5)
+    assert not confirming.done()  # on the worker thread, waiting for the lock
+    await asyncio.to_thread(blocker.execute, "COMMIT")
+    await asyncio.wait_for(confirming, 10)
+    blocker.close()
+    assert await intentstore.pending(ledger_factory.engine(url)) == 2
