@@ -4,6 +4,7 @@ ledger whose database is away (logged once, its reports repeated when it is back
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from sqlalchemy import select
 
 from audit.intents import Progress
 from audit.schema import intents
-from gateway.ledger.intents import Running, keep_once
+from gateway.ledger.intents import Cadence, Due, Running, keep_once
 from tests.audit.conftest import LedgerFactory, ledger_factory  # noqa: F401 - the fixture
 from tests.audit.test_intents import asked, started
 from tests.clock import FakeClock
@@ -71,3 +72,19 @@ async def test_a_round_with_the_database_away_is_logged_once_and_repeats_its_rep
     async with engine.connect() as conn:
         [progress] = (await conn.execute(select(intents.c.progress))).scalars().all()
     assert Progress.decode(progress).completion_tokens == 7  # the report lost earlier
+
+
+def test_the_cadence_beats_only_when_no_commit_did_and_reports_and_sweeps_less_often() -> None:
+    cadence = Cadence(stale_s=30.0, beat_s=1.0)
+    ticks = [cadence.next(since_beat_s=0.2 if n < 20 else 5.0) for n in range(40)]
+    # while the writer's commits carry a beat, the tick beats only with a progress report
+    assert [n for n, d in enumerate(ticks[:20]) if d.beat] == [0, 8, 16]
+    assert all(d.beat for d in ticks[20:])  # no commit beat for 5 s: every tick does
+    assert [n for n, d in enumerate(ticks) if d.report] == [0, 8, 16, 24, 32]  # ≤ stale / 4
+    sweeps = [n for n, d in enumerate(ticks) if d.sweep]
+    assert max(b - a for a, b in itertools.pairwise(sweeps)) <= 30.0 / 12  # recorded ≤ 32.5 s
+
+
+def test_a_short_stale_time_sweeps_and_reports_at_every_tick() -> None:
+    cadence = Cadence(stale_s=2.0, beat_s=0.5)
+    assert all(d == Due(True, True, True) for d in (cadence.next(0.0) for _ in range(5)))
