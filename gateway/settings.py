@@ -16,8 +16,7 @@ with one line naming the model and the known formats; ``effort_budgets`` replace
 ``EFFORT_BUDGETS`` for that model, ``effort_enforcement`` says who keeps them: see
 ``gateway.relay.effort``)
 
-and the policies of tenants and keys (limits, fair-share weight, priority; README "Rate limits
-and KV admission")::
+and the policies of tenants and keys (limits, fair-share weight, priority; docs/limits.md)::
 
     tenants:
       acme: {rpm: 600, tpm: 2000000, weight: 3, priority: standard}
@@ -178,114 +177,269 @@ class WitnessConfig(BaseModel):
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="THINKGATE_", frozen=True, extra="ignore")
+    """Every setting, each with its description (an attribute docstring): `make docs`
+    generates ``docs/configuration.md`` from them (``tools/settingsdoc.py``), so the page
+    cannot drift from the code. Grouped by the component that reads them."""
 
+    model_config = SettingsConfigDict(
+        env_prefix="THINKGATE_", frozen=True, extra="ignore", use_attribute_docstrings=True
+    )
+
+    # --- serving
     host: str = "127.0.0.1"
-    demo: bool = False
+    """The address `thinkgate serve` listens on (`--host`)."""
     port: int = 8080
-    upstreams: Annotated[tuple[str, ...], NoDecode] = ()
-    upstream_api_key: SecretStr = SecretStr("")
-    # The directory the file settings default into (``_paths_under_home``); relative paths
-    # are relative to the working directory.
+    """The port `thinkgate serve` listens on (`--port`)."""
+    demo: bool = False
+    """`--demo`: the simulator in-process, SQLite under `HOME`, a demo client and auditor key
+    created once and printed with a snippet."""
     home: Path = Path("./var")
+    """The directory the file settings default into (`thinkgate.db`, `ledger-keys.json`,
+    `signing-key.pem`, `ledger-spool.log`) and where `--demo` keeps its keys; each file
+    setting given explicitly wins. Relative to the working directory."""
     database_url: str = "sqlite+aiosqlite:///./var/thinkgate.db"
-    redis_url: str = ""
-    ledger_key_file: Path = Path("./var/ledger-keys.json")
-    signing_key_file: Path = Path("./var/signing-key.pem")
+    """Keys and the ledger: an SQLAlchemy async URL, e.g. `postgresql+asyncpg://…`."""
+
+    # --- upstream
+    upstreams: Annotated[tuple[str, ...], NoDecode] = ()
+    """Comma-separated OpenAI base URLs of the engines, e.g. `http://vllm:8000/v1` (none:
+    `--demo` uses the simulator)."""
+    upstream_api_key: SecretStr = SecretStr("")
+    """The bearer token sent upstream."""
+    http_transport: HttpTransport = "wire"
+    """The upstream client: `wire` (thinkgate's own HTTP/1.1 client for everything sent to an
+    engine, streams pushed to the client from the socket's read callback; `aiohttp`, its
+    earlier name, still means it) or `httpx` (httpx's pool, streams read by a task)."""
+    connect_timeout_s: float = Field(5.0, gt=0)
+    """Connecting to an upstream."""
+    first_token_timeout_s: float = Field(300.0, gt=0)
+    """Request sent → status and first bytes (reasoning models queue); for a request not
+    streamed, the whole answer."""
+    idle_timeout_s: float = Field(60.0, gt=0)
+    """The longest silence between two upstream reads mid-stream (time the gateway holds the
+    engine back for a slow client does not count)."""
+    max_connections: int = Field(1000, ge=1)
+    """The upstream connection pool's size."""
+    models_cache_ttl_s: float = Field(10.0, ge=0)
+    """How long the upstreams' `/v1/models` catalogue is cached."""
+
+    # --- reasoning
     reasoning_parser: str = "deepseek_r1"
-    # text: thinkgate splits the text (and still switches to a reasoning field that appears);
-    # upstream: the engine runs a reasoning parser, its fields are trusted from the first byte
+    """The model family's reasoning format, named as vLLM names its `--reasoning-parser`:
+    `deepseek_r1`, `deepseek_v3`, `deepseek_v4`, `qwen3`, `kimi_k2`, `kimi_k3`, `minimax_m2`,
+    `glm45`, `openai_gptoss`; or `think_tags` (explicit tags, output starts in content),
+    `none` ([Reasoning formats](reasoning.md))."""
     reasoning_source: ReasoningSource = "text"
+    """`text`: the engine runs no reasoning parser, thinkgate splits the text (and still
+    switches to a reasoning field that appears); `upstream`: the engine runs
+    `--reasoning-parser`, its fields are trusted from the first byte. **Set `upstream` when
+    vLLM runs a parser.**"""
     reasoning_field: ReasoningField = "reasoning_content"
-    # Where an earlier turn's reasoning goes in the assistant message sent upstream: vLLM 0.32
-    # reads ``reasoning`` (and renames ``reasoning_content`` to it); SGLang and DeepSeek's API
-    # read ``reasoning_content``; ``drop`` sends none.
+    """Where a visible key gets the trace: `reasoning_content`, `reasoning` or `both`."""
     reasoning_history: ReasoningHistory = "reasoning"
-    # Which earlier turns keep their reasoning on the way upstream: ``all``, or ``tool_turns``
-    # (only the assistant turns after the last user message: the tool-call loop in progress).
+    """Where an earlier turn's reasoning goes in the assistant message sent upstream:
+    `reasoning` (vLLM 0.32 reads only that), `reasoning_content` (SGLang, DeepSeek's API) or
+    `drop`; per model `reasoning_history`."""
     reasoning_turns: ReasoningTurns = "all"
-    # Reasoning tokens per ``reasoning_effort``, each entry replacing the default's (per model:
-    # ``effort_budgets`` replace these in turn), and the share
-    # of the output limit always kept for the answer (``gateway.relay.effort``).
+    """Which earlier assistant turns keep their reasoning on the way upstream: `all`, or
+    `tool_turns` (only the assistant turns after the last user message: the tool-call loop in
+    progress); per model `reasoning_turns`."""
     effort_budgets: dict[str, Annotated[int, Field(ge=0)]] = Field(
         default_factory=lambda: dict(DEFAULT_BUDGETS)
     )
+    """Reasoning tokens per `reasoning_effort` (JSON; the entries given replace the
+    defaults'); per model `effort_budgets` and `effort_enforcement` (`engine`, `gateway`,
+    `none`); see [Reasoning effort](responses.md#reasoning-effort)."""
     reasoning_answer_share: float = Field(0.25, gt=0, lt=1)
-    # How long an ``encrypted_content`` reasoning token stays openable (Responses API).
-    reasoning_token_ttl_s: float = Field(30 * 86400.0, gt=0)
-    # How long a stored response (Responses API, ``store: true``) is kept.
-    responses_retention_s: float = Field(30 * 86400.0, gt=0)
-    # Background responses (``background: true``): how many may run at once per key and per
-    # tenant (429 beyond), and how long a replica may go without a heartbeat before another
-    # marks its running responses failed (``gateway.exchange.background``).
-    background_max_per_key: int = Field(16, ge=1)
-    background_max_per_tenant: int = Field(256, ge=1)
-    background_stale_s: float = Field(30.0, ge=2)
+    """The share of a request's output limit always kept for the answer: a budget never takes
+    more than the rest."""
     models: Mapping[str, ModelOverride] = Field(default_factory=dict)
-    # One checkpoint per interval over everything committed in it (records are durable before
-    # [DONE] either way); 0, the default, signs one per commit. In the interval mode a
-    # record's inclusion proof is available once the next checkpoint is out.
-    checkpoint_interval_ms: int = Field(0, ge=0)
-    audit_mode: Literal["strict", "async"] = "strict"
-    audit_capture: Literal["full", "reasoning", "metadata"] = "full"
-    audit_fail: Literal["closed", "open"] = "closed"
-    # The log's name: the first line of every checkpoint and the signing key's name (C2SP
-    # tlog-checkpoint "origin"); no spaces or '+'. Set it to something unique to the deployment.
-    # Empty: the log's own (gateway.ledger.sink.log_origin): that of its stored checkpoints, or,
-    # for a new log, ``thinkgate/<12 hex>`` derived from the signing key ``ledger init`` made.
-    audit_origin: str = Field("", pattern=r"^[^\s+]*$")
-    audit_spool_file: Path = Path("./var/ledger-spool.log")
-    audit_batch_max: int = Field(1024, ge=1, le=10_000)
-    kv_capacity_tokens: int | None = None
-    kv_target_utilization: float = Field(0.85, gt=0, le=1)
-    admission_wait_ms: int = 2000
-    default_max_tokens: int = 4096
-    ratelimit_fail: Literal["open", "closed"] = "open"
-    admission_queue_max: int = Field(1024, ge=0)
-    # Witnesses (gateway.ledger.witnessing): each new checkpoint is sent to them and their
-    # cosignatures are served with it; how often the latest checkpoint is looked at.
-    witnesses: tuple[WitnessConfig, ...] = ()
-    witness_interval_s: float = Field(1.0, gt=0)
-    # How many of them must cosign a checkpoint before /tlog/checkpoint publishes it (unset:
-    # all of them).
-    witness_quorum: int | None = Field(None, ge=1)
-    # RFC 3161 timestamps of checkpoints (gateway.ledger.timestamping): the Time-Stamp
-    # Authority's URL, the PEM roots its stamps must chain to (checked before keeping one),
-    # and how often the latest checkpoint is looked at. No URL: no timestamps.
-    tsa_url: str = ""
-    tsa_roots_file: Path | None = None
-    tsa_interval_s: float = Field(5.0, gt=0)
-    # Records management (docs/records.md). Retention: records of a tenant become unreadable
-    # (their day's data keys are shredded) once older than this many days, unless a legal hold
-    # keeps them; `thinkgate ledger retention set` overrides it per tenant. Unset: kept forever.
-    # How often a replica runs retention.
-    retention_days: int | None = Field(None, ge=1)
-    retention_interval_s: float = Field(3600.0, gt=0)
-    # SIEM export (gateway.siem): every record's metadata (never content) as an OCSF API
-    # Activity event, at least once, resumed after a restart, to syslog (RFC 5424 over TCP:
-    # tcp://host:port, or tls://host:port), to a file of JSON lines, and/or to a Splunk HTTP
-    # Event Collector (its URL and token). Past `siem_max_backlog` records behind the ledger,
-    # the oldest are skipped (counted: thinkgate_siem_dropped_events_total).
-    siem_syslog_url: str = Field("", pattern=r"^$|^(tcp|tls)://[^/\s]+:\d+$")
-    siem_format: Literal["ocsf"] = "ocsf"
-    siem_file: Path | None = None
-    siem_hec_url: str = ""
-    siem_hec_token: SecretStr | None = None
-    siem_tls_ca_file: Path | None = None
-    siem_max_backlog: int = Field(1_000_000, ge=1)
-    siem_batch: int = Field(500, ge=1, le=10_000)
-    siem_interval_s: float = Field(1.0, gt=0)
-    # Entry bundles of the tlog-tiles API (gateway.routes.tlog) to anyone, not only to
-    # auditors of tenant '*' (they hold every tenant's record headers).
-    tlog_public_entries: bool = False
-    # The auditor console (GET /console/, gateway.console); off removes its routes.
-    console_enabled: bool = True
-    tenants: Mapping[str, TenantPolicy] = Field(default_factory=dict)
-    keys: Mapping[str, KeyPolicy] = Field(default_factory=dict)
+    """Per-model reasoning settings, in the YAML file (below)."""
 
-    # Upstream client. Reasoning models can sit in vLLM's queue for a long time before the first
-    # token, so the first-token timeout is generous; the idle timeout bounds stalls mid-stream.
-    http_transport: HttpTransport = "wire"
+    # --- responses and conversations
+    reasoning_token_ttl_s: float = Field(30 * 86400.0, gt=0)
+    """How long an `encrypted_content` reasoning token can be opened (30 days)."""
+    responses_retention_s: float = Field(30 * 86400.0, gt=0)
+    """How long a stored response is kept (30 days); background responses, their stream
+    events and conversations too."""
+    background_max_per_key: int = Field(16, ge=1)
+    """Background responses one key may have running at once (429 beyond)."""
+    background_max_per_tenant: int = Field(256, ge=1)
+    """Background responses one tenant may have running at once (429 beyond)."""
+    background_stale_s: float = Field(30.0, ge=2)
+    """A replica silent this long is presumed dead: another marks its running background
+    responses `failed` and records its cut streams as `replica_lost`."""
+
+    # --- client side
+    max_body_bytes: int = Field(4 << 20, ge=1024)
+    """Request bodies above it get 413."""
+    body_timeout_s: float = Field(30.0, gt=0)
+    """The whole request body must arrive within it once the headers are in, else 408 (a
+    slow-loris upload cannot hold a request open); the key is checked before any body is
+    read."""
+    max_header_bytes: int = Field(64 << 10, ge=1024)
+    """All request headers together; above it, 431."""
+    max_client_connections: int = Field(4096, ge=1)
+    """Connections and requests at once per process (uvicorn's `limit_concurrency`); past it,
+    503. Bounds what idle or half-sent connections can hold."""
+    max_sse_event_bytes: int = Field(1 << 20, ge=1024)
+    """An upstream SSE event above it ends the stream with an error event."""
+    unknown_fields: Literal["ignore", "refuse"] = "ignore"
+    """A request field no API reference names: accepted, counted and named in the
+    `x-thinkgate-ignored` header (`ignore`), or refused with a 400 naming it (`refuse`, which
+    also refuses a `max_tokens` past the context and built-in tools rather than clamping or
+    dropping them)."""
+    keepalive_s: float = Field(15.0, gt=0)
+    """After this much silence on a stream (reasoning withheld from a hidden key), an SSE
+    comment `: keep-alive` goes out so proxies keep the connection."""
+    key_cache_ttl_s: float = Field(5.0, ge=0)
+    """How long a key lookup is cached per process: a revocation made elsewhere takes effect
+    within this bound (at once on the replica that revokes)."""
+    key_cache_stale_s: float = Field(900.0, ge=0)
+    """While the database is away, a key this process found within this many seconds is
+    still served (its records spooled); other keys get 503 `database_unavailable`."""
+    guardrails_file: Path | None = None
+    """A YAML file of guardrail policies that redact, block or flag matches in the reasoning
+    and the answer as they stream ([Guardrails](guardrails.md)); a file that cannot be used
+    stops `serve` with exit 2, its line and field named."""
+
+    # --- admission
+    redis_url: str = ""
+    """With it (e.g. `redis://127.0.0.1:6379/0`), rate limits and the KV budget are shared by
+    every replica; empty, each process keeps its own."""
+    ratelimit_fail: Literal["open", "closed"] = "open"
+    """Redis away: `open` falls back to in-process limits and budget per replica (logged once
+    per outage, retried every second); `closed` answers 503."""
+    kv_capacity_tokens: int | None = None
+    """KV capacity per engine in tokens; unset, read as `(num_gpu_blocks − 1) × block_size`
+    from each engine's `vllm:cache_config_info` (an engine whose capacity is unknown is not
+    KV-limited); `thinkgate capacity` computes it for a deployment."""
+    kv_target_utilization: float = Field(0.85, gt=0, le=1)
+    """The share of the capacity admitted when the engine is healthy: vLLM preempts when its
+    cache fills, so admission keeps headroom for prompts that grow and estimates that were
+    low."""
+    admission_wait_ms: int = 2000
+    """How long a request waits for KV budget before 429 `kv_budget_exhausted`."""
+    admission_queue_max: int = Field(1024, ge=0)
+    """The most requests waiting for KV budget per process; beyond it, 429 at once."""
+    default_max_tokens: int = 4096
+    """The `max_tokens` assumed for reservations when a request sets none."""
+    tenants: Mapping[str, TenantPolicy] = Field(default_factory=dict)
+    """Policies by tenant (`rpm`, `tpm`, `weight`, `priority`), usually in the YAML file; see
+    [Rate limits and KV admission](limits.md)."""
+    keys: Mapping[str, KeyPolicy] = Field(default_factory=dict)
+    """Policies by key id (`priority`, `max_reasoning_tokens`), usually in the YAML file."""
+
+    # --- ledger
+    audit_mode: Literal["strict", "async"] = "strict"
+    """`strict`: a response completes (`[DONE]`, or the JSON body) only once its record is
+    durable (committed, or fsync'd to the spool); `async`: records are queued and committed in
+    batches (a crash loses at most the queue)."""
+    audit_capture: Literal["full", "reasoning", "metadata"] = "full"
+    """What the encrypted body holds: `full` (messages, parameters, reasoning, answer),
+    `reasoning` (reasoning and answer, not the prompt), `metadata` (nothing: header only)."""
+    audit_fail: Literal["closed", "open"] = "closed"
+    """While neither the database nor the spool can take records: `closed` refuses requests
+    with 503 `ledger_unavailable`; `open` serves them and logs each lost record."""
+    audit_origin: str = Field("", pattern=r"^[^\s+]*$")
+    """The log's name: the first line of every checkpoint, the name of its signing key (no
+    spaces or `+`). Empty: the log's own, that of its stored checkpoints, or for a new log
+    `thinkgate/<12 hex digits of its signing key's SHA-256>`."""
+    audit_spool_file: Path = Path("./var/ledger-spool.log")
+    """Where sealed records wait while the database is away (append-only, fsync'd,
+    checksummed)."""
+    audit_batch_max: int = Field(1024, ge=1, le=10_000)
+    """The most records per group commit."""
+    checkpoint_interval_ms: int = Field(0, ge=0)
+    """`0`: a checkpoint signed per commit; `N`: one per `N` ms over everything committed in
+    it, each stamped (`TSA_URL`) and offered to the witnesses. Records are durable before
+    `[DONE]` either way; a record's inclusion proof is there once the next checkpoint is
+    out. The deploy manifests set `1000`."""
+    ledger_key_file: Path = Path("./var/ledger-keys.json")
+    """Key-encryption keys by id (`thinkgate ledger init`; `--demo` creates it with a warning;
+    otherwise the gateway refuses to start without it)."""
+    signing_key_file: Path = Path("./var/signing-key.pem")
+    """The Ed25519 key that signs checkpoints (same rules)."""
+    retention_days: int | None = Field(None, ge=1)
+    """Records of a tenant become unreadable (their UTC day's data key destroyed) once older
+    than this many days, unless a legal hold keeps them; unset, kept forever; `thinkgate
+    ledger retention set` overrides it per tenant ([Records management](records.md))."""
+    retention_interval_s: float = Field(3600.0, gt=0)
+    """How often each replica runs a retention round."""
+
+    # --- witnesses and timestamps
+    witnesses: tuple[WitnessConfig, ...] = ()
+    """The witnesses each new checkpoint is sent to, a list of `{url, key}` (the witness's URL
+    prefix and its cosigner key); YAML, or JSON in the variable."""
+    witness_interval_s: float = Field(1.0, gt=0)
+    """How often the latest checkpoint is looked at for witnesses that have not cosigned it."""
+    witness_quorum: int | None = Field(None, ge=1)
+    """How many witnesses must cosign a checkpoint before `/tlog/checkpoint` publishes it
+    (unset: all of `WITNESSES`)."""
+    tsa_url: str = ""
+    """An RFC 3161 Time-Stamp Authority: the latest checkpoint is stamped every
+    `TSA_INTERVAL_S`; witnesses are then sent stamped checkpoints only, and `/tlog/checkpoint`
+    publishes only stamped ones."""
+    tsa_roots_file: Path | None = None
+    """PEM roots a stamp must chain to before it is kept (unset: the stamp's message and nonce
+    are still checked)."""
+    tsa_interval_s: float = Field(5.0, gt=0)
+    """How often the latest checkpoint is looked at for a timestamp."""
+    tlog_public_entries: bool = False
+    """Serve tlog-tiles entry bundles to anyone, not only to auditors of tenant `*` (they hold
+    every tenant's record headers)."""
+    console_enabled: bool = True
+    """Serve the auditor console at `/console/`
+    ([The auditor console](auditors.md#the-auditor-console)); off removes its routes."""
+
+    # --- SIEM export
+    siem_syslog_url: str = Field("", pattern=r"^$|^(tcp|tls)://[^/\s]+:\d+$")
+    """`tcp://host:port` or `tls://host:port`: every ledger record's metadata (never content)
+    as an OCSF API Activity event, RFC 5424 octet-counted, at least once, resumed after a
+    restart ([SIEM export](siem.md))."""
+    siem_file: Path | None = None
+    """The same events as JSON lines, appended and fsync'd."""
+    siem_hec_url: str = ""
+    """A Splunk HTTP Event Collector, its full `/services/collector/event` URL."""
+    siem_hec_token: SecretStr | None = None
+    """The HTTP Event Collector's token."""
+    siem_tls_ca_file: Path | None = None
+    """The CA for `tls://` syslog and an `https://` collector (unset: the system's trust
+    store)."""
+    siem_batch: int = Field(500, ge=1, le=10_000)
+    """Records per batch: the at-least-once window."""
+    siem_interval_s: float = Field(1.0, gt=0)
+    """The pause when the export has caught up."""
+    siem_max_backlog: int = Field(1_000_000, ge=1)
+    """How far behind the ledger before the oldest events are skipped (counted in
+    `thinkgate_siem_dropped_events_total`, alerted)."""
+    siem_format: Literal["ocsf"] = "ocsf"
+    """The events' format, the only one."""
+
+    # --- telemetry
+    metrics_tenants: int = Field(20, ge=0)
+    """Tenants beyond those named in `tenants` that get their own metrics label; later ones
+    share `other` (bounded cardinality)."""
+    metrics_token: SecretStr = SecretStr("")
+    """The bearer token `/metrics` requires; empty, it is open."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """A second listener serving `/metrics` without authentication; `0`, none."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """The least severe log line written."""
+    log_format: Literal["auto", "json", "text"] = "auto"
+    """`auto`: text on a terminal, JSON lines otherwise (a log pipeline's input); or `json`,
+    `text` ([Operating thinkgate](operating.md))."""
+    prometheus_multiproc_dir: str = Field("", validation_alias="PROMETHEUS_MULTIPROC_DIR")
+    """prometheus-client's own variable (no prefix): set, the workers share metrics through
+    files in it (`thinkgate serve --workers N` sets it)."""
+
+    # --- tools
+    bench_key: SecretStr = SecretStr("")
+    """The client key `thinkgate bench` sends when `--api-key` is not given."""
+    test_redis_url: str = "redis://127.0.0.1:6379/15"
+    """The Redis the tests use."""
+    test_database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+    """The PostgreSQL database the tests create theirs beside."""
 
     @field_validator("http_transport", mode="before")
     @classmethod
@@ -293,49 +447,6 @@ class Settings(BaseSettings):
         """``aiohttp``, the earlier name of the default, still names it (configurations that
         set it keep working; the aiohttp library is no longer used)."""
         return "wire" if value == "aiohttp" else value
-
-    connect_timeout_s: float = Field(5.0, gt=0)
-    first_token_timeout_s: float = Field(300.0, gt=0)
-    idle_timeout_s: float = Field(60.0, gt=0)
-    max_connections: int = Field(1000, ge=1)
-    models_cache_ttl_s: float = Field(10.0, ge=0)
-
-    # Client side.
-    max_body_bytes: int = Field(4 << 20, ge=1024)
-    # A request field no API reference names (gateway.api.fields): accepted and named in the
-    # x-thinkgate-ignored header, or refused with a 400 naming it.
-    unknown_fields: Literal["ignore", "refuse"] = "ignore"
-    # Guardrail policies (gateway.guard.policy, docs/guardrails.md): a YAML file, read at start.
-    guardrails_file: Path | None = None
-    body_timeout_s: float = Field(30.0, gt=0)  # the whole request body, once headers are in
-    max_header_bytes: int = Field(64 << 10, ge=1024)  # all request headers together
-    # uvicorn's limit_concurrency: connections and requests at once per process; past it, 503.
-    # Bounds what idle or half-sent connections can hold (uvicorn has no header timeout).
-    max_client_connections: int = Field(4096, ge=1)
-    max_sse_event_bytes: int = Field(1 << 20, ge=1024)
-    key_cache_ttl_s: float = Field(5.0, ge=0)
-    # While the database is away, a key found within this many seconds is still served.
-    key_cache_stale_s: float = Field(900.0, ge=0)
-    # While reasoning is withheld from a client it may see no byte for minutes; an SSE comment
-    # after this much silence keeps proxies and load balancers from closing the connection.
-    keepalive_s: float = Field(15.0, gt=0)
-
-    # Observability. Tenants named in ``tenants`` always get their own label; of the others, the
-    # first ``METRICS_TENANTS`` seen do, the rest share ``other`` (bounded cardinality).
-    metrics_tenants: int = Field(20, ge=0)
-    metrics_token: SecretStr = SecretStr("")  # bearer token for /metrics; empty = open
-    metrics_port: int = Field(0, ge=0, le=65535)  # a second, open /metrics listener; 0 = none
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # auto: human-readable text on a terminal, JSON lines otherwise (a log pipeline's input)
-    log_format: Literal["auto", "json", "text"] = "auto"
-    # prometheus-client's own variable (no prefix): set, the workers share metrics through
-    # files in it (``thinkgate serve --workers N`` sets it).
-    prometheus_multiproc_dir: str = Field("", validation_alias="PROMETHEUS_MULTIPROC_DIR")
-
-    bench_key: SecretStr = SecretStr("")  # the key ``thinkgate bench`` sends by default
-
-    test_redis_url: str = "redis://127.0.0.1:6379/15"
-    test_database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 
     _reasoning: dict[str, ModelReasoning] = PrivateAttr(default_factory=dict)
     _default: ModelReasoning = PrivateAttr()

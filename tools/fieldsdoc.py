@@ -1,6 +1,6 @@
 """The field-policy page of the docs (``docs/fields.md``), rendered from the tables of
 ``gateway.api.fields`` so the page can never say other than the code does; a test compares the
-two, and ``python -m gateway.api.fieldsdoc > docs/fields.md`` writes it again."""
+two, and ``python -m tools.fieldsdoc > docs/fields.md`` writes it again."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from gateway.api.fields import TABLES, markdown_table
 INTRO = """\
 # Request fields, API by API
 
-Generated from `gateway/api/fields.py` by `python -m gateway.api.fieldsdoc > docs/fields.md`;
+Generated from `gateway/api/fields.py` by `python -m tools.fieldsdoc > docs/fields.md`;
 `tests/gateway/api/test_fields.py` holds the parsers to every row, and this page to the code.
 
 Every top-level request field of each endpoint's current reference (and vLLM's own fields, and

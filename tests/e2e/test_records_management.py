@@ -110,6 +110,7 @@ async def test_retention_destroys_old_days_keeps_held_ones_and_the_log_still_ver
         by_tenant = {t["tenant"]: t for t in kept}
         assert by_tenant["acme"]["days"] == 30 and by_tenant["acme"]["own"]
         assert [h["id"] for h in by_tenant["globex"]["holds"]] == [hold_id]
+
         async def retention_runs() -> list[Any]:  # signed once the destruction is a barrier
             found = (await http.get("/audit/v1/records", params={"kind": "retention"})).json()
             return list(found["data"])

@@ -16,9 +16,9 @@ import pytest
 from gateway.api.chat import parse_chat_request
 from gateway.api.completions import parse_completions_request, parse_embeddings_request
 from gateway.api.fields import CHAT, COMPLETIONS, EMBEDDINGS, TABLES, FieldRule, markdown_table
-from gateway.api.fieldsdoc import document
 from gateway.api.screen import ignored_header, screen
 from gateway.errors import InvalidRequest
+from tools.fieldsdoc import document
 
 Parse = Callable[..., Any]
 
@@ -107,6 +107,6 @@ def test_each_table_renders_as_the_docs_show_it(path: str) -> None:
 
 
 def test_the_docs_page_is_the_tables() -> None:
-    """docs/fields.md is rendered from the tables (``python -m gateway.api.fieldsdoc``)."""
+    """docs/fields.md is rendered from the tables (``python -m tools.fieldsdoc``)."""
     page = (Path(__file__).parents[3] / "docs" / "fields.md").read_text()
-    assert page == document(), "docs/fields.md is stale: python -m gateway.api.fieldsdoc"
+    assert page == document(), "docs/fields.md is stale: python -m tools.fieldsdoc"
