@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 
 VLLM_VENV ?= .venv-vllm
 
-.PHONY: run test check bench bench-ledger clean vllm
+.PHONY: run test check docs bench bench-ledger clean vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ $(CLIENTS)/node_modules/.installed: $(CLIENTS)/package-lock.json
 test: $(VENV)/.installed-dev $(VLLM_VENV)/.installed $(CLIENTS)/node_modules/.installed
 	$(BIN)/pytest -q -n 2 --dist loadgroup
 
+
+# The documentation site (MkDocs with Material) into site/: the generated pages written again
+# first (tools/), then built with --strict (a broken link or anchor fails; make test builds it
+# too, in tests/test_docs_site.py).
+docs: $(VENV)/.installed-dev
+	$(BIN)/python -m tools.fieldsdoc > docs/fields.md
+	$(BIN)/python -m tools.settingsdoc > docs/configuration.md
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 check: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .

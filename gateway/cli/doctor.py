@@ -15,7 +15,7 @@ probed model's reasoning comes from, judged against how this gateway is configur
 - a ``reasoning``/``reasoning_content`` string in the message (even ``""``): the engine runs a
   reasoning parser (``--reasoning-parser``), so ``reasoning_source: upstream`` is needed. A
   ``null`` field says nothing: vLLM writes ``"reasoning": null`` in every message, parser or
-  not (README, "Against real vLLM");
+  not (docs/development.md, "Against real vLLM");
 - a close marker of a built-in text format (``gateway.relay.formats.BUILTIN``: ``</think>``,
   Kimi K3's ``<|close|>think<|sep|>``, …) or, cut short, an open one in the content: the engine
   leaves the markers in the text, so ``reasoning_source: text`` with the ``REASONING_PARSER`` that

@@ -1,4 +1,4 @@
-"""The ``thinkgate`` command (README "Commands"): each subcommand is a small function here."""
+"""The ``thinkgate`` command (docs/commands.md): each subcommand is a small function here."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from gateway.settings import Settings
 _DESCRIPTION = (
     "thinkgate: the gateway for self-hosted reasoning models. Commands: serve, sim, keys, "
     "ledger, capacity, doctor, bench, witness; 'thinkgate COMMAND --help' for one. Settings "
-    "come from THINKGATE_* variables or the YAML file THINKGATE_CONFIG names (see the README)."
+    "come from THINKGATE_* variables or the YAML file THINKGATE_CONFIG names "
+    "(docs/configuration.md)."
 )
 
 

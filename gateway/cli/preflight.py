@@ -1,5 +1,5 @@
 """What ``thinkgate serve`` checks before it starts, so a mistake a user can make is one clear
-line and a documented exit code, never a traceback (README "Commands"):
+line and a documented exit code, never a traceback (docs/commands.md):
 
 ===== =======================================================================================
 code  meaning

@@ -13,7 +13,7 @@ record (who, which index, when, under which request id) and only served once tha
 durable as ``AUDIT_MODE`` makes any record: there are no unrecorded reads.
 
 Wire shapes (base64 as in RFC 6962's JSON API) are fixed by the ledger issue so that
-independent tools can check thinkgate; see README "For auditors".
+independent tools can check thinkgate; see docs/auditors.md.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from tests.deploy.promql import Catalogue, metric_names, run_promtool, scrape_ca
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "thinkgate-rules.yaml"
 RULES_TEST = Path(__file__).with_name("rules_test.yaml")
-RUNBOOK = "https://github.com/thinkgate/thinkgate/blob/main/README.md#operating-thinkgate"
+RUNBOOK = "https://github.com/thinkgate/thinkgate/blob/main/docs/operating.md"
 # The alerts the operators asked for, each tested in rules_test.yaml.
 REQUIRED = {
     "ThinkgateTTFTAboveSLO",

@@ -1,5 +1,6 @@
-"""The README's auditor walkthrough, copy-paste: its ``sh`` block, extracted and run with bash
-and curl against a live gateway, ends with the export verified offline."""
+"""The auditor walkthrough of ``docs/auditors.md``, copy-paste: its first ``sh`` block,
+extracted and run with bash and curl against a live gateway, ends with the export verified
+offline (``test_docs_examples`` leaves this block to this test)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def walkthrough() -> str:
-    text = (ROOT / "README.md").read_text()
-    auditors = text.split("## For auditors", 1)[1]
-    return auditors.split("```sh\n", 1)[1].split("```", 1)[0]
+    text = (ROOT / "docs" / "auditors.md").read_text()
+    return text.split("```sh\n", 1)[1].split("```", 1)[0]
 
 
-async def test_the_readme_walkthrough_runs_as_written(stack_factory: Any, tmp_path: Path) -> None:
+async def test_the_auditor_walkthrough_runs_as_written(stack_factory: Any, tmp_path: Path) -> None:
     if shutil.which("curl") is None:
         pytest.fail("curl is not installed (.ci/run installs it)")
     stack = await stack_factory()

@@ -226,7 +226,7 @@ def test_a_reasoning_field_needs_reasoning_source_upstream(field: str, reasoning
 
 def test_a_null_reasoning_field_is_no_reasoning_parser() -> None:
     """vLLM 0.32 writes ``"reasoning": null`` in every message, with a parser or without one
-    (README, "Against real vLLM"): tags in the content decide."""
+    (docs/development.md, "Against real vLLM"): tags in the content decide."""
     message = {"content": "2 plus 2 is 4.</think>Four.", "reasoning": None}
     assert reasoning_check(message, TEXT).verdict == "pass"
     assert reasoning_check(message, UPSTREAM).verdict == "fail"
