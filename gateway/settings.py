@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -127,6 +127,21 @@ class ModelReasoning:
     history: ReasoningHistory = "reasoning"
     effort: EffortRule = DEFAULT_RULE
     turns: ReasoningTurns = "all"  # which earlier turns' reasoning is handed back
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PipelineSettings:
+    """The settings the request pipeline reads (``gateway.pipeline``), and the per-model and
+    per-key rules it asks (``Settings.pipeline`` makes it)."""
+
+    max_body_bytes: int
+    body_timeout_s: float
+    default_max_tokens: int
+    unknown_fields: Literal["ignore", "refuse"]
+    reasoning_field: ReasoningField
+    reasoning_for: Callable[[str], ModelReasoning]
+    reasoning_ceiling: Callable[[str], int | None]
+    priority_ceiling: Callable[[str, str], Priority]
 
 
 class TenantPolicy(BaseModel):
@@ -583,6 +598,15 @@ class Settings(BaseSettings):
         if config_file:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
         return tuple(sources)
+
+    @property
+    def pipeline(self) -> PipelineSettings:
+        """The request pipeline's section."""
+        return PipelineSettings(
+            self.max_body_bytes, self.body_timeout_s, self.default_max_tokens,
+            self.unknown_fields, self.reasoning_field, self.reasoning_for,
+            self.reasoning_ceiling, self.priority_ceiling,
+        )  # fmt: skip
 
     def tenant(self, tenant: str) -> TenantPolicy:
         return self.tenants.get(tenant) or _DEFAULT_TENANT

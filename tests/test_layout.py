@@ -11,6 +11,7 @@ Layers, lowest first; a package imports only packages of lower layers (and its o
     upstream
     admission
     exchange
+    pipeline (the steps the completion routes share)
     routes  console  witness  siem (the SIEM export)
     app
     cli
@@ -35,9 +36,10 @@ LAYERS: dict[str, int] = {
     "upstream": 5,
     "admission": 6,
     "exchange": 7,
-    "routes": 8, "console": 8, "witness": 8, "siem": 8,
-    "app": 9,
-    "cli": 10,
+    "pipeline": 8,
+    "routes": 9, "console": 9, "witness": 9, "siem": 9,
+    "app": 10,
+    "cli": 11,
 }  # fmt: skip
 # What the sans-I/O core may import from outside the standard library.
 RELAY_THIRD_PARTY = {"orjson"}
@@ -142,3 +144,13 @@ def test_no_two_public_classes_share_a_name() -> None:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 assert node.name not in seen, f"{node.name}: {seen[node.name]} and {module}"
                 seen[node.name] = module
+
+
+def test_the_pipeline_sees_its_settings_section_not_the_whole_settings() -> None:
+    """``gateway.pipeline`` gets ``PipelineSettings`` (``Settings.pipeline``), never
+    ``Settings`` or the app's state."""
+    for path in sorted((ROOT / "gateway" / "pipeline").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                 for alias in node.names}  # fmt: skip
+        assert not names & {"Settings", "AppState"}, path.name

@@ -33,7 +33,6 @@ from gateway.conversation.visibility import for_key
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RateLimited
 from gateway.exchange.background import Runner
 from gateway.relay.responses import ResponsesStream
-from gateway.routes import steps
 from gateway.routes.state import AppState
 
 ENDPOINT, PATH = "responses", "/chat/completions"
@@ -50,7 +49,7 @@ async def create(
     state: AppState, request: Request, key: KeyInfo, call: ResponsesRequest,
     relay: ResponsesStream, started: tuple[float, float], **forward: Any,
 ) -> Response:  # fmt: skip
-    """Admit, store ``queued``, run detached; ``forward`` as ``steps.admitted`` takes it."""
+    """Admit, store ``queued``, run detached; ``forward`` as ``Pipeline.admitted`` takes it."""
     try:
         run = runner(state)
         if not call.store:
@@ -58,9 +57,9 @@ async def create(
                                  "false with 'background'.", param="background")  # fmt: skip
         await _within_limits(state, run, key)
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, call.model, call.stream)
+        state.pipeline.refused(request, key, exc, call.model, call.stream)
         raise
-    ex, candidates = await steps.admitted(state, request, key, call, (ENDPOINT, PATH), relay,
+    ex, candidates = await state.pipeline.admitted(request, key, call, (ENDPOINT, PATH), relay,
                                           started, **forward)  # fmt: skip
     try:
         queued = await run.start(ex, candidates, relay, call.input_items)

@@ -22,8 +22,8 @@ from starlette.responses import Response
 from gateway.api.chat import ChatRequest, parse_chat_request
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError, InvalidRequest
-from gateway.relay.rewrite import Policy, Rewriter, StreamRelay
-from gateway.routes import steps
+from gateway.pipeline.steps import claimed_model
+from gateway.relay.rewrite import Rewriter, StreamRelay
 from gateway.routes.state import AppState, app_state
 
 ENDPOINT, PATH = "chat.completions", "/chat/completions"
@@ -32,7 +32,7 @@ ENDPOINT, PATH = "chat.completions", "/chat/completions"
 async def chat_completions(request: Request) -> Response:
     state = app_state(request)
     t0, started_at = time.perf_counter(), time.time()
-    key, raw = await steps.receive(state, request, "client")
+    key, raw = await state.pipeline.receive(request, "client")
     try:
         chat = parse_chat_request(raw, state.settings.unknown_fields)
         history = state.settings.reasoning_for(chat.model)
@@ -45,12 +45,12 @@ async def chat_completions(request: Request) -> Response:
                                  "message would be read as its output.", param="echo")  # fmt: skip
         if not relay.policy.thinking:  # forwarded as decided: the template cannot think either
             chat = chat.without_thinking(relay.policy.format.switches)
-        chat = steps.budgeted(state, key, chat, relay, chat.params)
+        chat = state.pipeline.budgeted(key, chat, relay, chat.params)
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
+        state.pipeline.refused(request, key, exc, claimed_model(raw), stream=False)
         raise
-    notes = steps.unknown_fields(state, ENDPOINT, chat.unknown)
-    return await steps.forward(state, request, key, chat, (ENDPOINT, PATH), relay,
+    notes = state.pipeline.unknown_fields(ENDPOINT, chat.unknown)
+    return await state.pipeline.forward(request, key, chat, (ENDPOINT, PATH), relay,
                                (started_at, t0), tokens=estimate_tokens(chat, state),
                                notes=notes)  # fmt: skip
 
@@ -58,24 +58,17 @@ async def chat_completions(request: Request) -> Response:
 def rewriter(state: AppState, key: KeyInfo, chat: ChatRequest) -> Rewriter:
     """The chat rewriter of this request: the model's reasoning format and source, thinking as
     the request switched it, reasoning shown only to a key allowed to see it."""
-    reasoning = state.settings.reasoning_for(chat.model)
-    policy = Policy(
-        format=reasoning.format,
-        source=reasoning.source,
-        thinking=reasoning.format.thinking(chat.params),
-        show_reasoning=key.reasoning == "visible" and chat.wants_reasoning,
-        reasoning_field=state.settings.reasoning_field,
-        include_usage=chat.include_usage,
-        repair_leak=chat.stream and chat.has_stop,
-        guard=steps.guard_for(state, key, chat.model),
+    policy = state.pipeline.policy(
+        key, chat.model, thinking_params=chat.params, wants_reasoning=chat.wants_reasoning,
+        include_usage=chat.include_usage, repair_leak=chat.stream and chat.has_stop,
         choices=chat.n,
-    )
+    )  # fmt: skip
     return StreamRelay(policy) if chat.stream else Rewriter(policy)
 
 
 def estimate_tokens(chat: ChatRequest, state: AppState) -> int:
     """OpenAI's reservation rule: prompt estimate (bytes / 4) + max_tokens, per choice."""
-    return steps.reservation(state, chat.upstream_body, chat.n, chat.max_tokens)
+    return state.pipeline.reservation(chat.upstream_body, chat.n, chat.max_tokens)
 
 
 def add_routes(app: FastAPI) -> None:

@@ -23,17 +23,17 @@ from starlette.responses import Response
 
 from gateway.api.completions import parse_completions_request, parse_embeddings_request
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.pipeline.steps import claimed_model
 from gateway.relay.completions import CompletionsRelay, CompletionsWhole, opened_by
 from gateway.relay.formats import NONE
-from gateway.relay.rewrite import Policy, Rewriter
-from gateway.routes import steps
+from gateway.relay.rewrite import Rewriter
 from gateway.routes.state import app_state
 
 
 async def create_completion(request: Request) -> Response:
     state = app_state(request)
     t0, started_at = time.perf_counter(), time.time()
-    key, raw = await steps.receive(state, request, "client")
+    key, raw = await state.pipeline.receive(request, "client")
     try:
         call = parse_completions_request(raw, state.settings.unknown_fields)
         model = state.settings.reasoning_for(call.model)
@@ -42,17 +42,15 @@ async def create_completion(request: Request) -> Response:
             raise InvalidRequest("'echo' is not supported for a reasoning model: the echoed "
                                  "prompt would be read as its output.", param="echo")  # fmt: skip
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
+        state.pipeline.refused(request, key, exc, claimed_model(raw), stream=False)
         raise
-    policy = Policy(format=fmt, source="text", thinking=fmt.splits,
-                    show_reasoning=key.reasoning == "visible" and call.wants_reasoning,
-                    reasoning_field=state.settings.reasoning_field,
-                    include_usage=call.include_usage,
-                    guard=steps.guard_for(state, key, call.model),
-                    choices=call.n * call.prompts)  # fmt: skip
+    policy = state.pipeline.policy(key, call.model, opened=fmt,
+                                   wants_reasoning=call.wants_reasoning,
+                                   include_usage=call.include_usage,
+                                   choices=call.n * call.prompts)  # fmt: skip
     relay = CompletionsRelay(policy) if call.stream else CompletionsWhole(policy)
-    notes = steps.unknown_fields(state, "completions", call.unknown)
-    return await steps.forward(state, request, key, call, ("completions", "/completions"),
+    notes = state.pipeline.unknown_fields("completions", call.unknown)
+    return await state.pipeline.forward(request, key, call, ("completions", "/completions"),
                                relay, (started_at, t0), notes=notes)  # fmt: skip
 
 
@@ -71,16 +69,16 @@ class _Embeddings(Rewriter):
 async def create_embeddings(request: Request) -> Response:
     state = app_state(request)
     t0, started_at = time.perf_counter(), time.time()
-    key, raw = await steps.receive(state, request, "client")
+    key, raw = await state.pipeline.receive(request, "client")
     try:
         call = parse_embeddings_request(raw, state.settings.unknown_fields)
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
+        state.pipeline.refused(request, key, exc, claimed_model(raw), stream=False)
         raise
-    policy = Policy(format=NONE, source="text", thinking=False, show_reasoning=False,
-                    reasoning_field=state.settings.reasoning_field)  # fmt: skip
-    notes = steps.unknown_fields(state, "embeddings", call.unknown)
-    return await steps.forward(state, request, key, call, ("embeddings", "/embeddings"),
+    policy = state.pipeline.policy(key, call.model, opened=NONE, wants_reasoning=False,
+                                   guarded=False)  # fmt: skip
+    notes = state.pipeline.unknown_fields("embeddings", call.unknown)
+    return await state.pipeline.forward(request, key, call, ("embeddings", "/embeddings"),
                                _Embeddings(policy), (started_at, t0),
                                tokens=len(call.upstream_body) // 4 + 1, notes=notes)  # fmt: skip
 

@@ -53,7 +53,6 @@ from gateway.conversation.conversations import (
 from gateway.conversation.visibility import for_key_item
 from gateway.errors import InvalidRequest, NotFound
 from gateway.names.ids import lone_item_id
-from gateway.routes import steps
 from gateway.routes.state import AppState, app_state
 
 ENDPOINT = "conversations"
@@ -173,10 +172,10 @@ async def _body(
 ) -> tuple[KeyInfo, dict[str, Any], Notes]:
     """The caller's key (before any body is read), the body's known fields, and the header
     naming the unknown ones accepted."""
-    key, raw = await steps.receive(state, request, "client")
+    key, raw = await state.pipeline.receive(request, "client")
     _store(state)
     screened = screen(json_object(raw), fields, state.settings.unknown_fields)
-    return key, screened.body, steps.unknown_fields(state, ENDPOINT, screened.unknown)
+    return key, screened.body, state.pipeline.unknown_fields(ENDPOINT, screened.unknown)
 
 
 async def _caller(request: Request) -> tuple[KeyInfo, ConversationStore, str]:

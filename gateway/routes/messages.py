@@ -32,9 +32,8 @@ from gateway.api.messages import (
 from gateway.api.tools import DROPPED_HEADER, dropped_header
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.pipeline.steps import claimed_model
 from gateway.relay.messages import MessageMeta, MessagesStream, MessagesWhole, Sealer
-from gateway.relay.rewrite import Policy
-from gateway.routes import steps
 from gateway.routes.state import AppState, app_state
 
 log = logging.getLogger("thinkgate")
@@ -46,19 +45,19 @@ COUNTED = "messages.count_tokens"  # the endpoint label of count_tokens' unknown
 async def create_message(request: Request) -> Response:
     state = app_state(request)
     t0, started_at = time.perf_counter(), time.time()
-    key, raw = await steps.receive(state, request, "client")
+    key, raw = await state.pipeline.receive(request, "client")
     try:
         parsed = parse_messages_request(raw, state.settings.unknown_fields)
         call = await prepared(state, key, parsed)
         seal = await state.sealer.sealer(key.tenant, call.model) if (
             call.show_thinking and state.sealer is not None) else None  # fmt: skip
         relay = rewriter(state, key, call, seal)
-        call = steps.budgeted(state, key, call, relay, call.chat)
+        call = state.pipeline.budgeted(key, call, relay, call.chat)
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
+        state.pipeline.refused(request, key, exc, claimed_model(raw), stream=False)
         raise
     notes = notices(state, call)
-    return await steps.forward(state, request, key, call, (ENDPOINT, PATH), relay,
+    return await state.pipeline.forward(request, key, call, (ENDPOINT, PATH), relay,
                                (started_at, t0), notes=notes)  # fmt: skip
 
 
@@ -68,7 +67,7 @@ def notices(
     """The response headers of what the request sent that had no effect: the fields no
     reference names (``x-thinkgate-ignored``, counted and logged as on every API) and the
     server tools left out (``x-thinkgate-dropped-tools``, logged, as on Responses)."""
-    notes = steps.unknown_fields(state, endpoint, call.unknown)
+    notes = state.pipeline.unknown_fields(endpoint, call.unknown)
     if call.dropped:
         log.info("server tools dropped on %s (UNKNOWN_FIELDS=ignore): %s; named in %s",
                  endpoint, ", ".join(call.dropped), DROPPED_HEADER)  # fmt: skip
@@ -96,17 +95,10 @@ async def prepared(state: AppState, key: KeyInfo, call: MessagesRequest) -> Mess
 def rewriter(
     state: AppState, key: KeyInfo, call: MessagesRequest, seal: Sealer | None
 ) -> MessagesWhole | MessagesStream:
-    reasoning = state.settings.reasoning_for(call.model)
-    policy = Policy(
-        format=reasoning.format,
-        source=reasoning.source,
-        thinking=reasoning.format.thinking(call.params_for_thinking),
-        show_reasoning=key.reasoning == "visible",
-        reasoning_field=state.settings.reasoning_field,
-        include_usage=True,
+    policy = state.pipeline.policy(
+        key, call.model, thinking_params=call.params_for_thinking, include_usage=True,
         repair_leak=call.stream and bool(call.stop_sequences),
-        guard=steps.guard_for(state, key, call.model),
-    )
+    )  # fmt: skip
     meta = MessageMeta(call.model, call.show_thinking, call.stop_sequences, seal,
                        omit_thinking=call.omit_thinking, input_tokens=call.prompt_tokens,
                        context_management=call.context_management)  # fmt: skip
@@ -122,12 +114,12 @@ async def count_tokens(request: Request) -> Response:
     the edits cleared (the gateway's estimate of it: no second count is asked for). Nothing is
     generated, so nothing is recorded or rate-limited beyond the key check."""
     state = app_state(request)
-    key, raw = await steps.receive(state, request, "client")
+    key, raw = await state.pipeline.receive(request, "client")
     try:
         parsed = parse_count_tokens_request(raw, state.settings.unknown_fields)
         call = await prepared(state, key, parsed)
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
+        state.pipeline.refused(request, key, exc, claimed_model(raw), stream=False)
         raise
     count, source = await counted(state, call)
     answer: dict[str, Any] = {"input_tokens": count}

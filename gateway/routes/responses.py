@@ -52,9 +52,9 @@ from gateway.conversation.visibility import for_key, for_key_item
 from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.ledger.record import CompletionRecord
 from gateway.names.ids import item_id
+from gateway.pipeline.steps import claimed_model
 from gateway.relay.responses import ResponseMeta, ResponsesStream, ResponsesWhole, Sealer
-from gateway.relay.rewrite import Policy
-from gateway.routes import background, steps
+from gateway.routes import background
 from gateway.routes.state import AppState, app_state
 
 ENDPOINT, PATH = "responses", "/chat/completions"
@@ -64,25 +64,25 @@ log = logging.getLogger("thinkgate")
 async def create_response(request: Request) -> Response:
     state = app_state(request)
     t0, started_at = time.perf_counter(), time.time()
-    key, raw = await steps.receive(state, request, "client")
+    key, raw = await state.pipeline.receive(request, "client")
     try:
         call = parse_responses_request(raw, state.settings.unknown_fields)
         call = await prepared(state, key, await referenced(state, key, call))
         call, cut = await truncated_to_fit(state, call)
         seal = await _sealer(state, key, call)
         relay = rewriter(state, key, call, seal)
-        call = steps.budgeted(state, key, call, relay, call.chat)
+        call = state.pipeline.budgeted(key, call, relay, call.chat)
     except GatewayError as exc:
-        steps.refused(state, request, key, exc, steps.claimed_model(raw), stream=False)
+        state.pipeline.refused(request, key, exc, claimed_model(raw), stream=False)
         raise
-    notes = steps.unknown_fields(state, ENDPOINT, call.unknown) + _dropped(call) + cut
+    notes = state.pipeline.unknown_fields(ENDPOINT, call.unknown) + _dropped(call) + cut
     keeps = call.store or call.conversation_id is not None
     after = _keeper(state, key, call, relay) if keeps and state.stored else None
     if call.background:
         assert isinstance(relay, ResponsesStream)
         return await background.create(state, request, key, call, relay, (started_at, t0),
                                        after=after, notes=notes)  # fmt: skip
-    return await steps.forward(state, request, key, call, (ENDPOINT, PATH), relay,
+    return await state.pipeline.forward(request, key, call, (ENDPOINT, PATH), relay,
                                (started_at, t0), after=after, notes=notes)  # fmt: skip
 
 
@@ -247,15 +247,8 @@ def _not_found(response_id: str, param: str | None = None) -> NotFound:
 def rewriter(
     state: AppState, key: KeyInfo, call: ResponsesRequest, seal: Sealer | None = None
 ) -> ResponsesWhole | ResponsesStream:
-    reasoning = state.settings.reasoning_for(call.model)
-    policy = Policy(
-        format=reasoning.format,
-        source=reasoning.source,
-        thinking=reasoning.format.thinking(call.params_for_thinking),
-        show_reasoning=key.reasoning == "visible",
-        reasoning_field=state.settings.reasoning_field,
-        include_usage=True,
-        guard=steps.guard_for(state, key, call.model),
+    policy = state.pipeline.policy(
+        key, call.model, thinking_params=call.params_for_thinking, include_usage=True
     )
     meta = ResponseMeta(call.model, call.echo, id=call.response_id, seal=seal, tools=call.tools,
                         summary=call.summary, logprobs=call.logprobs)  # fmt: skip

@@ -23,6 +23,7 @@ from gateway.exchange.forward import Forwarder
 from gateway.guard.policy import NONE as NO_GUARDRAILS
 from gateway.guard.policy import Guardrails
 from gateway.ledger.record import RecordSink
+from gateway.pipeline.steps import Pipeline
 from gateway.settings import Settings
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import Tracing
@@ -58,6 +59,7 @@ class AppState:
     gate: Gate = field(init=False)  # the limiter and the KV budget, asked at once
     forwarder: Forwarder = field(init=False)  # the forward loop over the upstream pool
     background: Runner | None = field(init=False)  # runs background responses
+    pipeline: Pipeline = field(init=False)  # the steps the completion routes share
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -69,6 +71,10 @@ class AppState:
             beat_s = min(1.0, self.background_store.stale_s / 4)
             runner = Runner(self.background_store, forwarder, self.replica, beat_s=beat_s)
         object.__setattr__(self, "background", runner)
+        pipeline = Pipeline(s.pipeline, self.keys, self.sink, self.upstreams, self.gate,
+                            forwarder, self.metrics, self.instrument, self.guardrails,
+                            self.guard_models, self.tracing)  # fmt: skip
+        object.__setattr__(self, "pipeline", pipeline)
 
 
 def app_state(request: Request) -> AppState:

@@ -16,6 +16,7 @@ from gateway.api.chat import ChatRequest, parse_chat_request
 from gateway.auth.keys import KeyInfo, ReasoningPolicy
 from gateway.guard.policy import NONE as NO_GUARDRAILS
 from gateway.guard.policy import Guardrails, parse
+from gateway.pipeline.steps import Pipeline
 from gateway.relay.formats import BUILTIN
 from gateway.relay.rewrite import Rewriter, StreamRelay
 from gateway.routes.chat import estimate_tokens, rewriter
@@ -29,6 +30,12 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 class State:
     settings: Settings
     guardrails: Guardrails = NO_GUARDRAILS
+
+    @property
+    def pipeline(self) -> Pipeline:
+        unused = cast(Any, None)  # a policy is built from the settings and the guardrails
+        return Pipeline(self.settings.pipeline, unused, unused, unused, unused, unused, unused,
+                        guardrails=self.guardrails)  # fmt: skip
 
 
 def state(**changes: Any) -> AppState:

@@ -1,6 +1,6 @@
-"""``steps.refused`` (``gateway/routes/steps.py``): every refusal is counted in
+"""``Pipeline.refused`` (``gateway/pipeline/steps.py``): every refusal is counted in
 ``thinkgate_requests_total`` with the error's outcome as its status (and by kind for limits), and
-logged on ``thinkgate.access``, never with the key that was presented; ``steps.receive`` refuses
+logged on ``thinkgate.access``, never with the key that was presented; ``Pipeline.receive`` refuses
 a caller without a key before reading its body."""
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from gateway.errors import (
     RateLimited,
     ServiceUnavailable,
 )
-from gateway.routes import steps
 from gateway.routes.state import AppState
 from gateway.settings import Settings
 from gateway.telemetry.logs import JsonFormatter
@@ -98,8 +97,8 @@ def requests_total(state: AppState, model: str, tenant: str, status: str, stream
 async def test_a_refusal_is_counted_with_its_outcome_as_status(
     state: AppState, error: GatewayError, status: str
 ) -> None:
-    steps.refused(state, request()[0], KEY, error, "m1", True, served=True)
-    steps.refused(state, request()[0], None, error, "m1", False)
+    state.pipeline.refused(request()[0], KEY, error, "m1", True, served=True)
+    state.pipeline.refused(request()[0], None, error, "m1", False)
     assert requests_total(state, "m1", "acme", status, "true") == 1
     assert requests_total(state, "unknown", "unknown", status, "false") == 1  # no key, unserved
 
@@ -115,7 +114,7 @@ async def test_a_refusal_is_counted_with_its_outcome_as_status(
 async def test_a_limits_refusal_is_counted_by_kind(
     state: AppState, error: RateLimited, kind: str
 ) -> None:
-    steps.refused(state, request()[0], KEY, error, "m1", False, served=True)
+    state.pipeline.refused(request()[0], KEY, error, "m1", False, served=True)
     rejections = state.metrics.registry.get_sample_value(
         "thinkgate_ratelimit_rejections_total", {"kind": kind}
     )
@@ -126,7 +125,7 @@ async def test_a_refusal_is_logged_without_the_key(
     state: AppState, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger="thinkgate.access"):
-        steps.refused(state, request()[0], KEY, RateLimited("slow", retry_after=1), "m-x", True)
+        state.pipeline.refused(request()[0], KEY, RateLimited("slow", retry_after=1), "m-x", True)
     [record] = [r for r in caplog.records if r.name == "thinkgate.access"]
     fields = record.fields  # type: ignore[attr-defined]
     assert record.getMessage() == "request refused"
@@ -143,7 +142,7 @@ async def test_a_caller_without_a_key_is_refused_before_its_body_is_read(
 ) -> None:
     http, reads = request(authorization=None)
     with caplog.at_level(logging.INFO, logger="thinkgate.access"), pytest.raises(AuthError):
-        await steps.receive(state, http, "client")
+        await state.pipeline.receive(http, "client")
     assert reads == []  # not a byte of the body was read
     assert requests_total(state, "unknown", "unknown", "invalid", "false") == 1
     [record] = [r for r in caplog.records if r.name == "thinkgate.access"]
