@@ -149,7 +149,7 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def admission_stack(redis_url: str) -> AsyncIterator[Stack]:
-    settings = Settings(redis_url=redis_url, kv_capacity_tokens=KV_CAPACITY)
+    settings = Settings(redis_url=redis_url, kv_capacity_tokens=KV_CAPACITY).admission
     redis = open_redis(settings)
     transport = httpx.MockTransport(_no_network)
     try:

@@ -97,10 +97,10 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            redis = open_redis(settings)
+            redis = open_redis(settings.admission)
             if redis is not None:  # closed last, once nothing uses it any more
                 stack.push_async_callback(redis.aclose)
-            limits = limiter or open_limiter(settings, redis)
+            limits = limiter or open_limiter(settings.admission, redis)
             state = await _start(stack, settings, limits, sink, redis, database)
             app.state.tg = state = dataclasses.replace(state, instrument=instrument)
             if settings.metrics_port:
@@ -181,7 +181,7 @@ def _siem(stack: contextlib.AsyncExitStack, settings: Settings, engine: AsyncEng
           metrics: Metrics, ledger: Ledger | None) -> None:  # fmt: skip
     """The SIEM export (``gateway.siem``) on a task of its own, when a sink is configured and
     this app writes the ledger; cancelled (releasing its lease) before its sinks close."""
-    exporter = None if ledger is None else create_exporter(settings, engine, metrics)
+    exporter = None if ledger is None else create_exporter(settings.siem, engine, metrics)
     if exporter is not None:
         stack.push_async_callback(exporter.aclose)
         task = asyncio.create_task(exporter.run())
@@ -239,14 +239,14 @@ async def _start(
         settings = settings.with_default_models(DEMO_MODELS)
         log.info("demo simulator (the upstream) on %s/v1: thinkgate doctor --upstream %s/v1",
                  sim.url, sim.url)  # fmt: skip
-    transport = create_transport(settings)
+    transport = create_transport(settings.upstream)
     stack.push_async_callback(transport.aclose)
     engine = create_engine(settings.database_url)
     stack.push_async_callback(engine.dispose)
     await upgrade_schema(engine)
     ledger = None
     if sink is None:
-        for path in ensure_keys(settings, create=settings.demo):
+        for path in ensure_keys(settings.ledger, create=settings.demo):
             if path == str(settings.signing_key_file):
                 log.warning("created the checkpoint signing key %s (demo): keep it, or later "
                             "checkpoints are signed by another key than auditors pinned",
@@ -254,16 +254,16 @@ async def _start(
             else:
                 log.warning("created the ledger encryption key file %s (demo): keep it, or "
                             "records become unreadable", path)  # fmt: skip
-        ledger = await open_ledger(settings, engine)
+        ledger = await open_ledger(settings.ledger, engine)
         stack.push_async_callback(ledger.aclose)
-        sink = LedgerSink(ledger, settings)
+        sink = LedgerSink(ledger, settings.ledger)
     keys = await _tenant_keys(settings, engine, ledger)
     if keys is not None:
         _reload_on_sighup(stack, keys)
     kept = _KeptState.open(engine, keys, settings)
-    upstreams = UpstreamPool(transport, settings)
+    upstreams = UpstreamPool(transport, settings.upstream)
     stack.callback(upstreams.close)
-    kv = open_admission(settings, transport, redis)
+    kv = open_admission(settings.admission, transport, redis)
     metrics = observe(settings, upstreams, kv, limiter, ledger)
     _siem(stack, settings, engine, metrics, ledger)
     background = [kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),

@@ -33,7 +33,7 @@ import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -63,6 +63,7 @@ from gateway.relay.formats import (
 from ratelimit.fairness import MAX_WEIGHT, Priority
 
 HttpTransport = Literal["wire", "httpx"]
+S = TypeVar("S")
 
 
 class FormatSpec(BaseModel):
@@ -162,6 +163,86 @@ class KeyPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     priority: Priority | None = None
     max_reasoning_tokens: int | None = Field(None, ge=0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UpstreamSettings:
+    """What the upstream pool reads (``gateway.upstream.pool``)."""
+
+    upstreams: tuple[str, ...]
+    upstream_api_key: SecretStr
+    http_transport: HttpTransport
+    connect_timeout_s: float
+    first_token_timeout_s: float
+    idle_timeout_s: float
+    max_connections: int
+    models_cache_ttl_s: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LogSettings:
+    """What the logging configuration reads (``gateway.telemetry.logs``)."""
+
+    log_level: Literal["debug", "info", "warning", "error"]
+    log_format: Literal["auto", "json", "text"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    """What admission reads: Redis, the rate limits' tenants, the KV budget
+    (``gateway.admission``)."""
+
+    redis_url: str
+    ratelimit_fail: Literal["open", "closed"]
+    kv_capacity_tokens: int | None
+    kv_target_utilization: float
+    admission_wait_ms: int
+    admission_queue_max: int
+    tenants: Mapping[str, TenantPolicy]
+
+    def tenant(self, tenant: str) -> TenantPolicy:
+        return self.tenants.get(tenant) or _DEFAULT_TENANT
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LedgerSettings:
+    """What the audit ledger's opening and sink read (``gateway.ledger.sink``)."""
+
+    home: Path
+    ledger_key_file: Path
+    signing_key_file: Path
+    audit_origin: str
+    audit_mode: Literal["strict", "async"]
+    audit_capture: Literal["full", "reasoning", "metadata"]
+    audit_fail: Literal["closed", "open"]
+    audit_spool_file: Path
+    audit_batch_max: int
+    checkpoint_interval_ms: int
+    background_stale_s: float
+
+    def file_hint(self, name: str) -> str:
+        return _file_hint(self.home, name)
+
+
+def _file_hint(home: Path, name: str) -> str:
+    """How to point the file setting ``name`` elsewhere: for every error naming a missing file
+    it defaults to."""
+    where = str(home) if home.is_absolute() else f"{home} in {Path.cwd()}"
+    return f"set THINKGATE_{name.upper()}, or THINKGATE_HOME (now {where})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SiemSettings:
+    """What the SIEM export reads (``gateway.siem``)."""
+
+    siem_syslog_url: str
+    siem_file: Path | None
+    siem_hec_url: str
+    siem_hec_token: SecretStr | None
+    siem_tls_ca_file: Path | None
+    siem_batch: int
+    siem_interval_s: float
+    siem_max_backlog: int
 
 
 _HOME_FILES = {
@@ -482,10 +563,8 @@ class Settings(BaseSettings):
         return data
 
     def file_hint(self, name: str) -> str:
-        """How to point the file setting ``name`` elsewhere: for every error naming a missing
-        file it defaults to."""
-        home = str(self.home) if self.home.is_absolute() else f"{self.home} in {Path.cwd()}"
-        return f"set THINKGATE_{name.upper()}, or THINKGATE_HOME (now {home})"
+        """How to point the file setting ``name`` elsewhere (``_file_hint``)."""
+        return _file_hint(self.home, name)
 
     @property
     def demo_keys_file(self) -> Path:
@@ -598,6 +677,31 @@ class Settings(BaseSettings):
         if config_file:
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
         return tuple(sources)
+
+    def section(self, kind: type[S]) -> S:
+        """A section: the settings of ``kind``'s fields (a frozen dataclass of some of these
+        fields, by name), what one component receives instead of the whole object."""
+        return kind(**{f.name: getattr(self, f.name) for f in dataclasses.fields(kind)})  # type: ignore[arg-type]
+
+    @property
+    def upstream(self) -> UpstreamSettings:
+        return self.section(UpstreamSettings)
+
+    @property
+    def logs(self) -> LogSettings:
+        return self.section(LogSettings)
+
+    @property
+    def admission(self) -> AdmissionSettings:
+        return self.section(AdmissionSettings)
+
+    @property
+    def ledger(self) -> LedgerSettings:
+        return self.section(LedgerSettings)
+
+    @property
+    def siem(self) -> SiemSettings:
+        return self.section(SiemSettings)
 
     @property
     def pipeline(self) -> PipelineSettings:

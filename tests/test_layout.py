@@ -146,11 +146,16 @@ def test_no_two_public_classes_share_a_name() -> None:
                 seen[node.name] = module
 
 
-def test_the_pipeline_sees_its_settings_section_not_the_whole_settings() -> None:
-    """``gateway.pipeline`` gets ``PipelineSettings`` (``Settings.pipeline``), never
-    ``Settings`` or the app's state."""
-    for path in sorted((ROOT / "gateway" / "pipeline").rglob("*.py")):
+def test_below_the_routes_a_component_gets_its_settings_section_not_the_whole_settings() -> None:
+    """Only the routes, the app and the command see ``Settings`` and ``AppState``; every
+    package below them is handed its section (``UpstreamSettings``, ``AdmissionSettings``,
+    ``LedgerSettings``, ``SiemSettings``, ``LogSettings``, ``PipelineSettings``)."""
+    top = LAYERS["routes"]
+    for name, path in modules():
+        package = name.split(".")[1] if name.count(".") else "app"
+        if package == "settings" or LAYERS.get(package, top) >= top:
+            continue
         tree = ast.parse(path.read_text())
         names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                  for alias in node.names}  # fmt: skip
-        assert not names & {"Settings", "AppState"}, path.name
+        assert not names & {"Settings", "AppState"}, name

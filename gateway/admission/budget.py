@@ -62,7 +62,7 @@ import httpx
 
 from gateway.admission.circuit import REDIS_ERRORS, Circuit
 from gateway.errors import InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable
-from gateway.settings import Settings
+from gateway.settings import AdmissionSettings
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream.engine import Upstream
 from ratelimit.aimd import AdmissionController, Tuning
@@ -407,7 +407,7 @@ async def _read_metrics(client: httpx.AsyncClient, upstream: Upstream) -> Engine
 
 
 def open_admission(
-    settings: Settings, transport: httpx.AsyncBaseTransport, redis: AutoPipeline | None
+    settings: AdmissionSettings, transport: httpx.AsyncBaseTransport, redis: AutoPipeline | None
 ) -> KVAdmission:
     """The shared store is Redis when there is one (one budget for all replicas, on the
     process's one client, ``gateway.admission.redisconn``), otherwise this process's memory."""

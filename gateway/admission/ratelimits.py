@@ -30,7 +30,7 @@ from gateway.admission.circuit import REDIS_ERRORS, Circuit
 from gateway.admission.limiter import Admission
 from gateway.auth.keys import KeyInfo
 from gateway.errors import RateLimited, ServiceUnavailable
-from gateway.settings import Settings
+from gateway.settings import AdmissionSettings
 from ratelimit.autopipe import AutoPipeline
 from ratelimit.limits import (
     Limits,
@@ -44,7 +44,7 @@ from ratelimit.limits import (
 
 
 class KeyLimiter:
-    def __init__(self, limits: Circuit[RateLimitBackend], settings: Settings) -> None:
+    def __init__(self, limits: Circuit[RateLimitBackend], settings: AdmissionSettings) -> None:
         self.circuit = limits
         self._settings = settings
 
@@ -129,7 +129,7 @@ def duration(seconds: float) -> str:
     return f"{int(minutes)}m{rest_text}" if minutes else rest_text
 
 
-def open_limiter(settings: Settings, redis: AutoPipeline | None) -> KeyLimiter:
+def open_limiter(settings: AdmissionSettings, redis: AutoPipeline | None) -> KeyLimiter:
     """In-process limits without Redis; shared Redis limits (on the process's one client,
     ``gateway.admission.redisconn``) with it."""
     if redis is None:

@@ -4,11 +4,11 @@ in one round trip, and so do the two at settlement."""
 
 from __future__ import annotations
 
-from gateway.settings import Settings
+from gateway.settings import AdmissionSettings
 from ratelimit.autopipe import AutoPipeline
 
 
-def open_redis(settings: Settings) -> AutoPipeline | None:
+def open_redis(settings: AdmissionSettings) -> AutoPipeline | None:
     """``None`` without ``REDIS_URL``. The pool waits (briefly) for a free connection rather
     than failing past 256: a burst of admissions must not look like a Redis outage. Short socket
     timeouts: a Redis that hangs must cost a request milliseconds, not seconds, before the

@@ -29,7 +29,7 @@ from audit.store import DB_ERRORS, Filter
 from audit.verify import Report, verify
 from audit.witness import CosignerKey, WitnessError, WitnessPolicy
 from gateway.db import create_engine, upgrade_schema
-from gateway.ledger.sink import ensure_keys, open_ledger, resolved
+from gateway.ledger.sink import ensure_keys, log_origin, open_ledger
 from gateway.settings import Settings
 
 Progress = Callable[[int, int], None]
@@ -40,7 +40,7 @@ async def init(settings: Settings) -> list[str]:
     and the key store's schemas to their current migration. Run it once with a database role
     that may create tables; the gateway itself then needs only SELECT and INSERT on the ledger
     (docs/ledger.md)."""
-    made = ensure_keys(settings, create=True)
+    made = ensure_keys(settings.ledger, create=True)
     engine = create_engine(settings.database_url)
     try:
         await upgrade(engine)
@@ -54,7 +54,8 @@ async def with_origin(settings: Settings) -> Settings:
     """``settings`` naming the log as it names itself (``gateway.ledger.sink.log_origin``)."""
     engine = create_engine(settings.database_url)
     try:
-        return await resolved(settings, engine)
+        origin = await log_origin(settings.ledger, engine)
+        return settings.model_copy(update={"audit_origin": origin})
     finally:
         await engine.dispose()
 
@@ -138,7 +139,7 @@ def verifier_file(public_key: Path) -> NoteVerifier:
 async def opened(settings: Settings) -> AsyncIterator[Ledger]:
     engine = create_engine(settings.database_url)
     try:
-        ledger = await open_ledger(settings, engine)
+        ledger = await open_ledger(settings.ledger, engine)
         try:
             yield ledger
         finally:

@@ -295,7 +295,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "access_log": False,  # thinkgate.access replaces it (gateway/telemetry/logs.py)
         "server_header": False,  # no "server: uvicorn": nothing to fingerprint
         "limit_concurrency": settings.max_client_connections,
-        "log_config": log_config(settings),
+        "log_config": log_config(settings.logs),
     }
     if args.workers == 1:
         from gateway.app import create_app

@@ -57,7 +57,7 @@ def check_keys(settings: Settings, names: tuple[str, ...] = tuple(KEY_FILES)) ->
     if settings.demo:
         return
     try:
-        ensure_keys(settings, create=False, names=names)
+        ensure_keys(settings.ledger, create=False, names=names)
     except LedgerKeysMissing as exc:
         raise Refused(KEYS, str(exc)) from None
 

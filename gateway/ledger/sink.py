@@ -41,7 +41,7 @@ from gateway.ledger.intents import ProgressOf, Running
 from gateway.ledger.record import CompletionRecord
 from gateway.ledger.translate import translate
 from gateway.relay.guarding import GuardAct
-from gateway.settings import Settings
+from gateway.settings import LedgerSettings
 
 log = logging.getLogger("thinkgate")
 
@@ -60,7 +60,7 @@ class Intention:
 
 
 class LedgerSink:
-    def __init__(self, ledger: Ledger, settings: Settings) -> None:
+    def __init__(self, ledger: Ledger, settings: LedgerSettings) -> None:
         self.ledger = ledger
         self._capture = settings.audit_capture
         self._fail_open = settings.audit_fail == "open"
@@ -201,7 +201,7 @@ KEY_FILES = {"ledger_key_file": FileKeyProvider.create, "signing_key_file": crea
 
 
 def ensure_keys(
-    settings: Settings, *, create: bool, names: tuple[str, ...] = tuple(KEY_FILES)
+    settings: LedgerSettings, *, create: bool, names: tuple[str, ...] = tuple(KEY_FILES)
 ) -> list[str]:
     """Create the missing key files (``names``: settings of ``KEY_FILES``) when ``create``;
     else refuse to start without them. Returns the files created."""
@@ -222,7 +222,7 @@ def ensure_keys(
     return made
 
 
-async def log_origin(settings: Settings, engine: AsyncEngine) -> str:
+async def log_origin(settings: LedgerSettings, engine: AsyncEngine) -> str:
     """The log's name: ``AUDIT_ORIGIN`` if set; else the origin its stored checkpoints carry
     (a log keeps its name); else, for a new log, the one its signing key implies
     (``audit.note.default_origin``): unique per deployment, the same on every replica."""
@@ -236,12 +236,7 @@ async def log_origin(settings: Settings, engine: AsyncEngine) -> str:
     return default_origin(load_signing_key(settings.signing_key_file))
 
 
-async def resolved(settings: Settings, engine: AsyncEngine) -> Settings:
-    """``settings`` with ``audit_origin`` set to the log's name (``log_origin``)."""
-    return settings.model_copy(update={"audit_origin": await log_origin(settings, engine)})
-
-
-async def open_ledger(settings: Settings, engine: AsyncEngine,
+async def open_ledger(settings: LedgerSettings, engine: AsyncEngine,
                       wall: Callable[[], float] = time.time) -> Ledger:  # fmt: skip
     """The ledger the settings name; ``wall``: the clock whose UTC day a record's key is (a
     test seeds records of days past with it)."""

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db import is_outage
-from gateway.settings import Settings
+from gateway.settings import SiemSettings
 from gateway.siem import ocsf, source
 from gateway.siem.cursor import ExportCursor
 from gateway.siem.ocsf import OcsfEvent
@@ -224,7 +224,7 @@ def _contiguous_end(start: int, indexes: list[int]) -> int:
     return end
 
 
-def create_exporter(settings: Settings, engine: AsyncEngine, metrics: Metrics
+def create_exporter(settings: SiemSettings, engine: AsyncEngine, metrics: Metrics
                     ) -> SiemExporter | None:  # fmt: skip
     """The export the settings configure, ``None`` without a sink. Its lease holder id names
     the host and process (readable in the database) and is unique per start."""

@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from gateway.settings import Settings
+from gateway.settings import SiemSettings
 from gateway.siem.ocsf import OcsfEvent
 from gateway.siem.syslog import frames
 
@@ -204,7 +204,7 @@ def unacknowledged(sock: socket.socket | None) -> int | None:
     return int(struct.unpack("i", queued)[0])
 
 
-def open_sinks(settings: Settings, hostname: str, procid: str) -> list[SiemSink]:
+def open_sinks(settings: SiemSettings, hostname: str, procid: str) -> list[SiemSink]:
     """The sinks the settings configure (none: no export). ``ValueError`` for a HEC URL
     without a token."""
     sinks: list[SiemSink] = []
@@ -225,6 +225,6 @@ def open_sinks(settings: Settings, hostname: str, procid: str) -> list[SiemSink]
     return sinks
 
 
-def _tls_context(settings: Settings) -> ssl.SSLContext:
+def _tls_context(settings: SiemSettings) -> ssl.SSLContext:
     cafile = str(settings.siem_tls_ca_file) if settings.siem_tls_ca_file else None
     return ssl.create_default_context(cafile=cafile)

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from gateway.ledger.record import CompletionRecord
-from gateway.settings import Settings
+from gateway.settings import LogSettings
 from gateway.telemetry.traceparent import trace_id
 
 ACCESS = logging.getLogger("thinkgate.access")
@@ -59,7 +59,7 @@ class TextFormatter(logging.Formatter):
         return text
 
 
-def log_config(settings: Settings) -> dict[str, Any]:
+def log_config(settings: LogSettings) -> dict[str, Any]:
     """A ``logging.config.dictConfig`` for the serving process (``uvicorn.run(log_config=)``)."""
     level = settings.log_level.upper()
     chosen = settings.log_format

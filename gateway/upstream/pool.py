@@ -54,7 +54,7 @@ from gateway.errors import (
     UpstreamStatusError,
     UpstreamTimeout,
 )
-from gateway.settings import Settings
+from gateway.settings import UpstreamSettings
 from gateway.upstream.engine import Upstream
 from gateway.upstream.wire import IdleWatch, Sink, WireError, WirePool, WireResponse
 
@@ -82,7 +82,7 @@ def translate(exc: BaseException, *, started: bool) -> UpstreamError:
     raise exc
 
 
-def create_transport(settings: Settings) -> httpx.AsyncBaseTransport:
+def create_transport(settings: UpstreamSettings) -> httpx.AsyncBaseTransport:
     """httpx's pool: every upstream request with ``HTTP_TRANSPORT=httpx``, the KV scraper's
     always."""
     limits = httpx.Limits(
@@ -165,7 +165,7 @@ def _idle() -> UpstreamTimeout:
 
 
 class UpstreamPool:
-    def __init__(self, transport: httpx.AsyncBaseTransport, settings: Settings) -> None:
+    def __init__(self, transport: httpx.AsyncBaseTransport, settings: UpstreamSettings) -> None:
         self._transport = transport
         self._settings = settings
         self._headers = [(b"content-type", b"application/json"), (b"accept", b"*/*")]

@@ -284,7 +284,7 @@ async def scrape_catalogue(directory: Path) -> Catalogue:
     async with BackgroundServer(create_sim_app(SimConfig(ttft_ms=1, itl_ms=1))) as sim:
         settings = Settings(upstreams=(f"{sim.url}/v1",), database_url=database,
                             models_cache_ttl_s=0, **ledger_files(directory))  # fmt: skip
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         keys = await make_keys(settings)
         async with open_store(settings) as store:
             limited, _ = await store.create(tenant="acme", role="client", rpm=1)

@@ -57,7 +57,7 @@ def log_origin(directory: Path) -> str:
 
 def ledger_files(directory: Path) -> dict[str, Path]:
     """Settings that keep a test's ledger keys and spool in its own directory; the gateway
-    start creates nothing (outside demo mode), so call ``ensure_keys(settings, create=True)``."""
+    start creates nothing (outside demo mode): ``ensure_keys(settings.ledger, create=True)``."""
     return {
         "ledger_key_file": directory / "ledger-keys.json",
         "signing_key_file": directory / "signing-key.pem",
@@ -117,7 +117,7 @@ async def stack_factory(tmp_path: Path) -> AsyncIterator[StackFactory]:
                 **ledger_files(tmp_path),
             }
             settings = Settings(upstreams=tuple(upstreams), **{**defaults, **overrides})
-            ensure_keys(settings, create=True)
+            ensure_keys(settings.ledger, create=True)
             keys = await make_keys(settings)
             gateway = await exits.enter_async_context(
                 BackgroundServer(create_app(settings, sink=sink))

@@ -97,7 +97,7 @@ async def gateway(tmp_path: Path) -> AsyncIterator[Gateway]:
             **ledger_files(tmp_path),
         }
         settings = Settings(**options).with_default_models(DEMO_MODELS)
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         keys = await make_keys(settings)
         tap = Tap(create_app(settings))
         server = await exits.enter_async_context(BackgroundServer(tap))

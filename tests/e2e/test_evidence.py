@@ -137,7 +137,7 @@ async def log(
         monkeypatch.setenv(f"THINKGATE_{name}", value)
     (tmp_path / "db").mkdir()
     settings = Settings()
-    ensure_keys(settings, create=True)
+    ensure_keys(settings.ledger, create=True)
     await append(settings, 0, TENANTS)
     await stamp_and_cosign(settings, Tsa(tmp_path / "tsa"), w1, tmp_path / "witness.db")
     await append(settings, len(TENANTS), ("globex",))

@@ -186,7 +186,7 @@ async def test_kill_9_with_32_streams_then_restart(tmp_path: Path, postgres_url:
         engine_url = f"{sim.url}/v1"
         settings = Settings(upstreams=(engine_url,), database_url=postgres_url,
                             redis_url=f"redis://127.0.0.1:{port}/0", **files)  # fmt: skip
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         key = (await make_keys(settings))["visible"]
         env = {**gateway_env(settings, files), "THINKGATE_REDIS_URL": settings.redis_url,
                "THINKGATE_KV_CAPACITY_TOKENS": "200000", "THINKGATE_AUDIT_MODE": "strict",

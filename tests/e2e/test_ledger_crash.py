@@ -21,7 +21,7 @@ from audit.verify import verify
 from gateway.cli.ledger import verifier_key
 from gateway.db import create_engine
 from gateway.edge.servers import BackgroundServer
-from gateway.ledger.sink import ensure_keys, resolved
+from gateway.ledger.sink import ensure_keys, log_origin
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys
@@ -66,7 +66,7 @@ async def test_spooled_records_survive_kill_9_and_are_replayed(
     files = ledger_files(tmp_path)
     async with BackgroundServer(create_sim_app(SimConfig(ttft_ms=1, itl_ms=0))) as sim:
         settings = Settings(upstreams=(f"{sim.url}/v1",), database_url=via_proxy, **files)
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         key = (await make_keys(settings))["visible"]
         env = gateway_env(settings, files)
         acknowledged = []
@@ -99,7 +99,8 @@ async def test_spooled_records_survive_kill_9_and_are_replayed(
     assert await stored_request_ids(postgres_url) == acknowledged  # all, once, in order
     engine = create_engine(postgres_url)
     try:
-        named = await resolved(settings, engine)  # the log's own name
+        origin = await log_origin(settings.ledger, engine)  # the log's own name
+        named = settings.model_copy(update={"audit_origin": origin})
         report = await verify(engine, NoteVerifier(verifier_key(named)), named.audit_origin)
     finally:
         await engine.dispose()

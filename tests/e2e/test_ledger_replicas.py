@@ -15,7 +15,7 @@ from audit.verify import verify
 from gateway.cli.ledger import verifier_key
 from gateway.db import create_engine
 from gateway.edge.servers import BackgroundServer
-from gateway.ledger.sink import ensure_keys, resolved
+from gateway.ledger.sink import ensure_keys, log_origin
 from gateway.settings import Settings
 from gateway.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys
@@ -45,7 +45,7 @@ async def test_two_replicas_share_one_ledger(tmp_path: Path, postgres_url: str) 
     files = ledger_files(tmp_path)
     async with BackgroundServer(create_sim_app(SimConfig(ttft_ms=5, itl_ms=1))) as sim:
         settings = Settings(upstreams=(f"{sim.url}/v1",), database_url=postgres_url, **files)
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         key = (await make_keys(settings))["visible"]
         env = gateway_env(settings, files)
         async with running_gateway(env) as first, running_gateway(env) as second:
@@ -56,7 +56,8 @@ async def test_two_replicas_share_one_ledger(tmp_path: Path, postgres_url: str) 
         async with engine.connect() as conn:
             query = select(entries.c.idx, entries.c.request_id, entries.c.writer)
             rows = (await conn.execute(query.order_by(entries.c.idx))).all()
-        named = await resolved(settings, engine)  # the log's own name
+        origin = await log_origin(settings.ledger, engine)  # the log's own name
+        named = settings.model_copy(update={"audit_origin": origin})
         verifier = NoteVerifier(verifier_key(named))
         report = await verify(engine, verifier, named.audit_origin)
     finally:

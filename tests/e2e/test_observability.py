@@ -600,7 +600,7 @@ async def test_workers_add_their_metrics_up_and_log_one_json_line_per_request(
     count = 20
     async with BackgroundServer(create_sim_app(SimConfig(ttft_ms=30, itl_ms=0))) as sim:
         settings = Settings(upstreams=(f"{sim.url}/v1",), database_url=postgres_url, **files)
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         key = (await make_keys(settings))["visible"]
         env = {k: v for k, v in gateway_env(settings, files).items()
                if k != "PROMETHEUS_MULTIPROC_DIR"}  # fmt: skip

@@ -179,7 +179,7 @@ async def test_two_gateway_processes_share_one_limit(tmp_path: Path) -> None:
     async with redis_server() as (port, _), BackgroundServer(create_sim_app(SimConfig())) as sim:
         settings = Settings(upstreams=(f"{sim.url}/v1",), database_url=database(tmp_path),
                             redis_url=f"redis://127.0.0.1:{port}/0", **files)  # fmt: skip
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         async with open_store(settings) as store:
             key = (await store.create(tenant="acme", role="client", rpm=4))[0].secret
         env = {**gateway_env(settings, files), "THINKGATE_REDIS_URL": settings.redis_url}
@@ -245,7 +245,7 @@ async def test_two_gateway_processes_share_one_kv_budget(tmp_path: Path) -> None
     async with redis_server() as (port, _), BackgroundServer(create_sim_app(slow)) as sim:
         settings = Settings(upstreams=(f"{sim.url}/v1",), database_url=database(tmp_path),
                             redis_url=f"redis://127.0.0.1:{port}/0", **files)  # fmt: skip
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         async with open_store(settings) as store:
             key = (await store.create(tenant="acme", role="client"))[0].secret
         env = {**gateway_env(settings, files), "THINKGATE_REDIS_URL": settings.redis_url,

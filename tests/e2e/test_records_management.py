@@ -35,7 +35,7 @@ async def seed(settings: Settings) -> None:
     """Two records per tenant, sealed 40 days ago (indexes 0-3)."""
     engine = create_engine(settings.database_url)
     try:
-        ledger = await open_ledger(settings, engine, wall=lambda: OLD)
+        ledger = await open_ledger(settings.ledger, engine, wall=lambda: OLD)
         for i, tenant in enumerate(("acme", "globex", "acme", "globex")):
             await ledger.append(
                 Facts(kind="completion", tenant=tenant, key_id="k" * 12, request_id=f"old-{i}",
@@ -68,7 +68,7 @@ async def test_retention_destroys_old_days_keeps_held_ones_and_the_log_still_ver
 ) -> None:  # fmt: skip
     settings = Settings(database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
                         **ledger_files(tmp_path))  # fmt: skip
-    ensure_keys(settings, create=True)
+    ensure_keys(settings.ledger, create=True)
     await seed(settings)
     code, said = await cli(monkeypatch, settings, "ledger", "hold", "add", "--tenant", "globex",
                            "--reason", "case 7", "--until", str(int(OLD + 10)))  # fmt: skip

@@ -123,7 +123,7 @@ async def test_a_redis_restart_under_load_trips_once_and_leaks_no_lease(tmp_path
             tenants={"acme": TenantPolicy(rpm=1_000_000, tpm=10**9)},  # and reserves tokens
             models_cache_ttl_s=3600, **ledger_files(tmp_path),
         )  # fmt: skip
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         key = await make_key(settings)
         app = create_app(settings, sink=RecordingSink())
         budget_client = redis.Redis(port=port, socket_connect_timeout=1)

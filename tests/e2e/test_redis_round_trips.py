@@ -45,7 +45,7 @@ async def test_admission_and_settlement_are_one_round_trip_each(
             models_cache_ttl_s=3600,
             **ledger_files(tmp_path),
         )
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         async with open_store(settings) as store:
             key = (await store.create(tenant="acme", role="client", rpm=100, tpm=100_000))[0]
         app = create_app(settings)

@@ -221,7 +221,7 @@ async def cluster_factory(
             files: dict[str, Any] = {**ledger_files(tmp_path)}
             settings = Settings(upstreams=(f"{engine.url}/v1",), database_url=database_url,
                                 redis_url=f"redis://127.0.0.1:{port}/0", **files)  # fmt: skip
-            ensure_keys(settings, create=True)
+            ensure_keys(settings.ledger, create=True)
             keys = {**await make_keys(settings), **await more_keys(settings)}
             env = {**gateway_env(settings, files), "THINKGATE_REDIS_URL": settings.redis_url,
                    **extra_env}  # fmt: skip

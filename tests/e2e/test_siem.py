@@ -109,7 +109,7 @@ async def test_rsyslog_receives_every_record_and_restarts_lose_none(tmp_path: Pa
                 siem_syslog_url=rsyslog.url, siem_interval_s=0.05, siem_batch=BATCH,
                 **ledger_files(tmp_path),
             )  # fmt: skip
-            ensure_keys(settings, create=True)
+            ensure_keys(settings.ledger, create=True)
             keys = await make_keys(settings)
             async with BackgroundServer(create_app(settings)) as gateway:
                 await complete(f"{gateway.url}/v1", keys["visible"], 4)

@@ -59,7 +59,7 @@ async def populate(tmp_path: Path, count: int, batches: int = 3) -> None:
     ``batches`` commits (so several checkpoints exist)."""
     settings = Settings(database_url=f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
                         **ledger_files(tmp_path))  # fmt: skip
-    ensure_keys(settings, create=True)
+    ensure_keys(settings.ledger, create=True)
     async with opened(settings) as ledger:
         per = count // batches
         for batch in range(batches):

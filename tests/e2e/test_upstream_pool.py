@@ -41,7 +41,7 @@ async def test_sequential_requests_reuse_one_upstream_connection(tmp_path: Any) 
             models_cache_ttl_s=3600,
             **ledger_files(tmp_path),
         )
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         keys = await make_keys(settings)
         async with BackgroundServer(create_app(settings)) as gateway, httpx.AsyncClient() as client:
             headers = {"authorization": f"Bearer {keys['visible']}"}
@@ -83,7 +83,7 @@ async def test_a_dead_engine_leaves_rotation_and_comes_back(tmp_path: Any) -> No
             models_cache_ttl_s=3600,
             **ledger_files(tmp_path),
         )
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         keys = await make_keys(settings)
         gateway_app = create_app(settings)
         async with BackgroundServer(gateway_app) as gateway, httpx.AsyncClient() as client:

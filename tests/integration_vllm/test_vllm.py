@@ -71,7 +71,7 @@ async def gateway(
         first_token_timeout_s=180,
         **ledger_files(tmp_path),  # the tenant keys seal reasoning tokens and stored responses
     )
-    ensure_keys(settings, create=True)
+    ensure_keys(settings.ledger, create=True)
     keys = await make_keys(settings)
     sink = RecordingSink()
     async with BackgroundServer(create_app(settings, sink=sink)) as server:

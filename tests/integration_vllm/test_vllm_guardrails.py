@@ -48,7 +48,7 @@ async def policed(vllm_servers: dict[str, VllmServer], tiny_model: TinyModel, tm
         guardrails_file=path,
         **ledger_files(tmp_path),
     )
-    ensure_keys(settings, create=True)
+    ensure_keys(settings.ledger, create=True)
     keys = await make_keys(settings)
     sink = RecordingSink()
     async with BackgroundServer(create_app(settings, sink=sink)) as server:

@@ -35,7 +35,7 @@ async def test_the_callers_trace_runs_through_the_gateway_into_vllm(
         models={"tiny-r1-parsed": {"reasoning_source": "upstream"}},
         first_token_timeout_s=180, **ledger_files(tmp_path),
     )  # fmt: skip
-    ensure_keys(settings, create=True)
+    ensure_keys(settings.ledger, create=True)
     keys = await make_keys(settings)
     async with BackgroundServer(create_app(settings, sink=RecordingSink())) as server:
         async with openai.AsyncOpenAI(

@@ -42,10 +42,10 @@ async def make_gate(redis_at: tuple[str, str] | None) -> AsyncIterator[GateFacto
 
     def make(admission_wait_ms: int = 0) -> Gate:
         settings = Settings(kv_capacity_tokens=CAPACITY, admission_wait_ms=admission_wait_ms)
-        kv = open_admission(settings, httpx.AsyncHTTPTransport(), None)
+        kv = open_admission(settings.admission, httpx.AsyncHTTPTransport(), None)
         redis = open_redis(Settings(redis_url=url)) if url else None
         if redis is None:
-            return Gate(open_limiter(settings, None), kv)
+            return Gate(open_limiter(settings.admission, None), kv)
         clients.append(redis)
         limits: Circuit[RateLimitBackend] = Circuit(
             "rate limits", RedisBackend(redis, key_prefix=prefix), MemoryBackend(),

@@ -47,7 +47,7 @@ async def make_limiter(redis_at: tuple[str, str] | None) -> AsyncIterator[Limite
     def make(settings: Settings) -> KeyLimiter:
         redis = open_redis(Settings(redis_url=url)) if url else None
         if redis is None:
-            return open_limiter(settings, None)
+            return open_limiter(settings.admission, None)
         clients.append(redis)
         circuit: Circuit[RateLimitBackend] = Circuit(
             "rate limits", RedisBackend(redis, key_prefix=prefix), MemoryBackend(),
@@ -171,10 +171,10 @@ async def test_fail_open_falls_back_to_in_process_limits(
 ) -> None:
     fail: dict[str, Any] = {"ratelimit_fail": "open"} if configured == "open" else {}
     settings = Settings(redis_url=UNREACHABLE, **fail)
-    redis = open_redis(settings)
+    redis = open_redis(settings.admission)
     assert redis is not None
     try:
-        limiter, caller = open_limiter(settings, redis), key("acme", rpm=1)
+        limiter, caller = open_limiter(settings.admission, redis), key("acme", rpm=1)
         admitted = await limiter.admit(caller, 1)
         assert dict(admitted.headers)["x-ratelimit-limit-requests"] == "1"
         assert limiter.circuit.degraded
@@ -187,10 +187,10 @@ async def test_fail_open_falls_back_to_in_process_limits(
 
 async def test_fail_closed_answers_service_unavailable() -> None:
     settings = Settings(redis_url=UNREACHABLE, ratelimit_fail="closed")
-    redis = open_redis(settings)
+    redis = open_redis(settings.admission)
     assert redis is not None
     try:
-        limiter = open_limiter(settings, redis)
+        limiter = open_limiter(settings.admission, redis)
         for _ in range(2):  # the outage's first request, then one while it lasts
             with pytest.raises(ServiceUnavailable) as refused:
                 await limiter.admit(key("acme", rpm=10), 1)

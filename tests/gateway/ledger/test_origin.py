@@ -14,7 +14,7 @@ from gateway.settings import Settings
 def deployment(root: Path, **overrides: str) -> Settings:
     root.mkdir(parents=True, exist_ok=True)
     settings = Settings(home=root, **overrides)  # type: ignore[arg-type]
-    ensure_keys(settings, create=True)
+    ensure_keys(settings.ledger, create=True)
     return settings
 
 

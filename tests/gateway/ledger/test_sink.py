@@ -51,11 +51,11 @@ async def make_sink(tmp_path: Path) -> AsyncIterator[SinkFactory]:
 
     async def make(**changes: Any) -> LedgerSink:
         settings = settings_in(tmp_path / str(len(opened)), **changes)
-        ensure_keys(settings, create=True)
+        ensure_keys(settings.ledger, create=True)
         engine = create_engine(settings.database_url)
-        ledger = await open_ledger(settings, engine)
+        ledger = await open_ledger(settings.ledger, engine)
         opened.append((ledger, engine))
-        return LedgerSink(ledger, settings)
+        return LedgerSink(ledger, settings.ledger)
 
     try:
         yield make
@@ -164,22 +164,22 @@ async def test_open_logs_the_loss_and_goes_on(
 def test_ensure_keys_refuses_missing_files_unless_told_to_create(tmp_path: Path) -> None:
     settings = settings_in(tmp_path)
     with pytest.raises(LedgerKeysMissing, match="thinkgate ledger init"):
-        ensure_keys(settings, create=False)
+        ensure_keys(settings.ledger, create=False)
     assert not settings.ledger_key_file.exists()
     assert not settings.signing_key_file.exists()
-    made = ensure_keys(settings, create=True)
+    made = ensure_keys(settings.ledger, create=True)
     assert made == [str(settings.ledger_key_file), str(settings.signing_key_file)]
-    assert ensure_keys(settings, create=False) == []
+    assert ensure_keys(settings.ledger, create=False) == []
 
 
 def test_ensure_keys_creates_only_what_is_missing(tmp_path: Path) -> None:
     settings = settings_in(tmp_path)
-    ensure_keys(settings, create=True)
+    ensure_keys(settings.ledger, create=True)
     kept = settings.ledger_key_file.read_bytes()
     settings.signing_key_file.unlink()
     with pytest.raises(LedgerKeysMissing, match=str(settings.signing_key_file)):
-        ensure_keys(settings, create=False)
-    assert ensure_keys(settings, create=True) == [str(settings.signing_key_file)]
+        ensure_keys(settings.ledger, create=False)
+    assert ensure_keys(settings.ledger, create=True) == [str(settings.signing_key_file)]
     assert settings.ledger_key_file.read_bytes() == kept  # an existing key is never replaced
 
 

@@ -48,9 +48,9 @@ async def state(sqlite_url: str) -> AsyncIterator[AppState]:
     engine = create_engine(sqlite_url)
     try:
         yield AppState(settings=settings, transport=transport,
-                       upstreams=UpstreamPool(transport, settings), engine=engine,
+                       upstreams=UpstreamPool(transport, settings.upstream), engine=engine,
                        keys=KeyStore(engine), limiter=Unlimited(),
-                       kv=open_admission(settings, transport, None), sink=RecordingSink(),
+                       kv=open_admission(settings.admission, transport, None), sink=RecordingSink(),
                        ledger=None, metrics=Metrics())  # fmt: skip
     finally:
         await engine.dispose()
