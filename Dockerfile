@@ -15,7 +15,7 @@
 # THINKGATE_SIGNING_KEY_FILE (only `--demo` makes its own). They are secrets: never bake them into
 # an image or a layer. Either
 #   - create them once in the data volume (idempotent: existing files are kept, and the ledger's
-#     schema is migrated; docker-compose.yml does this in its `ledger-init` service):
+#     schema is migrated; deploy/compose/compose.yaml does this in its `ledger-init` service):
 #       docker run --rm -v thinkgate-data:/var/lib/thinkgate \
 #           -e THINKGATE_DATABASE_URL=... --entrypoint thinkgate thinkgate:0.1.0 ledger init
 #   - or mount them read-only from a secret store (Docker/Compose secrets, a Kubernetes Secret

@@ -1,4 +1,4 @@
-"""docker-compose.yml and deploy/compose/, checked statically (there is no Docker engine here):
+"""deploy/compose/compose.yaml and what it mounts, checked statically (there is no Docker engine here):
 pinned images, THINKGATE_ variables that are real settings, the gateway wired to services and
 ports that exist, a start order that waits on health checks and on the one-shot ledger-init,
 declared volumes, mounted files that exist, Prometheus scraping the gateway with the rules it
@@ -31,7 +31,8 @@ from gateway.settings import Settings
 from tests.deploy.promql import run_promtool
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = ROOT / "docker-compose.yml"
+COMPOSE = ROOT / "deploy" / "compose" / "compose.yaml"  # the one compose file
+HERE = COMPOSE.parent  # where its relative paths start
 ENV_EXAMPLE = ROOT / "deploy" / "compose" / "env.example"
 DASHBOARD = ROOT / "deploy" / "grafana" / "thinkgate.json"
 RULES = ROOT / "deploy" / "prometheus" / "thinkgate-rules.yaml"
@@ -195,7 +196,7 @@ def mounted_from(service: str, target: str) -> Path:
     """The repository file mounted at ``target`` in ``service``."""
     for mount in mounts(services()[service]):
         if mount.is_bind and mount.target == target and mount.source:
-            return ROOT / mount.source
+            return HERE / mount.source
     raise AssertionError(f"{service} mounts nothing from the repository at {target}")
 
 
@@ -224,7 +225,7 @@ def test_the_built_image_is_tagged_with_the_project_version() -> None:
         if "build" in service:
             assert service["image"] == f"{THINKGATE_IMAGE}:{version}", name
             build = service["build"]
-            context = ROOT / (build if isinstance(build, str) else build.get("context", "."))
+            context = HERE / (build if isinstance(build, str) else build.get("context", "."))
             dockerfile = "Dockerfile" if isinstance(build, str) else build["dockerfile"]
             assert (context / dockerfile).is_file(), f"{name}: no {context / dockerfile}"
 
@@ -441,8 +442,9 @@ def test_every_file_mounted_from_the_repository_exists() -> None:
     assert binds
     for name, mount in binds:
         assert mount.source
-        assert mount.source.startswith("./"), f"{name}: {mount.source} is outside the repo"
-        assert (ROOT / mount.source).exists(), f"{name}: {mount.source} does not exist"
+        source = (HERE / mount.source).resolve()
+        assert source.is_relative_to(ROOT), f"{name}: {mount.source} is outside the repo"
+        assert source.exists(), f"{name}: {mount.source} does not exist"
         assert mount.read_only, f"{name}: mount {mount.source} read-only"
 
 
@@ -554,7 +556,7 @@ def dashboard_target() -> str:
     targets = [
         m.target
         for m in mounts(services()["grafana"])
-        if m.is_bind and m.source and (ROOT / m.source).resolve() == DASHBOARD.resolve()
+        if m.is_bind and m.source and (HERE / m.source).resolve() == DASHBOARD.resolve()
     ]
     assert len(targets) == 1, "deploy/grafana/thinkgate.json is not mounted into grafana"
     return targets[0]

@@ -45,7 +45,7 @@ ELSEWHERE = {
         "here; claude -p there)",
     "openssl ts -verify -in checkpoint.tsr -data checkpoint.body -CAfile tsa-roots.pem":
         "tests/e2e/test_evidence.py (the bundle's README runs these lines, byte for byte)",
-    "cp deploy/compose/env.example .env     # set the passwords; .env stays out of git":
+    "cd deploy/compose                      # compose.yaml's directory":
         "tests/deploy/test_compose.py (no Docker engine here: the compose file is checked "
         "statically)",
 }  # fmt: skip
