@@ -1,4 +1,4 @@
-"""deploy/compose/compose.yaml and what it mounts, checked statically (there is no Docker engine here):
+"""deploy/compose/compose.yaml and what it mounts, checked statically (no Docker engine here):
 pinned images, THINKGATE_ variables that are real settings, the gateway wired to services and
 ports that exist, a start order that waits on health checks and on the one-shot ledger-init,
 declared volumes, mounted files that exist, Prometheus scraping the gateway with the rules it
