@@ -2,7 +2,7 @@
 
 The chat route's recipe with the Messages parser and rewriter: authenticate (``x-api-key`` or
 ``Authorization: Bearer``) → read the body (bounded) → the field policy, validate and translate
-(``gateway.api.messages``) → open the reasoning that came back (a ``thinking`` block's
+(``gateway.api.messages.request``) → open the reasoning that came back (a ``thinking`` block's
 signature must open to its very text, or the block come back with no text, as
 ``thinking.display: "omitted"`` sent it; ``redacted_thinking`` data opens to the reasoning) and
 apply the context edits → build the Messages rewriter for this key (``gateway.relay.messages``:
@@ -24,7 +24,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.api.messages import (
+from gateway.api.messages.request import (
     MessagesRequest,
     parse_count_tokens_request,
     parse_messages_request,

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from gateway.api.fields import COUNT_TOKENS, MESSAGES, FieldRule
-from gateway.api.messages import (
+from gateway.api.messages.request import (
     MessagesRequest,
     parse_count_tokens_request,
     parse_messages_request,

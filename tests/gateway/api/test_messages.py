@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.api.messages import MessagesRequest, parse_messages_request
+from gateway.api.messages.request import MessagesRequest, parse_messages_request
 from gateway.errors import InvalidRequest
 
 HI = {"role": "user", "content": "hi"}

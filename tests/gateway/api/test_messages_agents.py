@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.api.messages import (
+from gateway.api.messages.request import (
     parse_count_tokens_request,
     parse_messages_request,
     prompt_estimate,

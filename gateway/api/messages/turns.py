@@ -7,7 +7,7 @@ assistant turn carried (``History``), and the thinking blocks whose text must ma
 signature.
 
 - ``system`` and every ``role: "system"`` message inside ``messages`` become one leading
-  system message (``gateway.api.messages_system``, which says why and how).
+  system message (``gateway.api.messages.system``, which says why and how).
 - ``messages``: content a string or blocks. A user turn's ``tool_result`` blocks (each must
   answer a ``tool_use`` of the assistant turn right before it; ``tool_use_id``, ``content`` a
   string or text blocks; ``is_error`` prefixes the text with ``[tool error]``) become ``tool``
@@ -28,8 +28,8 @@ from typing import Any
 import orjson
 
 from gateway.api.items import History, SealedReasoning
-from gateway.api.messages_system import ToolChange, system_prompt
-from gateway.api.messages_text import content_of, text
+from gateway.api.messages.system import ToolChange, system_prompt
+from gateway.api.messages.text import content_of, text
 from gateway.errors import InvalidRequest
 
 Signed = list[tuple[SealedReasoning, str]]  # a thinking block's signature, and its text

@@ -16,11 +16,11 @@ has opened the reasoning that came back sealed (it needs the tenant's key).
   ``logit_bias``, ``structured_outputs``, ``chat_template_kwargs``) pass through as on chat.
 - ``max_tokens`` is required; ``stop_sequences`` → ``stop``; ``temperature``, ``top_p``,
   ``top_k`` pass through.
-- ``system`` and ``messages``: ``gateway.api.messages_turns`` (``role: "system"`` entries
-  folded into the one leading system message, in order: ``gateway.api.messages_system``).
+- ``system`` and ``messages``: ``gateway.api.messages.turns`` (``role: "system"`` entries
+  folded into the one leading system message, in order: ``gateway.api.messages.system``).
   ``tools`` and ``tool_choice`` (server tools dropped with a notice; the system messages' tool
-  changes applied): ``gateway.api.messages_tools``. ``thinking``, ``output_config``
-  (``effort``, ``format``) and ``output_format``: ``gateway.api.messages_thinking``.
+  changes applied): ``gateway.api.messages.tools``. ``thinking``, ``output_config``
+  (``effort``, ``format``) and ``output_format``: ``gateway.api.messages.thinking``.
 - ``context_management`` edits (``gateway.api.context_edits``) are applied by ``build`` to the
   chat messages sent, measured on the prompt as the engine gets it (after the model's history
   rule); ``context_management`` is the response's report of them, ``None`` when the request
@@ -43,9 +43,9 @@ from gateway.api.context_edits import AppliedEdit, Edit, apply_edits, parse_edit
 from gateway.api.fields import COUNT_TOKENS, MESSAGES, UnknownFields
 from gateway.api.items import History, handed_back
 from gateway.api.jsonbody import json_object
-from gateway.api.messages_thinking import output, thinking
-from gateway.api.messages_tools import tooling
-from gateway.api.messages_turns import Signed, conversation
+from gateway.api.messages.thinking import output, thinking
+from gateway.api.messages.tools import tooling
+from gateway.api.messages.turns import Signed, conversation
 from gateway.api.screen import Screened, screen
 from gateway.errors import InvalidRequest
 

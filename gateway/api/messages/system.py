@@ -18,7 +18,7 @@ message carries, and the tool changes the system messages make.
 - A system message's ``output_config`` is accepted without effect: the request's own
   ``output_config.effort`` sets the budget of the one answer the engine writes.
 - ``tool_addition`` and ``tool_removal`` blocks (the mid-conversation tool changes beta) are
-  ``ToolChange``s, in order, for ``gateway.api.messages_tools`` to apply to the tools offered
+  ``ToolChange``s, in order, for ``gateway.api.messages.tools`` to apply to the tools offered
   (a chat engine is offered one set of tools, so the set in force at the end is the one it
   gets). ``tool_reference`` names a tool; ``tool_definition`` carries a ``tools`` entry; the
   MCP references are refused: no MCP server is connected here (``mcp_servers`` is refused).
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.api.messages_text import content_of, text
+from gateway.api.messages.text import content_of, text
 from gateway.errors import InvalidRequest
 
 _CLEAR_AT = (None, "never", "next_user_message")

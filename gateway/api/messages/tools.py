@@ -11,7 +11,7 @@
   Responses: ``gateway.api.tools.DROPPED_HEADER``); refused naming ``tools[i].type`` when
   strict (``UNKNOWN_FIELDS=refuse``).
 - Tool names are unique, as the reference requires (a second one is refused naming it).
-- The system messages' tool changes (``gateway.api.messages_system.ToolChange``) apply in
+- The system messages' tool changes (``gateway.api.messages.system.ToolChange``) apply in
   order: a ``tool_removal`` withdraws a tool, a ``tool_addition`` offers again one declared or
   defined before (``tool_reference``) or a new one (``tool_definition``, translated as a
   ``tools`` entry). The engine is offered the set in force at the end of the conversation.
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.api.messages_system import ToolChange
+from gateway.api.messages.system import ToolChange
 from gateway.errors import InvalidRequest
 
 
