@@ -32,7 +32,6 @@ expired rows and their events.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,11 +59,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit.datakeys import DataKeys
 from gateway.conversation.retention import EVERY_S, purge_forever
-from gateway.conversation.sealing import aead
+from gateway.conversation.sealedstore import SealedStore
 from gateway.db import metadata
 
 _INFO = b"thinkgate/background/v1"
-_SALT, _NONCE = 16, 12
 ACTIVE = ("queued", "in_progress")
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
@@ -130,26 +128,20 @@ def _aad(response_id: str, tenant: str, first_seq: int | None = None) -> bytes:
     return response_id.encode() + b"\0" + tenant.encode() + place
 
 
-def _box(dek: bytes, salt: bytes) -> AESGCM:
-    return aead(dek, salt, _INFO)
+class BackgroundStore(SealedStore):
+    info = _INFO
 
-
-class BackgroundStore:
     def __init__(
         self, engine: AsyncEngine, keys: DataKeys, retention_s: float, stale_s: float,
         clock: Callable[[], float] = time.time,
     ) -> None:  # fmt: skip
-        self._engine = engine
-        self._keys = keys
-        self._retention_s = retention_s
+        super().__init__(engine, keys, retention_s, clock)
         self.stale_s = stale_s
-        self._clock = clock
         self._boxes: dict[tuple[str, str], AESGCM] = {}  # (tenant, response id) -> its box
 
     async def _sealing(self, tenant: str, response_id: str) -> tuple[str, bytes, AESGCM]:
-        dek_id, dek = await self._keys.for_sealing(tenant)
-        salt = os.urandom(_SALT)
-        box = self._boxes[(tenant, response_id)] = _box(dek, salt)
+        dek_id, salt, box = await self.new_box(tenant)
+        self._boxes[(tenant, response_id)] = box
         return dek_id, salt, box
 
     async def _opening(self, conn: AsyncConnection, tenant: str, response_id: str) -> AESGCM | None:
@@ -161,17 +153,12 @@ class BackgroundStore:
         if row is None:
             return None
         dek = await self._keys.opening(row.dek_id, tenant=tenant)
-        return None if dek is None else _box(dek, bytes(row.salt))
+        return None if dek is None else self.box(dek, bytes(row.salt))
 
-    @staticmethod
-    def _seal(box: AESGCM, plain: bytes, aad: bytes) -> bytes:
-        nonce = os.urandom(_NONCE)
-        return nonce + box.encrypt(nonce, plain, aad)
-
-    @staticmethod
-    def _open(box: AESGCM, sealed: bytes, aad: bytes) -> bytes | None:
+    @classmethod
+    def _open(cls, box: AESGCM, sealed: bytes, aad: bytes) -> bytes | None:
         try:
-            return box.decrypt(sealed[:_NONCE], sealed[_NONCE:], aad)
+            return cls.open(box, sealed, aad)
         except InvalidTag:
             return None
 
@@ -189,7 +176,7 @@ class BackgroundStore:
                 id=response_id, tenant=tenant, key_id=key_id, status="queued", owner=owner,
                 heartbeat_at=now, cancel_requested=False, events=len(first), created_at=now,
                 expires_at=now + self._retention_s, dek_id=dek_id, salt=salt,
-                sealed=self._seal(box, plain, _aad(response_id, tenant)),
+                sealed=self.seal(box, plain, _aad(response_id, tenant)),
             ))  # fmt: skip
             if first:
                 await self._insert_events(conn, box, tenant, response_id, 0, first, now)
@@ -202,7 +189,7 @@ class BackgroundStore:
         await conn.execute(events.insert().values(
             response_id=response_id, first_seq=first_seq, count=len(chunk), tenant=tenant,
             expires_at=now + self._retention_s,
-            sealed=self._seal(box, plain, _aad(response_id, tenant, first_seq)),
+            sealed=self.seal(box, plain, _aad(response_id, tenant, first_seq)),
         ))  # fmt: skip
 
     async def write(
@@ -229,7 +216,7 @@ class BackgroundStore:
                 )
                 items = orjson.loads(kept)["input_items"] if kept else []
                 plain = orjson.dumps({"response": response, "input_items": items})
-                values["sealed"] = self._seal(box, plain, _aad(response_id, tenant))
+                values["sealed"] = self.seal(box, plain, _aad(response_id, tenant))
             result = await conn.execute(update(background).where(
                 background.c.id == response_id, background.c.tenant == tenant,
                 background.c.owner == owner, background.c.status.in_(ACTIVE),
@@ -359,7 +346,7 @@ class BackgroundStore:
                 background.c.status.in_(ACTIVE), background.c.heartbeat_at < cutoff,
                 background.c.events == stuck.events,
             ).values(status="failed", heartbeat_at=now, events=stuck.events + len(chunk),
-                     sealed=self._seal(box, plain, _aad(response_id, tenant))))  # fmt: skip
+                     sealed=self.seal(box, plain, _aad(response_id, tenant))))  # fmt: skip
             if not result.rowcount:
                 return False  # it beat, wrote or ended meanwhile
             await self._insert_events(conn, box, tenant, response_id, stuck.events, chunk, now)

@@ -31,9 +31,7 @@ Rules:
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,17 +54,15 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from audit.datakeys import DataKeys
 from gateway.conversation.retention import EVERY_S, purge_forever
-from gateway.conversation.sealing import aead
+from gateway.conversation.sealedstore import SealedStore
 from gateway.conversation.store import StoredItem
 from gateway.db import metadata
 from gateway.names.ids import new_conversation_id
 
 _INFO = b"thinkgate/conversations/v1"
-_SALT, _NONCE = 16, 12
 MAX_ID_CHARS, MAX_ITEM_ID_CHARS = 64, 256
 
 conversations = Table(
@@ -146,29 +142,22 @@ class _Opened:
         return StoredConversation(self.id, int(self.created_at), self.meta)
 
     def item(self, item_id: str, sealed: bytes) -> StoredItem:
-        found = orjson.loads(_open(self.box, sealed, _aad(b"item", self.id, self.tenant, item_id)))
+        found = orjson.loads(
+            SealedStore.open(self.box, sealed, _aad(b"item", self.id, self.tenant, item_id))
+        )
         listed = found["listed"]
         return StoredItem(listed, listed if found["engine"] is None else found["engine"])
 
     def seal_item(self, listed: dict[str, Any], engine: dict[str, Any]) -> bytes:
         plain = orjson.dumps({"listed": listed, "engine": None if engine == listed else engine})
-        return _seal(self.box, plain, _aad(b"item", self.id, self.tenant, listed["id"]))
+        return SealedStore.seal(self.box, plain, _aad(b"item", self.id, self.tenant, listed["id"]))
 
     def seal_meta(self, meta: dict[str, str]) -> bytes:
-        return _seal(self.box, orjson.dumps(meta), _aad(b"meta", self.id, self.tenant))
+        return SealedStore.seal(self.box, orjson.dumps(meta), _aad(b"meta", self.id, self.tenant))
 
 
 def _aad(kind: bytes, *parts: str) -> bytes:
     return b"\0".join((kind, *(p.encode() for p in parts)))
-
-
-def _seal(box: AESGCM, plain: bytes, aad: bytes) -> bytes:
-    nonce = os.urandom(_NONCE)
-    return nonce + box.encrypt(nonce, plain, aad)
-
-
-def _open(box: AESGCM, sealed: bytes, aad: bytes) -> bytes:
-    return box.decrypt(sealed[:_NONCE], sealed[_NONCE:], aad)
 
 
 def _distinct(items: Sequence[Pair]) -> None:
@@ -179,25 +168,18 @@ def _distinct(items: Sequence[Pair]) -> None:
         seen.add(listed["id"])
 
 
-class ConversationStore:
-    def __init__(
-        self, engine: AsyncEngine, keys: DataKeys, retention_s: float,
-        clock: Callable[[], float] = time.time,
-    ) -> None:  # fmt: skip
-        self._engine = engine
-        self._keys = keys
-        self._retention_s = retention_s
-        self._clock = clock
+class ConversationStore(SealedStore):
+    info = _INFO
 
     async def create(
         self, tenant: str, meta: dict[str, str], items: Sequence[Pair] = ()
     ) -> StoredConversation:
         """A new conversation with ``items`` (each ``listed`` with its ``id``), in order."""
         _distinct(items)
-        dek_id, dek = await self._keys.for_sealing(tenant)
-        salt, now = os.urandom(_SALT), self._clock()
+        dek_id, salt, box = await self.new_box(tenant)
+        now = self._clock()
         opened = _Opened(new_conversation_id(), tenant, dek_id, now, now + self._retention_s,
-                         aead(dek, salt, _INFO), meta)  # fmt: skip
+                         box, meta)  # fmt: skip
         async with self._engine.begin() as conn:
             await conn.execute(conversations.insert().values(
                 id=opened.id, tenant=tenant, created_at=now, expires_at=opened.expires_at,
@@ -347,9 +329,11 @@ class ConversationStore:
         dek = await self._keys.opening(row.dek_id, tenant=row.tenant)
         if dek is None:
             return None
-        box = aead(dek, bytes(row.salt), _INFO)
+        box = self.box(dek, bytes(row.salt))
         try:
-            meta = orjson.loads(_open(box, bytes(row.sealed), _aad(b"meta", row.id, row.tenant)))
+            meta = orjson.loads(
+                self.open(box, bytes(row.sealed), _aad(b"meta", row.id, row.tenant))
+            )
         except (InvalidTag, orjson.JSONDecodeError):
             return None
         return _Opened(row.id, row.tenant, row.dek_id, row.created_at, row.expires_at, box, meta)

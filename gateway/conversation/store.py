@@ -22,26 +22,19 @@
 
 from __future__ import annotations
 
-import os
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy import Column, Float, Index, LargeBinary, String, Table, delete, select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from audit.datakeys import DataKeys
 from gateway.conversation.retention import EVERY_S, purge_forever
-from gateway.conversation.sealing import aead
+from gateway.conversation.sealedstore import SealedStore
 from gateway.db import metadata
 from gateway.names.ids import response_of
 
 _INFO = b"thinkgate/responses/v1"
-_SALT, _NONCE = 16, 12
 
 responses = Table(
     "gateway_responses",
@@ -101,31 +94,19 @@ class Stored:
                 "content": [{"type": "reasoning_text", "text": text}]}  # fmt: skip
 
 
-def _box(dek: bytes, salt: bytes) -> AESGCM:
-    return aead(dek, salt, _INFO)
-
-
 def _aad(response_id: str, tenant: str) -> bytes:
     return response_id.encode() + b"\0" + tenant.encode()
 
 
-class ResponseStore:
-    def __init__(
-        self, engine: AsyncEngine, keys: DataKeys, retention_s: float,
-        clock: Callable[[], float] = time.time,
-    ) -> None:  # fmt: skip
-        self._engine = engine
-        self._keys = keys
-        self._retention_s = retention_s
-        self._clock = clock
+class ResponseStore(SealedStore):
+    info = _INFO
 
     async def save(self, tenant: str, key_id: str, stored: Stored, previous: str | None) -> None:
-        dek_id, dek = await self._keys.for_sealing(tenant)
-        salt, nonce = os.urandom(_SALT), os.urandom(_NONCE)
+        dek_id, salt, box = await self.new_box(tenant)
         plain = orjson.dumps({"response": stored.response, "input_items": stored.input_items,
                               "conversation": stored.conversation,
                               "reasoning": stored.reasoning})  # fmt: skip
-        sealed = nonce + _box(dek, salt).encrypt(nonce, plain, _aad(stored.id, tenant))
+        sealed = self.seal(box, plain, _aad(stored.id, tenant))
         now = self._clock()
         async with self._engine.begin() as conn:
             await conn.execute(responses.insert().values(
@@ -149,11 +130,9 @@ class ResponseStore:
         dek = await self._keys.opening(row.dek_id, tenant=tenant)
         if dek is None:
             return None
-        sealed = bytes(row.sealed)
         try:
-            plain = _box(dek, bytes(row.salt)).decrypt(
-                sealed[:_NONCE], sealed[_NONCE:], _aad(response_id, tenant)
-            )
+            box = self.box(dek, bytes(row.salt))
+            plain = self.open(box, bytes(row.sealed), _aad(response_id, tenant))
         except InvalidTag:
             return None
         data = orjson.loads(plain)
