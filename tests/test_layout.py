@@ -20,6 +20,7 @@ Layers, lowest first; a package imports only packages of lower layers (and its o
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +160,23 @@ def test_below_the_routes_a_component_gets_its_settings_section_not_the_whole_se
         names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                  for alias in node.names}  # fmt: skip
         assert not names & {"Settings", "AppState"}, name
+
+
+def test_every_module_has_its_tests_at_the_mirrored_path_or_names_them() -> None:
+    """``tests/README.md`` names the tests of every module without a mirrored test file; a
+    module moved or removed leaves no stale row, and every file named exists."""
+    table = (ROOT / "tests" / "README.md").read_text().split("## Modules tested elsewhere")[1]
+    rows = {m[0]: m[1] for m in re.findall(r"^\| `([\w/.]+\.py)` \| (.+) \|$", table, re.M)}
+    for package in ("gateway", "audit", "ratelimit"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "migrations" in path.parts or path.name in ("__init__.py", "__main__.py"):
+                continue
+            module = str(path.relative_to(ROOT))
+            mirrored = ROOT / "tests" / path.relative_to(ROOT).parent / f"test_{path.stem}.py"
+            if mirrored.exists():
+                assert module not in rows, f"{module} has its own tests: drop its row"
+                continue
+            assert module in rows, f"{module}: no {mirrored.relative_to(ROOT)}, no row"
+            for named in re.findall(r"`(tests/[\w/]+\.py)`", rows.pop(module)):
+                assert (ROOT / named).exists(), f"{module}: {named} does not exist"
+    assert not rows, f"rows for modules that do not exist: {sorted(rows)}"
