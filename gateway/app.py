@@ -12,7 +12,7 @@ import dataclasses
 import gc
 import logging
 import signal
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import httpx
@@ -120,6 +120,16 @@ def create_app(
         redoc_url=None,
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
+    unexpected = _error_handlers(app, database)
+    _routes(app, settings)
+    lanes = {("POST", "/v1/chat/completions"): chat.chat_completions}
+    return FrontDoor(app, lanes, settings.max_header_bytes, unexpected)
+
+
+def _error_handlers(
+    app: FastAPI, database: DatabaseHealth
+) -> Callable[[Exception, str], GatewayError]:
+    """Every error in its endpoint's shape; what the front door makes of an unexpected one."""
     app.add_exception_handler(GatewayError, _gateway_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
@@ -135,21 +145,15 @@ def create_app(
     for kind in (SQLAlchemyError, OSError, TimeoutError):
         app.add_exception_handler(kind, database_error)
     app.add_exception_handler(Exception, _internal_error)
-    chat.add_routes(app)
-    models.add_routes(app)
-    responses.add_routes(app)
-    conversations.add_routes(app)
-    messages.add_routes(app)
-    completions.add_routes(app)
-    health.add_routes(app)
-    admin.add_routes(app)
-    auditor.add_routes(app)
-    records.add_routes(app)
-    tlog.add_routes(app)
+    return unexpected
+
+
+def _routes(app: FastAPI, settings: Settings) -> None:
+    for module in (chat, models, responses, conversations, messages, completions, health,
+                   admin, auditor, records, tlog):  # fmt: skip
+        module.add_routes(app)
     if settings.console_enabled:
         console.add_routes(app)
-    lanes = {("POST", "/v1/chat/completions"): chat.chat_completions}
-    return FrontDoor(app, lanes, settings.max_header_bytes, unexpected)
 
 
 # How the demo's simulated models send their reasoning (gateway.sim.config): the separating
@@ -231,14 +235,7 @@ async def _start(
     database: DatabaseHealth,
 ) -> AppState:
     if settings.demo and not settings.upstreams:
-        from gateway.sim.app import SimConfig, create_sim_app
-
-        demo_sim = create_sim_app(SimConfig(ttft_ms=300, itl_ms=15))
-        sim = await stack.enter_async_context(BackgroundServer(demo_sim))
-        settings = settings.model_copy(update={"upstreams": (f"{sim.url}/v1",)})
-        settings = settings.with_default_models(DEMO_MODELS)
-        log.info("demo simulator (the upstream) on %s/v1: thinkgate doctor --upstream %s/v1",
-                 sim.url, sim.url)  # fmt: skip
+        settings = await _demo_upstream(stack, settings)
     transport = create_transport(settings.upstream)
     stack.push_async_callback(transport.aclose)
     engine = create_engine(settings.database_url)
@@ -246,16 +243,7 @@ async def _start(
     await upgrade_schema(engine)
     ledger = None
     if sink is None:
-        for path in ensure_keys(settings.ledger, create=settings.demo):
-            if path == str(settings.signing_key_file):
-                log.warning("created the checkpoint signing key %s (demo): keep it, or later "
-                            "checkpoints are signed by another key than auditors pinned",
-                            path)  # fmt: skip
-            else:
-                log.warning("created the ledger encryption key file %s (demo): keep it, or "
-                            "records become unreadable", path)  # fmt: skip
-        ledger = await open_ledger(settings.ledger, engine)
-        stack.push_async_callback(ledger.aclose)
+        ledger = await _open_ledger(stack, settings, engine)
         sink = LedgerSink(ledger, settings.ledger)
     keys = await _tenant_keys(settings, engine, ledger)
     if keys is not None:
@@ -279,29 +267,13 @@ async def _start(
     tracing = open_tracing()
     if tracing is not None:  # flushed off the loop: the exporters' last posts block
         stack.push_async_callback(asyncio.to_thread, tracing.shutdown)
+    keystore = KeyStore(engine, ttl=settings.key_cache_ttl_s, stale_s=settings.key_cache_stale_s,
+                        health=database)  # fmt: skip
     state = AppState(
-        settings=settings,
-        transport=transport,
-        upstreams=upstreams,
-        engine=engine,
-        keys=KeyStore(
-            engine,
-            ttl=settings.key_cache_ttl_s,
-            stale_s=settings.key_cache_stale_s,
-            health=database,
-        ),
-        limiter=limiter,
-        kv=kv,
-        sink=sink,
-        ledger=ledger,
-        metrics=metrics,
-        redis=redis,
-        sealer=kept.sealer,
-        stored=kept.stored,
-        conversations=kept.conversations,
-        background_store=kept.background,
-        guardrails=guardrails,
-        guard_models=guard_models,
+        settings=settings, transport=transport, upstreams=upstreams, engine=engine,
+        keys=keystore, limiter=limiter, kv=kv, sink=sink, ledger=ledger, metrics=metrics,
+        redis=redis, sealer=kept.sealer, stored=kept.stored, conversations=kept.conversations,
+        background_store=kept.background, guardrails=guardrails, guard_models=guard_models,
         tracing=tracing,
     )  # fmt: skip
     if state.background is not None:  # stopped before the database goes (a LIFO stack)
@@ -309,6 +281,34 @@ async def _start(
         stack.push_async_callback(state.background.stop_all)
         stack.push_async_callback(_cancel, sweeping)
     return state
+
+
+async def _demo_upstream(stack: contextlib.AsyncExitStack, settings: Settings) -> Settings:
+    """``--demo`` without upstreams: the simulator in this process, and its models."""
+    from gateway.sim.app import SimConfig, create_sim_app
+
+    demo_sim = create_sim_app(SimConfig(ttft_ms=300, itl_ms=15))
+    sim = await stack.enter_async_context(BackgroundServer(demo_sim))
+    settings = settings.model_copy(update={"upstreams": (f"{sim.url}/v1",)})
+    log.info("demo simulator (the upstream) on %s/v1: thinkgate doctor --upstream %s/v1",
+             sim.url, sim.url)  # fmt: skip
+    return settings.with_default_models(DEMO_MODELS)
+
+
+async def _open_ledger(stack: contextlib.AsyncExitStack, settings: Settings,
+                       engine: AsyncEngine) -> Ledger:  # fmt: skip
+    """The ledger, its key files made first in demo mode (said loudly: they must be kept)."""
+    for path in ensure_keys(settings.ledger, create=settings.demo):
+        if path == str(settings.signing_key_file):
+            log.warning("created the checkpoint signing key %s (demo): keep it, or later "
+                        "checkpoints are signed by another key than auditors pinned",
+                        path)  # fmt: skip
+        else:
+            log.warning("created the ledger encryption key file %s (demo): keep it, or "
+                        "records become unreadable", path)  # fmt: skip
+    ledger = await open_ledger(settings.ledger, engine)
+    stack.push_async_callback(ledger.aclose)
+    return ledger
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

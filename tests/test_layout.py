@@ -180,3 +180,16 @@ def test_every_module_has_its_tests_at_the_mirrored_path_or_names_them() -> None
             for named in re.findall(r"`(tests/[\w/]+\.py)`", rows.pop(module)):
                 assert (ROOT / named).exists(), f"{module}: {named} does not exist"
     assert not rows, f"rows for modules that do not exist: {sorted(rows)}"
+
+
+def test_no_function_is_over_sixty_lines() -> None:
+    """A function longer than a screen is split by what its parts do (STYLE.md)."""
+    long = []
+    for package in ("gateway", "audit", "ratelimit"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > 60:
+                        long.append(f"{path.relative_to(ROOT)}:{node.name} ({lines})")
+    assert not long

@@ -66,7 +66,16 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="thinkgate", description=_DESCRIPTION)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    _serve_parsers(sub)
+    _keys_parser(sub)
+    _ledger_parser(sub)
+    _capacity_parser(sub)
+    _tool_parsers(sub)
+    _witness_parser(sub)
+    return parser
 
+
+def _serve_parsers(sub: Any) -> None:
     serve = sub.add_parser("serve", help="run the gateway")
     serve.add_argument("--host", default=None, help="address to listen on (HOST: 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (PORT: 8080)")
@@ -86,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     sim.add_argument("--access-log", action="store_true", help="log each request")
     sim.set_defaults(func=cmd_sim)
 
+
+def _keys_parser(sub: Any) -> None:
     keys = sub.add_parser("keys", help="manage API keys").add_subparsers(required=True)
     create = keys.add_parser("create", help="create a key; the secret is the last line")
     create.add_argument("--tenant", required=True)
@@ -99,9 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     revoke.add_argument("key_id")
     revoke.set_defaults(func=cmd_keys_revoke)
 
-    _ledger_parser(sub)
-    _capacity_parser(sub)
 
+def _tool_parsers(sub: Any) -> None:
     doctor = sub.add_parser("doctor", help="production-readiness checks of upstreams and services")
     doctor.add_argument("--upstream", action="append", default=None, metavar="URL",
                         help="e.g. http://vllm:8000/v1 (default: UPSTREAMS)")  # fmt: skip
@@ -119,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-tokens", type=int, default=256)
     bench.set_defaults(func=cmd_bench)
 
+
+def _witness_parser(sub: Any) -> None:
     witness = sub.add_parser("witness", help="run a C2SP tlog-witness for thinkgate logs")
     witness.add_argument("--name", required=True,
                          help="its cosigner name, e.g. witness.example/w1")  # fmt: skip
@@ -131,7 +143,6 @@ def _parser() -> argparse.ArgumentParser:
     witness.add_argument("--host", default="127.0.0.1", help="address to listen on")
     witness.add_argument("--port", type=int, default=8090, help="port")
     witness.set_defaults(func=cmd_witness)
-    return parser
 
 
 def cmd_witness(args: argparse.Namespace) -> int:

@@ -113,6 +113,18 @@ class Metrics:
         self.tenant = TenantLabels(frozenset(tenants), tenant_limit)
         self._cache: dict[tuple[str, str, bool, str, str], _Children] = {}
         r = self.registry
+        self._exchanges(r)
+        self._upstream_errors_and_admission(r)
+        self._ledger(r)
+        self._engines(r)
+        self._siem(r)
+        if not self.multiprocess:
+            ProcessCollector(registry=r)
+        for kind in REJECTION_KINDS:
+            self.rejections.labels(kind)
+
+    def _exchanges(self, r: CollectorRegistry) -> None:
+        """Requests, latencies, tokens, disconnects: one per exchange."""
         self.requests = Counter("thinkgate_requests", "Completions by API and outcome.",
                                 ["model", "tenant", "status", "stream", "endpoint"],
                                 registry=r)  # fmt: skip
@@ -145,6 +157,9 @@ class Metrics:
             "thinkgate_reasoning_ratio", "Share of a completion's tokens spent reasoning.",
             ["model"], buckets=RATIO_BUCKETS, registry=r,
         )  # fmt: skip
+
+    def _upstream_errors_and_admission(self, r: CollectorRegistry) -> None:
+        """Engines' failures, the limits' refusals, the KV budget, request fields and guardrails."""
         self.upstream_errors = Counter("thinkgate_upstream_errors",
                                        "Failures of a model server, by kind.",
                                        ["upstream", "kind"], registry=r)  # fmt: skip
@@ -187,6 +202,9 @@ class Metrics:
         self.admission_wait = Histogram("thinkgate_admission_wait_seconds",
                                         "Time a request waited for KV budget.",
                                         buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
+
+    def _ledger(self, r: CollectorRegistry) -> None:
+        """The audit ledger's writer."""
         self.ledger_records = Counter(
             "thinkgate_ledger_records", "Records committed to the audit ledger.", registry=r
         )
@@ -209,6 +227,9 @@ class Metrics:
             "When the last signed checkpoint was written (Unix time).", registry=r,
             multiprocess_mode="max",
         )  # fmt: skip
+
+    def _engines(self, r: CollectorRegistry) -> None:
+        """The gateway's own overhead, and what each engine reports."""
         self.overhead = Histogram(
             "thinkgate_overhead_seconds",
             "Time spent inside the gateway per request, waiting for the upstream excluded.",
@@ -226,6 +247,9 @@ class Metrics:
             "thinkgate_upstream_healthy", "1 while the engine is in rotation.",
             ["upstream"], registry=r, multiprocess_mode="min",
         )  # fmt: skip
+
+    def _siem(self, r: CollectorRegistry) -> None:
+        """The SIEM export."""
         self.siem_events = Counter(
             "thinkgate_siem_events", "OCSF events the SIEM export handed to each sink (syslog, "
             "file, hec), by outcome: sent, or failed (the batch is retried).",
@@ -240,10 +264,6 @@ class Metrics:
             "the SIEM (reported by the replica holding the export's lease; 0 elsewhere).",
             registry=r, multiprocess_mode="max",
         )  # fmt: skip
-        if not self.multiprocess:
-            ProcessCollector(registry=r)
-        for kind in REJECTION_KINDS:
-            self.rejections.labels(kind)
 
     def know_upstreams(self, urls: Iterable[str]) -> None:
         """Export every failure kind of these upstreams at zero."""
