@@ -25,7 +25,7 @@ finishes it once the route has what needs I/O (the stored conversation of
   pass through; ``reasoning.effort`` → ``reasoning_effort`` (the format's thinking switch reads
   it, ``gateway.relay.formats``, and it is the request's reasoning budget,
   ``gateway.relay.effort``); ``reasoning.summary`` (or its alias ``generate_summary``) asks for
-  ``summary_text`` parts (``gateway.relay.responses``, for a key that may see reasoning);
+  ``summary_text`` parts (``gateway.relay.apis.responses``, for a key that may see reasoning);
   ``reasoning.context`` picks the turns whose reasoning the engine gets back (``current_turn``:
   those after the last user message, ``all_turns``: all; ``auto``: the model's rule);
   ``metadata`` is echoed, not sent.

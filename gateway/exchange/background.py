@@ -50,7 +50,7 @@ from gateway.conversation.visibility import for_key_event
 from gateway.errors import NotFound
 from gateway.exchange.forward import Forwarder
 from gateway.exchange.lifecycle import Exchange
-from gateway.relay.responses import ResponsesStream
+from gateway.relay.apis.responses import ResponsesStream
 from gateway.relay.sse import encode_event
 from gateway.upstream.engine import Upstream
 

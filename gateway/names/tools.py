@@ -1,6 +1,6 @@
 """The engine's function names mapped back to the client's tools (sans-I/O): a namespace's
 tools and custom tools go to the engine as flat functions (``gateway.api.tools``), and a call
-goes out as the client named it (``gateway.relay.response_items``)."""
+goes out as the client named it (``gateway.relay.apis.response_items``)."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from gateway.conversation.background import Background
 from gateway.conversation.visibility import for_key
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RateLimited
 from gateway.exchange.background import Runner
-from gateway.relay.responses import ResponsesStream
+from gateway.relay.apis.responses import ResponsesStream
 from gateway.routes.state import AppState
 
 ENDPOINT, PATH = "responses", "/chat/completions"

@@ -3,7 +3,7 @@ same pipeline as chat.
 
 Completions: authenticate → read the body (bounded) → validate (``gateway.api.completions``) →
 the completions rewriter for this key (the model's reasoning format over the generated text,
-``gateway.relay.completions``) → admit → forward to the engine's ``/completions`` (a raw prompt
+``gateway.relay.apis.completions``) → admit → forward to the engine's ``/completions`` (a raw prompt
 never passes through a chat template) → finish (settle and record, endpoint ``completions``).
 
 Embeddings: the same recipe, forwarded whole to the engine's ``/embeddings`` and answered as the
@@ -24,7 +24,7 @@ from starlette.responses import Response
 from gateway.api.completions import parse_completions_request, parse_embeddings_request
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.pipeline.steps import claimed_model
-from gateway.relay.completions import CompletionsRelay, CompletionsWhole, opened_by
+from gateway.relay.apis.completions import CompletionsRelay, CompletionsWhole, opened_by
 from gateway.relay.formats import NONE
 from gateway.relay.rewrite import Rewriter
 from gateway.routes.state import app_state

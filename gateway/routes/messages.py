@@ -5,7 +5,7 @@ The chat route's recipe with the Messages parser and rewriter: authenticate (``x
 (``gateway.api.messages.request``) → open the reasoning that came back (a ``thinking`` block's
 signature must open to its very text, or the block come back with no text, as
 ``thinking.display: "omitted"`` sent it; ``redacted_thinking`` data opens to the reasoning) and
-apply the context edits → build the Messages rewriter for this key (``gateway.relay.messages``:
+apply the context edits → build the Messages rewriter for this key (``gateway.relay.apis.messages``:
 ``message_start`` carries the prompt's estimate, the edits' report goes in the answer) → the
 reasoning budget (``thinking``, ``output_config.effort``) → admit → forward to the engine's
 ``/chat/completions`` → finish (settle and record, endpoint ``messages``). Fields no reference
@@ -33,7 +33,7 @@ from gateway.api.tools import DROPPED_HEADER, dropped_header
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError, InvalidRequest
 from gateway.pipeline.steps import claimed_model
-from gateway.relay.messages import MessageMeta, MessagesStream, MessagesWhole, Sealer
+from gateway.relay.apis.messages import MessageMeta, MessagesStream, MessagesWhole, Sealer
 from gateway.routes.state import AppState, app_state
 
 log = logging.getLogger("thinkgate")

@@ -2,7 +2,7 @@
 
 The chat route's recipe with the Responses parser and rewriter: authenticate → read the body
 (bounded) → validate and translate (``gateway.api.responses``) → admit → build the Responses
-rewriter for this key (``gateway.relay.responses``) → forward to the engine's
+rewriter for this key (``gateway.relay.apis.responses``) → forward to the engine's
 ``/chat/completions`` → finish (settle and record, endpoint ``responses``). Everything the
 chat route guarantees holds: reasoning formats and sources, visibility, limits, KV admission,
 one ledger record, metrics, one terminal event after a failure.
@@ -53,7 +53,7 @@ from gateway.errors import GatewayError, InvalidRequest, NotFound
 from gateway.ledger.record import CompletionRecord
 from gateway.names.ids import item_id
 from gateway.pipeline.steps import claimed_model
-from gateway.relay.responses import ResponseMeta, ResponsesStream, ResponsesWhole, Sealer
+from gateway.relay.apis.responses import ResponseMeta, ResponsesStream, ResponsesWhole, Sealer
 from gateway.routes import background
 from gateway.routes.state import AppState, app_state
 

@@ -14,7 +14,7 @@ signature.
   messages, before its text; an assistant turn's ``text`` is its content, ``tool_use`` (``id``,
   ``name``, ``input``) its ``tool_calls`` (``input`` as JSON arguments), ``thinking``
   (``thinking``, ``signature``) and ``redacted_thinking`` (``data``) its reasoning. A thinking
-  block's ``signature`` is the gateway's seal of its text (``gateway.relay.messages``); the
+  block's ``signature`` is the gateway's seal of its text (``gateway.relay.apis.messages``); the
   route checks it opens to the very text given, or to any text when the block came back empty
   (``thinking.display: "omitted"`` returned it so). ``image`` and ``document`` blocks are
   refused: the engines behind thinkgate serve text.

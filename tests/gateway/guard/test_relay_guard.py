@@ -11,8 +11,8 @@ from gateway.guard.detectors import PatternError, custom
 from gateway.guard.policy import parse
 from gateway.guard.scanner import ChannelScanner
 from gateway.guard.stream import ChoiceGuard
+from gateway.relay.apis.completions import CompletionsRelay
 from gateway.relay.choice import ChoiceState
-from gateway.relay.completions import CompletionsRelay
 from gateway.relay.formats import BUILTIN
 from gateway.relay.rewrite import Policy, StreamRelay
 from gateway.relay.sse import Event

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.relay.completions import CompletionsRelay, CompletionsWhole, opened_by
+from gateway.relay.apis.completions import CompletionsRelay, CompletionsWhole, opened_by
 from gateway.relay.formats import BUILTIN, NONE
 from gateway.relay.rewrite import Policy
 from gateway.relay.sse import DONE_EVENT, Event, SSEParser

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from gateway.errors import RemoteProtocolError
-from gateway.relay.responses import ResponseMeta, ResponsesStream, ResponsesWhole, Sealer
+from gateway.relay.apis.responses import ResponseMeta, ResponsesStream, ResponsesWhole, Sealer
 from gateway.relay.rewrite import Policy
 from gateway.relay.sse import Event, SSEParser
 from gateway.relay.toolcalls import ToolCalls

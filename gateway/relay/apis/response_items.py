@@ -1,5 +1,5 @@
 """Responses output items as they grow, rendered and announced as the OpenAI API reference
-shapes them (sans-I/O; ``gateway.relay.responses`` drives them).
+shapes them (sans-I/O; ``gateway.relay.apis.responses`` drives them).
 
 Item kinds and their objects:
 
@@ -11,7 +11,7 @@ Item kinds and their objects:
 - ``function_call``: ``call_id``, ``name`` and ``namespace`` as the client named the tool
   (``gateway.api.tools.ToolMap``), ``arguments``.
 - ``custom_tool_call``: ``call_id``, ``name``, ``namespace``, ``input`` (the free-form input,
-  decoded from the function arguments that carry it: ``gateway.relay.freeform``). The
+  decoded from the function arguments that carry it: ``gateway.relay.apis.freeform``). The
   reference's object has no ``status``, so it has none.
 
 Streamed, an item is announced with no text (``response.output_item.added``; a text item's
@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from gateway.names.ids import item_id
 from gateway.names.tools import ClientTool
-from gateway.relay.freeform import InputDecoder
+from gateway.relay.apis.freeform import InputDecoder
 from gateway.relay.toolcalls import ToolCall
 
 ItemKind = Literal["reasoning", "message", "function_call", "custom_tool_call"]

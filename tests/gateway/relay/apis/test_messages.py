@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from gateway.errors import RemoteProtocolError
-from gateway.relay.messages import MessageMeta, MessagesStream, MessagesWhole
+from gateway.relay.apis.messages import MessageMeta, MessagesStream, MessagesWhole
 from gateway.relay.rewrite import Policy
 from gateway.relay.sse import Event, SSEParser
 from tests.gateway.relay.test_responses_tools import more, opening

@@ -1,5 +1,5 @@
-"""Responses output items beyond plain text (``gateway.relay.response_items``, driven by
-``gateway.relay.responses``): reasoning summaries, custom tool calls, namespaced function calls
+"""Responses output items beyond plain text (``gateway.relay.apis.response_items``, driven by
+``gateway.relay.apis.responses``): reasoning summaries, custom tool calls, namespaced function calls
 and output_text logprobs, streamed and whole. Every stream is also accumulated by a client as
 strict as openai-node's ``responses.stream()``, which must build the output the response
 completes with."""
@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from gateway.names.tools import ClientTool, ToolMap
-from gateway.relay.response_items import answer_logprobs, logprobs_of
-from gateway.relay.responses import ResponseMeta, ResponsesStream, ResponsesWhole
+from gateway.relay.apis.response_items import answer_logprobs, logprobs_of
+from gateway.relay.apis.responses import ResponseMeta, ResponsesStream, ResponsesWhole
 from gateway.relay.rewrite import Policy
 from gateway.relay.sse import Event, SSEParser
 from tests.gateway.relay.test_responses_tools import more, opening

@@ -2,7 +2,7 @@
 
 The same per-choice splitting as chat (``gateway.relay.rewrite``: the model's reasoning format,
 source and thinking switch, the visibility policy), then shaped as the OpenAI API reference's
-Responses objects (items and their events: ``gateway.relay.response_items``):
+Responses objects (items and their events: ``gateway.relay.apis.response_items``):
 
 - Output items, in the order the model produced them: a ``reasoning`` item for a key allowed
   to see reasoning (its text in ``content``, and as a ``summary_text`` part too when the
@@ -44,8 +44,7 @@ import orjson
 
 from gateway.names.ids import new_response_id
 from gateway.names.tools import ToolMap
-from gateway.relay.choice import ChoiceState
-from gateway.relay.response_items import (
+from gateway.relay.apis.response_items import (
     Emitted,
     Item,
     ItemKind,
@@ -53,6 +52,7 @@ from gateway.relay.response_items import (
     answer_logprobs,
     logprobs_of,
 )
+from gateway.relay.choice import ChoiceState
 from gateway.relay.rewrite import (
     EventRelay,
     Policy,

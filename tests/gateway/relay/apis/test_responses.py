@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.relay.responses import ResponseMeta, ResponsesStream, ResponsesWhole
+from gateway.relay.apis.responses import ResponseMeta, ResponsesStream, ResponsesWhole
 from gateway.relay.rewrite import Policy
 from gateway.relay.sse import Event, SSEParser
 from tests.gateway.relay.test_rewrite import chunk, completion, usage_chunk

@@ -1,5 +1,5 @@
 """A custom tool's free-form input decoded from the function arguments that carry it
-(``gateway.relay.freeform``): whole, one character at a time and under any chunking, what
+(``gateway.relay.apis.freeform``): whole, one character at a time and under any chunking, what
 was released always joins to the input."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.errors import LocalProtocolError
-from gateway.relay.freeform import MAX_OPENING, InputDecoder
+from gateway.relay.apis.freeform import MAX_OPENING, InputDecoder
 
 TEXTS = ["", "plain", 'a "quoted" \\ back\\slash', "tab\tnew\nline\r\x00\x1f", "é ✓ 😀 𝄞",
          "*** Begin Patch\n*** Update File: a.py\n@@\n-x = 1\n+x = 2\n*** End Patch\n"]  # fmt: skip
