@@ -304,10 +304,11 @@ async def upstream_output(
 async def relay_stream(
     ex: Exchange, leg: Leg, relay: StreamRelay, keepalive_s: float
 ) -> AsyncIterator[bytes]:
-    """The relay loop: upstream reads in, one client write per upstream read out. Closing the
-    upstream and the final ``finish`` belong to the response's cleanup, which also runs when
-    this generator is cancelled or never started."""
+    """The relay loop: upstream reads in, one client write per upstream read out, then the
+    stream's ending (``_ending``). Closing the upstream and the final ``finish`` belong to the
+    response's cleanup, which also runs when this generator is cancelled or never started."""
     last_sent = time.perf_counter()
+    error: BaseException | None = None
     try:
         async for out in upstream_output(ex, leg, relay, ex.screen):
             if out:
@@ -317,19 +318,13 @@ async def relay_stream(
             elif time.perf_counter() - last_sent > keepalive_s:
                 yield relay.keepalive  # upstream is busy with withheld reasoning
                 last_sent = time.perf_counter()
-        ex.status = "ok"
-        await ex.finish()
-        yield relay.end()
     except (GatewayError, RemoteProtocolError) as exc:
-        error = exc if isinstance(exc, GatewayError) else UpstreamProtocolError(str(exc))
-        yield _failed(ex, relay, error)
-        await _finish_quietly(ex)
-        yield relay.end()
+        error = exc
     except Exception:  # a bug of ours: the client still gets its one terminal error event
         log.exception("relay failed (request %s)", ex.request_id)
-        yield _failed(ex, relay, GatewayError("The gateway failed while streaming."))
-        await _finish_quietly(ex)
-        yield relay.end()
+        error = GatewayError("The gateway failed while streaming.")
+    async for out in _ending(ex, relay, error):
+        yield out
 
 
 async def push_stream(
@@ -339,6 +334,7 @@ async def push_stream(
     written to the client from the connection's read callback (``_Pusher``); this task wakes
     only when the client is slow, for a continuation, and at the end."""
     pusher = _Pusher(ex, leg, relay, writer, keepalive_s)
+    error: BaseException | None = None
     try:
         while True:
             outcome = await pusher.run()
@@ -352,16 +348,12 @@ async def push_stream(
             await leg.continue_with(relay.continuation(leg.body))
         if not relay.done:
             raise UpstreamProtocolError("the model server ended the stream before [DONE]")
-        ex.status = "ok"
-        await ex.finish()
-        writer.write(relay.end())
     except (GatewayError, RemoteProtocolError) as exc:
-        error = exc if isinstance(exc, GatewayError) else UpstreamProtocolError(str(exc))
-        writer.write(_failed(ex, relay, error))
-        await _finish_quietly(ex)
-        writer.write(relay.end())
+        error = exc
     finally:
         pusher.stop()
+    async for out in _ending(ex, relay, error):
+        writer.write(out)
 
 
 _PAUSED = object()  # the client is slow: the upstream is held back until it drains
@@ -451,6 +443,28 @@ class _Pusher:
     def stop(self) -> None:
         """The stream is over here (or this task was cancelled): nothing more is pushed."""
         self._leg.stream.unhook()
+
+
+async def _ending(
+    ex: Exchange, relay: StreamRelay, error: BaseException | None
+) -> AsyncIterator[bytes]:
+    """A stream's one ending, pulled or pushed: ``[DONE]`` once the record is as durable as
+    ``AUDIT_MODE`` says; after a failure (the upstream's, ours, or the ledger refusing the
+    record), first its one terminal error event."""
+    if error is None:
+        ex.status = "ok"
+        try:
+            await ex.finish()
+        except GatewayError as exc:  # the record was refused: the client is told
+            error = exc
+        except Exception:  # a bug of ours: the client still gets its one terminal error event
+            log.exception("relay failed (request %s)", ex.request_id)
+            error = GatewayError("The gateway failed while streaming.")
+    if error is not None:
+        failure = error if isinstance(error, GatewayError) else UpstreamProtocolError(str(error))
+        yield _failed(ex, relay, failure)
+        await _finish_quietly(ex)
+    yield relay.end()
 
 
 def _failed(ex: Exchange, relay: StreamRelay, error: GatewayError) -> bytes:
