@@ -71,7 +71,7 @@ from gateway.settings import Settings
 
 LAUNCH_SIM = """
 import sys, uvicorn
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 port, ttft, itl, error, drop, capacity, keepalive = sys.argv[1:]
 config = SimConfig(ttft_ms=float(ttft), itl_ms=float(itl), error_rate=float(error),
                    drop_rate=float(drop), kv_capacity_tokens=int(capacity), seed=7)

@@ -29,7 +29,6 @@ from audit import timestamps as audit_timestamps
 from audit.crypto import ReloadingKeyProvider
 from audit.datakeys import DataKeys
 from audit.ledger import Ledger
-from gateway import console
 from gateway.admission.budget import KVAdmission, open_admission
 from gateway.admission.limiter import Limiter
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
@@ -68,7 +67,8 @@ from gateway.routes import (
 from gateway.routes.health import metrics_app
 from gateway.routes.state import AppState
 from gateway.settings import ModelOverride, Settings
-from gateway.siem.exporter import create_exporter
+from gateway.side import console
+from gateway.side.siem.exporter import create_exporter
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import open_tracing
 from gateway.upstream.judge import GuardModels
@@ -156,7 +156,7 @@ def _routes(app: FastAPI, settings: Settings) -> None:
         console.add_routes(app)
 
 
-# How the demo's simulated models send their reasoning (gateway.sim.config): the separating
+# How the demo's simulated models send their reasoning (gateway.side.sim.config): the separating
 # one as vLLM with --reasoning-parser does, the others with their family's markers in the text.
 DEMO_MODELS = {
     "deepseek-r1-parsed": ModelOverride(reasoning_source="upstream"),
@@ -183,7 +183,7 @@ def _guardrails(stack: contextlib.AsyncExitStack, settings: Settings, metrics: M
 
 def _siem(stack: contextlib.AsyncExitStack, settings: Settings, engine: AsyncEngine,
           metrics: Metrics, ledger: Ledger | None) -> None:  # fmt: skip
-    """The SIEM export (``gateway.siem``) on a task of its own, when a sink is configured and
+    """The SIEM export (``gateway.side.siem``) on a task of its own, when a sink is configured and
     this app writes the ledger; cancelled (releasing its lease) before its sinks close."""
     exporter = None if ledger is None else create_exporter(settings.siem, engine, metrics)
     if exporter is not None:
@@ -285,7 +285,7 @@ async def _start(
 
 async def _demo_upstream(stack: contextlib.AsyncExitStack, settings: Settings) -> Settings:
     """``--demo`` without upstreams: the simulator in this process, and its models."""
-    from gateway.sim.app import SimConfig, create_sim_app
+    from gateway.side.sim.app import SimConfig, create_sim_app
 
     demo_sim = create_sim_app(SimConfig(ttft_ms=300, itl_ms=15))
     sim = await stack.enter_async_context(BackgroundServer(demo_sim))

@@ -233,7 +233,7 @@ def _file_hint(home: Path, name: str) -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class SiemSettings:
-    """What the SIEM export reads (``gateway.siem``)."""
+    """What the SIEM export reads (``gateway.side.siem``)."""
 
     siem_syslog_url: str
     siem_file: Path | None

@@ -9,7 +9,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from ocsf_json_schema import OcsfJsonSchemaEmbedded, get_ocsf_schema, get_packaged_versions
 
-from gateway.siem.ocsf import CLASS_UID, OCSF_VERSION
+from gateway.side.siem.ocsf import CLASS_UID, OCSF_VERSION
 
 
 def releases() -> list[str]:

@@ -15,6 +15,9 @@ Layers, lowest first; a package imports only packages of lower layers (and its o
     routes  console  witness  siem (the SIEM export)
     app
     cli
+
+The side systems (``sim``, ``siem``, ``witness``, ``console``) live in ``gateway/side/`` and
+keep their layers; the request's way imports none of them (the app and the command wire them).
 """
 
 from __future__ import annotations
@@ -68,7 +71,11 @@ def imports(path: Path) -> set[str]:
 
 
 def package(module: str) -> str:
-    return module.split(".")[1] if module.count(".") else ""
+    """The package that holds ``module`` (for a side system, its own: ``gateway.side.sim``)."""
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] == "side":  # the wing itself holds nothing but its doc
+        return parts[2] if len(parts) > 2 else ""
+    return parts[1] if len(parts) > 1 else ""
 
 
 MODULES = dict(modules())
@@ -153,8 +160,8 @@ def test_below_the_routes_a_component_gets_its_settings_section_not_the_whole_se
     ``LedgerSettings``, ``SiemSettings``, ``LogSettings``, ``PipelineSettings``)."""
     top = LAYERS["routes"]
     for name, path in modules():
-        package = name.split(".")[1] if name.count(".") else "app"
-        if package == "settings" or LAYERS.get(package, top) >= top:
+        layer = package(name) or "app"
+        if layer == "settings" or LAYERS.get(layer, top) >= top:
             continue
         tree = ast.parse(path.read_text())
         names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
@@ -193,3 +200,15 @@ def test_no_function_is_over_sixty_lines() -> None:
                     if lines > 60:
                         long.append(f"{path.relative_to(ROOT)}:{node.name} ({lines})")
     assert not long
+
+
+SIDE = {"sim", "siem", "witness", "console"}
+
+
+def test_the_requests_way_imports_no_side_system() -> None:
+    for module in NAMES:
+        if package(module) in SIDE or package(module) in {"app", "cli", ""}:
+            continue
+        side = {t for t in gateway_imports(module) if package(t) in SIDE}
+        assert not side, f"{module} imports {side}"
+    assert {package(m) for m in NAMES if m.startswith("gateway.side.")} == SIDE

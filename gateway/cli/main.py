@@ -151,7 +151,7 @@ def cmd_witness(args: argparse.Namespace) -> int:
     from audit.note import NoteVerifier, create_signing_key, load_signing_key
     from audit.witness import Cosigner
     from gateway.cli.ledger import KeyUnavailable, verifier_file
-    from gateway.witness import WitnessState, create_witness_app
+    from gateway.side.witness import WitnessState, create_witness_app
 
     refused = _refused(lambda: preflight.check_address(args.host, args.port))
     if refused:
@@ -354,7 +354,7 @@ def app_from_env() -> Any:
 def cmd_sim(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.sim.app import SimConfig, create_sim_app
+    from gateway.side.sim.app import SimConfig, create_sim_app
 
     config = SimConfig(
         ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, kv_capacity_tokens=args.kv_capacity_tokens
@@ -575,7 +575,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             if not asked:  # demo settings: the simulator the demo would start, as configured
                 from gateway.app import DEMO_MODELS
                 from gateway.edge.servers import BackgroundServer
-                from gateway.sim.app import SimConfig, create_sim_app
+                from gateway.side.sim.app import SimConfig, create_sim_app
 
                 sim = await stack.enter_async_context(BackgroundServer(create_sim_app(SimConfig())))
                 asked = [f"{sim.url}/v1"]

@@ -8,7 +8,7 @@ import pytest
 
 from bench.loadgen import LoadSpec, report, run_load
 from gateway.edge.servers import BackgroundServer
-from gateway.sim import SimConfig, create_sim_app
+from gateway.side.sim import SimConfig, create_sim_app
 
 
 class CountingMeter:

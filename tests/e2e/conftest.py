@@ -21,7 +21,7 @@ from gateway.edge.servers import BackgroundServer
 from gateway.ledger.record import CompletionRecord, DiscardSink, RecordSink
 from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
-from gateway.sim.app import SimApp, SimConfig, create_sim_app
+from gateway.side.sim.app import SimApp, SimConfig, create_sim_app
 from tests.pgserver import PgServer, PgServerError
 
 

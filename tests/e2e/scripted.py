@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 
 
 class Scripted:

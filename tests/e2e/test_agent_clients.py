@@ -27,7 +27,7 @@ from gateway.app import DEMO_MODELS, create_app
 from gateway.edge.servers import BackgroundServer
 from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from tests.e2e.agent_clients import (
     CLIENTS,
     NODE_BIN,

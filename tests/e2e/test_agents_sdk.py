@@ -20,7 +20,7 @@ from agents import (
     set_tracing_disabled,
 )
 
-from gateway.sim.app import SimApp
+from gateway.side.sim.app import SimApp
 from tests.e2e.conftest import RecordingSink, Stack
 
 calls: list[str] = []

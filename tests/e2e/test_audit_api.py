@@ -30,7 +30,7 @@ from audit.record import Sealed
 from gateway.auth.keys import split_key
 from gateway.cli.keys import open_store
 from gateway.settings import Settings
-from gateway.sim.app import SimConfig
+from gateway.side.sim.app import SimConfig
 from tests.e2e.conftest import Stack, log_origin
 from tests.openai_errors import assert_openai_error
 

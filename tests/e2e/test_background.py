@@ -13,7 +13,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.sim.app import SimConfig
+from gateway.side.sim.app import SimConfig
 from tests.e2e.conftest import RecordingSink, Stack
 from tests.e2e.test_responses import expected, sdk
 from tests.openai_errors import assert_openai_error

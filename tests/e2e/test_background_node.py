@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.sim.app import SimConfig
+from gateway.side.sim.app import SimConfig
 from tests.e2e.agent_clients import CLIENTS, clean_env, run_client
 from tests.e2e.conftest import Stack
 from tests.e2e.test_background import SLOW

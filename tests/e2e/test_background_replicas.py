@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from gateway.sim.app import SimConfig
+from gateway.side.sim.app import SimConfig
 from tests.e2e.test_background import events_of as _events
 from tests.e2e.test_replica_faults import Cluster, ClusterFactory, cluster_factory  # noqa: F401
 from tests.waiting import eventually

@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from gateway.sim.app import SimApp
+from gateway.side.sim.app import SimApp
 from tests.e2e.conftest import Stack
 
 CALL = {"id": "call_1", "type": "function",

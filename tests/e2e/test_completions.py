@@ -11,8 +11,8 @@ import openai
 import orjson
 import pytest
 
-from gateway.sim.app import SimApp
-from gateway.sim.script import compose, derive_seed
+from gateway.side.sim.app import SimApp
+from gateway.side.sim.script import compose, derive_seed
 from tests.e2e.conftest import RecordingSink, Stack
 
 PROMPT = "<｜User｜>What is 6 times 7?<｜Assistant｜><think>\n"  # R1's template, by hand

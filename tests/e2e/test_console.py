@@ -26,8 +26,8 @@ from playwright.async_api import Browser, Page, Route, async_playwright, expect
 from audit.export import check_export
 from audit.note import NoteSigner, NoteVerifier, load_signing_key
 from gateway.cli.ledger import shred
-from gateway.console import CSP
 from gateway.settings import Settings
+from gateway.side.console import CSP
 from tests.e2e.conftest import Stack, ledger_files, log_origin
 from tests.e2e.test_audit_api import new_key
 

@@ -16,7 +16,7 @@ import pytest
 from agents import Agent, OpenAIResponsesModel, RunConfig, Runner, set_tracing_disabled
 from agents.memory import OpenAIConversationsSession
 
-from gateway.sim.app import SimApp
+from gateway.side.sim.app import SimApp
 from tests.e2e.agent_clients import CLIENTS, clean_env, run_client
 from tests.e2e.conftest import Stack
 from tests.e2e.test_responses import sdk

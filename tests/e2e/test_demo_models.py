@@ -2,7 +2,7 @@
 ``--demo`` configures for them (``gateway.app.DEMO_MODELS``); for each, a visible key gets the
 answer in ``content`` (and reasoning only where the model reasons), a hidden key the same
 answer and no reasoning; both are about the question asked. In an agent's tool loop each calls
-the tool that fits, then answers its result in prose (``gateway.sim.tools``)."""
+the tool that fits, then answers its result in prose (``gateway.side.sim.tools``)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import openai
 import pytest
 
 from gateway.app import DEMO_MODELS
-from gateway.sim.config import SimConfig
+from gateway.side.sim.config import SimConfig
 
-# the simulated models that chat (the guard model answers with verdicts: tests/gateway/sim)
+# the simulated models that chat (the guard model answers with verdicts: tests/gateway/side/sim)
 CHAT_MODELS = sorted(set(SimConfig().models) - set(SimConfig().guards))
 REASONS = {"deepseek-r1": True, "qwq-32b": True, "deepseek-r1-parsed": True,
            "deepseek-v3": False, "qwen3": True, "kimi-k3": True, "minimax-m2": True}  # fmt: skip

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.sim.app import SimApp, SimConfig
+from gateway.side.sim.app import SimApp, SimConfig
 from tests.e2e.conftest import RecordingSink
 
 READ = 20  # streamed chunks the client reads before it leaves

@@ -15,8 +15,8 @@ import pytest
 from gateway.cli.keys import open_store
 from gateway.relay.effort import ENGINE_SLACK
 from gateway.settings import Settings
-from gateway.sim.app import SimApp
-from gateway.sim.script import compose, derive_seed
+from gateway.side.sim.app import SimApp
+from gateway.side.sim.script import compose, derive_seed
 from tests.e2e.conftest import RecordingSink, Stack
 
 # the scripted model: 40 reasoning tokens, then the answer (R1's template opened the block)

@@ -42,7 +42,7 @@ from gateway.ledger.sink import ensure_keys
 from gateway.ledger.timestamping import Timestamping
 from gateway.ledger.witnessing import Witnessing
 from gateway.settings import Settings, WitnessConfig
-from gateway.witness import WitnessState, create_witness_app
+from gateway.side.witness import WitnessState, create_witness_app
 from tests.e2e.test_timestamps import Tsa, make_pki
 
 X_MOD = Path("/usr/share/gocode/src/golang.org/x/mod")

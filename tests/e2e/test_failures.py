@@ -14,7 +14,7 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from gateway.edge.servers import BackgroundServer
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import Stack
 from tests.openai_errors import assert_openai_error
 

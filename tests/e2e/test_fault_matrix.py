@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import Receive, Scope, Send
 
 from gateway.edge.servers import BackgroundServer
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import RecordingSink, Stack, StackFactory
 from tests.e2e.test_failures import sse_events
 

@@ -1,5 +1,5 @@
 """A guard model in a guardrail policy, end to end through the real SDKs: the simulator plays
-Llama Guard (``gateway.sim.guard``: ``unsafe\\nS1`` for "detonator", ``unsafe\\nS2`` for
+Llama Guard (``gateway.side.sim.guard``: ``unsafe\\nS1`` for "detonator", ``unsafe\\nS2`` for
 "counterfeit"), asked by the gateway at sentence ends and at each channel's end. An unsafe
 sentence never reaches the client; what was found safe before it does; each endpoint ends in
 its own shape; a guard model that is down follows ``on_error``."""
@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from gateway.edge.servers import BackgroundServer
-from gateway.sim.app import SimApp, SimConfig, create_sim_app
+from gateway.side.sim.app import SimApp, SimConfig, create_sim_app
 from tests.e2e.conftest import RecordingSink, Stack, StackFactory
 from tests.e2e.scripted import Scripted
 

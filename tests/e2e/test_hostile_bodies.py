@@ -27,7 +27,7 @@ from starlette.types import Message, Receive, Scope, Send
 from audit.schema import entries
 from gateway.api.jsonbody import MAX_DEPTH
 from gateway.db import create_engine
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import Stack, StackFactory
 
 MODEL = "deepseek-r1"

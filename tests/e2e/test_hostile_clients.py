@@ -30,7 +30,7 @@ import orjson
 import pytest
 
 from gateway.auth.keys import split_key
-from gateway.sim.app import SimConfig
+from gateway.side.sim.app import SimConfig
 from tests.e2e.conftest import Stack, StackFactory
 from tests.openai_errors import assert_openai_error
 from tests.waiting import eventually

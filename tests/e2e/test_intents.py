@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.sim.app import SimConfig
+from gateway.side.sim.app import SimConfig
 from tests.e2e.conftest import Stack
 from tests.e2e.test_audit_api import (
     MESSAGES,

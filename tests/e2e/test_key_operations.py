@@ -19,7 +19,7 @@ import httpx
 import openai
 
 from audit.datakeys import ACTIVE_TTL_S
-from gateway.sim.app import SimApp
+from gateway.side.sim.app import SimApp
 from tests.e2e.conftest import Stack
 
 QUESTION: Any = [{"role": "user", "content": "hi"}]

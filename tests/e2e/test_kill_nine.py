@@ -29,7 +29,7 @@ from gateway.db import create_engine
 from gateway.edge.servers import BackgroundServer
 from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from ratelimit.kvbudget import RedisKVBudgetStore
 from tests.e2e.conftest import ledger_files, make_keys
 from tests.e2e.processes import gateway_env, running_gateway

@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.sim.app import SimApp, SimConfig
+from gateway.side.sim.app import SimApp, SimConfig
 from tests.e2e.conftest import RecordingSink, Stack
 from tests.e2e.test_responses import expected
 

@@ -15,7 +15,7 @@ import anthropic
 import httpx
 import pytest
 
-from gateway.sim.app import SimApp
+from gateway.side.sim.app import SimApp
 from tests.e2e.conftest import RecordingSink, Stack
 from tests.e2e.test_messages import assert_not_leaked
 

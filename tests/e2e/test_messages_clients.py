@@ -12,7 +12,7 @@ import httpx
 import pytest
 from anthropic.types import MessageParam, TextBlockParam, ToolParam
 
-from gateway.sim.app import SimApp, SimConfig
+from gateway.side.sim.app import SimApp, SimConfig
 from tests.e2e.conftest import RecordingSink, Stack
 
 BETAS = "interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14"

@@ -28,7 +28,7 @@ from gateway.cli.keys import open_store
 from gateway.edge.servers import BackgroundServer
 from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from gateway.telemetry.logs import JsonFormatter
 from gateway.telemetry.metrics import Metrics
 from tests.e2e.conftest import Stack, StackFactory, ledger_files, make_keys

@@ -205,7 +205,7 @@ async def test_models_come_from_the_upstream(stack: Stack) -> None:
 
 
 async def test_withheld_reasoning_is_bridged_with_keepalive_comments(stack_factory: Any) -> None:
-    from gateway.sim.app import SimConfig
+    from gateway.side.sim.app import SimConfig
 
     stack = await stack_factory(sim=SimConfig(itl_ms=5), keepalive_s=0.05)
     reasoning, content, _ = await stream_texts(stack, key="hidden", seed=2, max_tokens=300)

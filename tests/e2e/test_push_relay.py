@@ -14,7 +14,7 @@ import orjson
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from gateway.sim.app import SimConfig
+from gateway.side.sim.app import SimConfig
 from tests.e2e.conftest import RecordingSink, StackFactory
 from tests.e2e.test_failures import sse_events
 

@@ -22,7 +22,7 @@ from gateway.cli.keys import open_store
 from gateway.edge.servers import BackgroundServer
 from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings, TenantPolicy
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import Stack, StackFactory, ledger_files
 from tests.e2e.processes import gateway_env, running_gateway
 from tests.gateway.cli.test_main import free_port

@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from gateway.ledger.sink import record_facts
-from gateway.sim.app import SimConfig
-from gateway.sim.script import compose
+from gateway.side.sim.app import SimConfig
+from gateway.side.sim.script import compose
 from tests.e2e.conftest import RecordingSink, Stack
 
 SEED = 7

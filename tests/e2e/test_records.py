@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import openai
 
-from gateway.sim.app import SimConfig
+from gateway.side.sim.app import SimConfig
 from tests.e2e.conftest import RecordingSink
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Why is the sky blue?"}]

@@ -32,7 +32,7 @@ from gateway.edge.servers import BackgroundServer
 from gateway.ledger.sink import ensure_keys
 from gateway.routes.state import AppState
 from gateway.settings import Settings, TenantPolicy
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from ratelimit.kvbudget import RedisKVBudgetStore
 from tests.e2e.conftest import RecordingSink, ledger_files
 from tests.e2e.test_rate_limits import redis_server

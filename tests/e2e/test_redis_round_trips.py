@@ -13,7 +13,7 @@ from gateway.cli.keys import open_store
 from gateway.edge.servers import BackgroundServer
 from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings, TenantPolicy
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from ratelimit.autopipe import AutoPipeline
 from tests.e2e.conftest import ledger_files
 

@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.sim.app import SimConfig
-from gateway.sim.script import Composition, compose, derive_seed
+from gateway.side.sim.app import SimConfig
+from gateway.side.sim.script import Composition, compose, derive_seed
 from tests.e2e.conftest import RecordingSink, Stack
 from tests.openai_errors import assert_openai_error
 

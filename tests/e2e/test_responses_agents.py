@@ -13,7 +13,7 @@ import openai
 import orjson
 import pytest
 
-from gateway.sim.app import SimApp
+from gateway.side.sim.app import SimApp
 from tests.e2e.conftest import RecordingSink, Stack
 from tests.e2e.test_responses import sdk
 

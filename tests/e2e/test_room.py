@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from gateway.sim.app import SimApp, SimConfig
+from gateway.side.sim.app import SimApp, SimConfig
 from tests.e2e.conftest import StackFactory
 
 CONTEXT = 2048

@@ -15,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.sim.app import SimConfig
+from gateway.side.sim.app import SimConfig
 from tests.e2e.conftest import Stack, StackFactory
 from tests.waiting import eventually
 
@@ -25,7 +25,7 @@ NEXT = 16  # max_tokens of the request that reads the headers
 
 
 def body(max_tokens: int, stream: bool = False, **sim: object) -> dict[str, object]:
-    """A chat request; ``sim`` scripts the simulator for it (``gateway.sim.request``)."""
+    """A chat request; ``sim`` scripts the simulator for it (``gateway.side.sim.request``)."""
     return {"model": "deepseek-r1", "max_tokens": max_tokens, "stream": stream, "sim": sim,
             "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
 

@@ -11,7 +11,7 @@ import asyncio
 import httpx
 import pytest
 
-from gateway.sim.app import SimConfig
+from gateway.side.sim.app import SimConfig
 from tests.e2e.processes import run_cli
 from tests.e2e.test_replica_faults import (  # noqa: F401 - the fixture
     Cluster,

@@ -23,11 +23,11 @@ from gateway.db import create_engine
 from gateway.edge.servers import BackgroundServer
 from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
-from gateway.siem.syslog import timestamp
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.siem.syslog import timestamp
+from gateway.side.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import StackFactory, ledger_files, make_keys
 from tests.e2e.rsyslog import Rsyslog
-from tests.gateway.siem.test_sinks import Collector, split_objects
+from tests.gateway.side.siem.test_sinks import Collector, split_objects
 from tests.ocsf import schema_errors
 from tests.scrape import sample
 from tests.waiting import eventually

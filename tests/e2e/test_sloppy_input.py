@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.sim.app import SimApp
+from gateway.side.sim.app import SimApp
 from tests.e2e.conftest import Stack
 
 GOOD = b'{"model":"deepseek-r1","messages":[{"role":"user","content":"x"}]'

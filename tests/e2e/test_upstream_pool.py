@@ -11,7 +11,7 @@ from gateway.app import create_app
 from gateway.edge.servers import BackgroundServer
 from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from tests.e2e.conftest import ledger_files, make_keys
 from tests.tcpproxy import TcpProxy
 from tests.waiting import eventually

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from gateway.edge.servers import BackgroundServer
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from ratelimit.engine_metrics import parse_engine_metrics
 
 VLLM = """\

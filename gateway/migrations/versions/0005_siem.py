@@ -1,4 +1,4 @@
-"""The SIEM export's cursor and lease (``gateway.siem.cursor``).
+"""The SIEM export's cursor and lease (``gateway.side.siem.cursor``).
 
 Revision ID: 0005
 Revises: 0004
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from alembic import op
 
-from gateway.siem.cursor import siem_export
+from gateway.side.siem.cursor import siem_export
 
 revision = "0005"
 down_revision = "0004"

@@ -18,7 +18,7 @@ from gateway.admission.circuit import REDIS_ERRORS, Circuit
 from gateway.edge.servers import BackgroundServer
 from gateway.errors import InvalidRequest, PermissionDenied, RateLimited
 from gateway.settings import Settings
-from gateway.sim.app import SimConfig, create_sim_app
+from gateway.side.sim.app import SimConfig, create_sim_app
 from gateway.upstream.engine import Upstream
 from ratelimit.aimd import Tuning
 from ratelimit.fairness import Priority

@@ -33,7 +33,7 @@ from gateway.edge.servers import BackgroundServer
 from gateway.relay.formats import BUILTIN, ReasoningFormat, ReasoningSource, lookup
 from gateway.relay.thinksplit import Content, Reasoning, ThinkSplitter
 from gateway.settings import ModelOverride, ModelReasoning, Settings
-from gateway.sim import SimConfig, create_sim_app
+from gateway.side.sim import SimConfig, create_sim_app
 from tests.e2e import conftest as e2e
 from tests.e2e.conftest import StackFactory, ledger_files
 from tests.waiting import eventually
@@ -369,7 +369,7 @@ async def probe_text(url: str, model: str) -> str:
 
 def right(**overrides: Any) -> Settings:
     """The gateway configured for the simulator's models as their modes need
-    (gateway.sim.script): template and tags leave </think> in the text, separated is vLLM with
+    (gateway.side.sim.script): template and tags leave </think> in the text, separated is vLLM with
     --reasoning-parser, none does not reason; then ``overrides``."""
     models = {
         "deepseek-r1-parsed": ModelOverride(reasoning_source="upstream"),
