@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,16 +24,22 @@ from tests.e2e.conftest import Stack
 QUESTION: Any = [{"role": "user", "content": "hi"}]
 
 
-def cli(tmp_path: Path, *argv: str, key_file: Path | None = None) -> str:
+async def cli(tmp_path: Path, *argv: str, key_file: Path | None = None) -> str:
+    """``thinkgate ledger ARGV`` on the stack's files, in a process of its own, waited for
+    without blocking this event loop: the gateway under test runs on it and may hold
+    SQLite's write lock between two of its turns."""
     env = {**os.environ,
            "THINKGATE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}",
            "THINKGATE_LEDGER_KEY_FILE": str(key_file or tmp_path / "ledger-keys.json"),
            "THINKGATE_SIGNING_KEY_FILE": str(tmp_path / "signing-key.pem"),
            "THINKGATE_AUDIT_SPOOL_FILE": str(tmp_path / "cli-spool.log")}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "gateway.cli", "ledger", *argv], env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    done = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gateway.cli", "ledger", *argv, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(done.communicate(), timeout=60)
+    assert done.returncode == 0, err.decode()
+    return out.decode()
 
 
 async def ask(stack: Stack, *, stream: bool = False) -> str:
@@ -72,7 +77,7 @@ async def readable(stack: Stack, index: int) -> bool:
 async def test_a_kek_rotation_costs_no_request(stack_factory: Any, tmp_path: Path) -> None:
     stack = await stack_factory()
     await ask(stack)
-    out = cli(tmp_path, "rotate-kek")
+    out = await cli(tmp_path, "rotate-kek")
     assert "re-wrapped" in out
     deadline = time.monotonic() + 3 * ACTIVE_TTL_S  # past the cached key's lifetime, twice
     asked = 0
@@ -92,7 +97,7 @@ async def test_keys_it_cannot_open_make_it_refuse_before_the_engine_then_recover
     await ask(stack)
     elsewhere = tmp_path / "elsewhere-keys.json"
     shutil.copy(tmp_path / "ledger-keys.json", elsewhere)
-    cli(tmp_path, "rotate-kek", key_file=elsewhere)  # the data keys now need a KEK it lacks
+    await cli(tmp_path, "rotate-kek", key_file=elsewhere)  # the data keys now need a KEK it lacks
     async with httpx.AsyncClient(timeout=10) as client:
         deadline = time.monotonic() + 5
         while (await client.get(f"{stack.root}/readyz")).status_code == 200:
@@ -123,7 +128,7 @@ async def test_a_shred_in_another_process_gives_new_records_a_fresh_key(
     stack = await stack_factory()
     await ask(stack)
     [first] = await records(stack)
-    cli(tmp_path, "shred", "--tenant", "acme")
+    await cli(tmp_path, "shred", "--tenant", "acme")
     shredded_at = time.monotonic()
     while True:  # within the documented bound, a record sealed under a fresh key appears
         await ask(stack)
