@@ -44,3 +44,14 @@ def test_the_readme_is_a_front_door() -> None:
     first_screen = readme.splitlines()[:8]
     assert any(line.startswith("make run") for line in first_screen)
     assert any(line.startswith("make test") for line in first_screen)
+
+
+def test_the_readme_picture_names_every_package() -> None:
+    readme = (ROOT / "README.md").read_text()
+    picture = readme.split("## Architecture", 1)[1].split("```", 2)[1]
+    packages = {p.name for p in (ROOT / "gateway").iterdir() if (p / "__init__.py").exists()}
+    packages |= {p.name for p in (ROOT / "gateway" / "side").iterdir() if p.is_dir()}
+    packages |= {"audit", "ratelimit", "bench", "deploy", "tools", "migrations"}
+    packages.discard("__pycache__")
+    missing = sorted(name for name in packages if f"{name}/" not in picture)
+    assert not missing, f"the README's picture does not name {missing}"
