@@ -521,7 +521,7 @@ def new_writer_id() -> str:
 
 # the intent's header fields a ``replica_lost`` record keeps (the rest is what sealing adds)
 _KEPT = ("tenant", "key_id", "request_id", "model", "upstream", "stream", "started_at",
-         "capture", "traceparent", "reasoning_format", "thinking", "endpoint")  # fmt: skip
+         "capture", "traceparent", "reasoning_format", "thinking", "endpoint", "batch")  # fmt: skip
 
 
 def lost_facts(intent: dict[str, Any], progress: Progress, created_at: float) -> Facts:

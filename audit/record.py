@@ -49,6 +49,9 @@ class Usage:
     # counted by the gateway (the engine never reported it: the client left mid-stream);
     # in the header only when true
     counted: bool = False
+    # of the prompt's tokens, those the engine found in its prefix cache (its own figure,
+    # ``prompt_tokens_details.cached_tokens``); in the header only when some were
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,11 @@ class Facts:
     endpoint: str | None = None  # completions: the API it came through ("chat.completions")
     # completions: the guardrail policies that acted, as "policy:action" (never what matched)
     guardrails: tuple[str, ...] | None = None
+    # completions: the batch a request was a line of, {"id", "custom_id"} (docs/batches.md)
+    batch: dict[str, str] | None = None
+    # completions: what it cost, {"amount": decimal string, "currency", "prices": the prices
+    # file's digest}, from its usage and the prices in force (docs/spend.md)
+    cost: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +186,10 @@ def encode_header(facts: Facts, seal: Seal) -> bytes:
 
 def _usage_dict(usage: Usage) -> dict[str, int]:
     return {name: getattr(usage, name) for name in Usage.__dataclass_fields__
-            if name != "counted" or usage.counted}  # fmt: skip
+            if name not in _ONLY_WHEN_SET or getattr(usage, name)}  # fmt: skip
+
+
+_ONLY_WHEN_SET = ("counted", "cached_tokens")
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,6 +64,7 @@ import psutil
 import uvloop
 from redis.asyncio import Redis
 
+from audit.record import Usage
 from bench.loadgen import LoadSpec, Percentiles, run_load
 from bench.procs import THINKGATE, CpuMeter, ServerProcess, Workdir, free_port, start_sim
 from bench.sections import cpu_model, revision, write_section
@@ -72,6 +73,7 @@ from gateway.admission.gate import Gate, Ticket
 from gateway.admission.limiter import Admission
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
 from gateway.admission.redisconn import open_redis
+from gateway.admission.spending import SpendAsk
 from gateway.auth.keys import KeyInfo
 from gateway.settings import Settings
 from gateway.upstream.engine import Upstream
@@ -117,9 +119,12 @@ class Probe:
         return cls(key, Upstream(f"http://engine-{tag}/v1"))
 
     @property
-    def patterns(self) -> tuple[str, str]:
-        """The limiter's keys (no prefix) and the KV budget's (its default prefix)."""
-        return f"rl:{{{self.key.tenant}}}:*", f"thinkgate:kv:{{pool}}:{self.upstream.base_url}:*"
+    def patterns(self) -> tuple[str, str, str]:
+        """The limiter's keys and budgets' counters (no prefix) and the KV budget's (its
+        default prefix)."""
+        tenant = self.key.tenant
+        return (f"rl:{{{tenant}}}:*", f"spend:{{{tenant}}}:*",
+                f"thinkgate:kv:{{pool}}:{self.upstream.base_url}:*")  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,16 +140,17 @@ class Stack:
     def round_trips(self) -> int:
         return self.redis.round_trips if self.redis is not None else 0
 
-    async def admit(self, probe: Probe) -> Ticket:
-        """``gateway.admission.gate.Gate.admit`` itself, as every route asks it."""
+    async def admit(self, probe: Probe, spend: SpendAsk | None = None) -> Ticket:
+        """``gateway.admission.gate.Gate.admit`` itself, as every route asks it (``spend``:
+        with the request's budgets)."""
         ticket, _ = await Gate(self.limiter, self.kv).admit(
-            probe.key, [probe.upstream], "standard", TOKENS
+            probe.key, [probe.upstream], "standard", TOKENS, spend=spend
         )
         return ticket
 
-    async def settle(self, ticket: Ticket) -> None:
+    async def settle(self, ticket: Ticket, usage: Usage | None = None) -> None:
         """As ``Exchange.finish`` settles: refund and release at once (and record, not here)."""
-        await Gate(self.limiter, self.kv).settle(ticket, USED)
+        await Gate(self.limiter, self.kv).settle(ticket, USED, usage)
 
 
 @contextlib.asynccontextmanager
@@ -446,8 +452,10 @@ class GatewayPlan:
     warmup_s: float = 1.0
 
 
-def start_gateway(work: Workdir, upstream: str, mode: Mode, redis_url: str) -> ServerProcess:
-    env = {**work.env, "THINKGATE_UPSTREAMS": upstream,
+def start_gateway(work: Workdir, upstream: str, mode: Mode, redis_url: str,
+                  extra: Mapping[str, str] | None = None) -> ServerProcess:  # fmt: skip
+    """A gateway process (``extra``: more settings, ``bench.budgets``' prices file)."""
+    env = {**work.env, "THINKGATE_UPSTREAMS": upstream, **(extra or {}),
            "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}  # fmt: skip
     if mode == "on":
         env |= {"THINKGATE_REDIS_URL": redis_url, "THINKGATE_KV_CAPACITY_TOKENS": str(KV_CAPACITY)}
@@ -500,7 +508,7 @@ def run_gateway(plan: GatewayPlan) -> list[GatewayRound]:
                 return _gateway_rounds(plan, work, sim, keys)
             finally:
                 kv_keys = f"thinkgate:kv:{{pool}}:{sim.base_url}:*"
-                asyncio.run(_clean(plan.redis_url, (f"rl:{{{tenant}}}:*", kv_keys)))
+                asyncio.run(clean_keys(plan.redis_url, (f"rl:{{{tenant}}}:*", kv_keys)))
 
 
 def _gateway_rounds(plan: GatewayPlan, work: Workdir, sim: ServerProcess,
@@ -515,7 +523,7 @@ def _gateway_rounds(plan: GatewayPlan, work: Workdir, sim: ServerProcess,
     return rounds
 
 
-async def _clean(url: str, patterns: Sequence[str]) -> None:
+async def clean_keys(url: str, patterns: Sequence[str]) -> None:
     async with redis_admin(url) as admin:
         await remove_keys(admin, patterns)
 

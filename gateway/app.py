@@ -30,10 +30,14 @@ from audit.crypto import ReloadingKeyProvider
 from audit.datakeys import DataKeys
 from audit.ledger import Ledger
 from gateway.admission.budget import KVAdmission, open_admission
+from gateway.admission.circuit import Circuit
 from gateway.admission.limiter import Limiter
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
 from gateway.admission.redisconn import open_redis
+from gateway.admission.spending import BudgetBook, Spending
 from gateway.auth.keystore import KeyStore
+from gateway.batch.files import FileStore
+from gateway.batch.store import BatchStore
 from gateway.conversation.background import BackgroundStore
 from gateway.conversation.conversations import ConversationStore
 from gateway.conversation.sealing import ReasoningSealer
@@ -54,6 +58,8 @@ from gateway.ledger.witnessing import Witnessing
 from gateway.routes import (
     admin,
     auditor,
+    batches,
+    budgets,
     chat,
     completions,
     conversations,
@@ -69,11 +75,15 @@ from gateway.routes.state import AppState
 from gateway.settings import ModelOverride, Settings
 from gateway.side import console
 from gateway.side.siem.exporter import create_exporter
+from gateway.spend.budgets import MoneyBudget
+from gateway.spend.prices import Prices, load_prices
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import open_tracing
 from gateway.upstream.judge import GuardModels
 from gateway.upstream.pool import UpstreamPool, create_transport
+from gateway.upstream.router import Router
 from ratelimit.autopipe import AutoPipeline
+from ratelimit.limits import MemoryBackend, RateLimitBackend
 
 log = logging.getLogger("thinkgate")
 
@@ -103,6 +113,7 @@ def create_app(
             limits = limiter or open_limiter(settings.admission, redis)
             state = await _start(stack, settings, limits, sink, redis, database)
             app.state.tg = state = dataclasses.replace(state, instrument=instrument)
+            _run_batches(stack, state, app)
             if settings.metrics_port:
                 server = BackgroundServer(metrics_app(state), settings.host,
                                           settings.metrics_port, reuse_port=True)  # fmt: skip
@@ -149,8 +160,8 @@ def _error_handlers(
 
 
 def _routes(app: FastAPI, settings: Settings) -> None:
-    for module in (chat, models, responses, conversations, messages, completions, health,
-                   admin, auditor, records, tlog):  # fmt: skip
+    for module in (chat, models, responses, conversations, batches, messages, completions,
+                   health, admin, budgets, auditor, records, tlog):  # fmt: skip
         module.add_routes(app)
     if settings.console_enabled:
         console.add_routes(app)
@@ -242,15 +253,19 @@ async def _start(
     stack.push_async_callback(engine.dispose)
     await upgrade_schema(engine)
     ledger = None
+    prices = None if settings.prices_file is None else load_prices(settings.prices_file)
     if sink is None:
         ledger = await _open_ledger(stack, settings, engine)
-        sink = LedgerSink(ledger, settings.ledger)
+        sink = LedgerSink(ledger, settings.ledger, prices)
     keys = await _tenant_keys(settings, engine, ledger)
     if keys is not None:
         _reload_on_sighup(stack, keys)
     kept = _KeptState.open(engine, keys, settings)
     upstreams = UpstreamPool(transport, settings.upstream)
     stack.callback(upstreams.close)
+    router = Router(settings.routing_section, upstreams)
+    router.start()
+    stack.push_async_callback(router.aclose)
     kv = open_admission(settings.admission, transport, redis)
     metrics = observe(settings, upstreams, kv, limiter, ledger)
     _siem(stack, settings, engine, metrics, ledger)
@@ -274,7 +289,8 @@ async def _start(
         keys=keystore, limiter=limiter, kv=kv, sink=sink, ledger=ledger, metrics=metrics,
         redis=redis, sealer=kept.sealer, stored=kept.stored, conversations=kept.conversations,
         background_store=kept.background, guardrails=guardrails, guard_models=guard_models,
-        tracing=tracing,
+        tracing=tracing, router=router, files=kept.files, batches=kept.batches, prices=prices,
+        spending=_spending(prices, engine, limiter, metrics),
     )  # fmt: skip
     if state.background is not None:  # stopped before the database goes (a LIFO stack)
         sweeping = asyncio.create_task(state.background.sweep_forever())
@@ -319,19 +335,56 @@ class _KeptState:
     stored: ResponseStore | None = None
     conversations: ConversationStore | None = None
     background: BackgroundStore | None = None
+    files: FileStore | None = None
+    batches: BatchStore | None = None
 
     @classmethod
     def open(cls, engine: AsyncEngine, keys: DataKeys | None, settings: Settings) -> _KeptState:
         if keys is None:
             return cls()
         kept, stale = settings.responses_retention_s, settings.background_stale_s
+        b = settings.batches
+        files, lease = FileStore(engine, keys, b.files_retention_s), b.batch_lease_s
         return cls(ReasoningSealer(keys, settings.reasoning_token_ttl_s),
                    ResponseStore(engine, keys, kept), ConversationStore(engine, keys, kept),
-                   BackgroundStore(engine, keys, kept, stale))  # fmt: skip
+                   BackgroundStore(engine, keys, kept, stale), files,
+                   BatchStore(engine, keys, b.files_retention_s, files, lease))  # fmt: skip
 
     def purges(self) -> list[Coroutine[Any, Any, None]]:
-        stores = (self.stored, self.conversations, self.background)
+        stores = (self.stored, self.conversations, self.background, self.files, self.batches)
         return [store.purge_forever() for store in stores if store is not None]
+
+
+def _spending(prices: Prices | None, engine: AsyncEngine, limiter: Limiter,
+              metrics: Metrics) -> Spending | None:  # fmt: skip
+    """Budgets in money: kept when there are prices to count them in, by the rate limits'
+    backends (a limiter that keeps no limits keeps no budgets either)."""
+    if prices is None:
+        return None
+
+    def observe(budget: MoneyBudget, used: float) -> None:
+        metrics.budget_used.labels(budget.scope, budget.subject, budget.period).set(used)
+
+    limits: Circuit[RateLimitBackend]
+    if isinstance(limiter, KeyLimiter):
+        limits = limiter.circuit
+    else:
+        local = MemoryBackend()
+        limits = Circuit("rate limits", local, local, fail="open", errors=())
+    return Spending(prices, BudgetBook(engine), limits, observe=observe)
+
+
+def _run_batches(stack: contextlib.AsyncExitStack, state: AppState, app: FastAPI) -> None:
+    """Batch lines run here, asked of the app itself (``gateway.batch.runner``); on shutdown
+    (before the database and the ledger close: a LIFO stack) the lines running here go back
+    to the queue."""
+    runner = state.batch_runner
+    if runner is None:
+        return
+    runner.app = lambda: app
+    task = asyncio.create_task(runner.run_forever())
+    stack.push_async_callback(runner.stop_all)
+    stack.push_async_callback(_cancel, task)
 
 
 def _reload_on_sighup(stack: contextlib.AsyncExitStack, keys: DataKeys) -> None:

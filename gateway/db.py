@@ -25,7 +25,7 @@ log = logging.getLogger("thinkgate")
 
 metadata = MetaData()
 # "tggatem1": any constant shared by all replicas, apart from the ledger's
-GATEWAY = Schema("gateway:migrations", "gateway_alembic_version", "0005", 0x7467_6761_7465_6D31)
+GATEWAY = Schema("gateway:migrations", "gateway_alembic_version", "0007", 0x7467_6761_7465_6D31)
 
 
 # What "the database is away" looks like, as opposed to a query the database refused (a bug):

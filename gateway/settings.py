@@ -60,6 +60,14 @@ from gateway.relay.formats import (
     ReasoningSource,
     lookup,
 )
+from gateway.sections import (
+    BatchSettings,
+    LedgerSettings,
+    LogSettings,
+    RoutingSettings,
+    SiemSettings,
+    file_hint,
+)
 from ratelimit.fairness import MAX_WEIGHT, Priority
 
 HttpTransport = Literal["wire", "httpx"]
@@ -180,14 +188,6 @@ class UpstreamSettings:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class LogSettings:
-    """What the logging configuration reads (``gateway.telemetry.logs``)."""
-
-    log_level: Literal["debug", "info", "warning", "error"]
-    log_format: Literal["auto", "json", "text"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
 class AdmissionSettings:
     """What admission reads: Redis, the rate limits' tenants, the KV budget
     (``gateway.admission``)."""
@@ -202,47 +202,6 @@ class AdmissionSettings:
 
     def tenant(self, tenant: str) -> TenantPolicy:
         return self.tenants.get(tenant) or _DEFAULT_TENANT
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class LedgerSettings:
-    """What the audit ledger's opening and sink read (``gateway.ledger.sink``)."""
-
-    home: Path
-    ledger_key_file: Path
-    signing_key_file: Path
-    audit_origin: str
-    audit_mode: Literal["strict", "async"]
-    audit_capture: Literal["full", "reasoning", "metadata"]
-    audit_fail: Literal["closed", "open"]
-    audit_spool_file: Path
-    audit_batch_max: int
-    checkpoint_interval_ms: int
-    background_stale_s: float
-
-    def file_hint(self, name: str) -> str:
-        return _file_hint(self.home, name)
-
-
-def _file_hint(home: Path, name: str) -> str:
-    """How to point the file setting ``name`` elsewhere: for every error naming a missing file
-    it defaults to."""
-    where = str(home) if home.is_absolute() else f"{home} in {Path.cwd()}"
-    return f"set THINKGATE_{name.upper()}, or THINKGATE_HOME (now {where})"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SiemSettings:
-    """What the SIEM export reads (``gateway.side.siem``)."""
-
-    siem_syslog_url: str
-    siem_file: Path | None
-    siem_hec_url: str
-    siem_hec_token: SecretStr | None
-    siem_tls_ca_file: Path | None
-    siem_batch: int
-    siem_interval_s: float
-    siem_max_backlog: int
 
 
 _HOME_FILES = {
@@ -319,6 +278,29 @@ class Settings(BaseSettings):
     models_cache_ttl_s: float = Field(10.0, ge=0)
     """How long the upstreams' `/v1/models` catalogue is cached."""
 
+    # --- routing
+    routing: Literal["least_loaded", "prefix"] | None = None
+    """How an engine is chosen among those serving the model: `prefix` (the engine whose KV
+    cache holds most of the prompt, from the engines' KV events, within a bounded share of the
+    load; without events, the engine a session's key hashes to), or `least_loaded` (the fewest
+    requests in flight). Unset: `prefix` ([Routing](routing.md))."""
+    upstream_kv_events: Annotated[tuple[str, ...], NoDecode] = ()
+    """Comma-separated ZMQ endpoints of the engines' KV event publishers, one per upstream in
+    `UPSTREAMS` order, each `tcp://HOST:PORT` or `tcp://HOST:PORT;tcp://HOST:REPLAY_PORT`
+    (with the replay endpoint); `auto` (or an empty item) asks the engine (vLLM's
+    `GET /kv_event_sources`), `off` subscribes to none. Unset: `auto` for every upstream."""
+    kv_events_silence_s: float = Field(30.0, gt=0)
+    """An engine that was sent requests but published no event for this long has its part of
+    the prefix index dropped (its events no longer reach the gateway) until they come again."""
+    prefix_cache_sharing: Literal["tenant", "global"] = "tenant"
+    """`tenant`: each tenant's requests get a `cache_salt` of their own, so no tenant's request
+    reuses (or learns the timing of) another tenant's cached prompt; `global`: one cache for
+    all, a client's `cache_salt` passed on as sent."""
+    prefix_cache_secret: SecretStr = SecretStr("")
+    """The key of the tenants' cache salts (an HMAC); the same on every replica. Unset, the
+    salts are still per tenant and out of clients' reach, but computable by someone who can
+    reach an engine directly."""
+
     # --- reasoning
     reasoning_parser: str = "deepseek_r1"
     """The model family's reasoning format, named as vLLM names its `--reasoning-parser`:
@@ -366,6 +348,25 @@ class Settings(BaseSettings):
     """A replica silent this long is presumed dead: another marks its running background
     responses `failed` and records its cut streams as `replica_lost`."""
 
+    # --- batches (docs/batches.md)
+    batch_max_concurrency: int = Field(64, ge=1)
+    """Batch lines one replica runs at once, at most; fewer while KV admission sheds them
+    (lines run at `sheddable` priority in the capacity interactive traffic leaves)."""
+    batch_max_active_per_tenant: int = Field(100, ge=1)
+    """Batches one tenant may have in progress at once (429 beyond)."""
+    batch_max_queued_lines_per_tenant: int = Field(200_000, ge=1)
+    """Lines one tenant may have waiting across its batches (429 beyond)."""
+    batch_max_lines: int = Field(50_000, ge=1)
+    """Lines (requests) one batch may hold (OpenAI's limit; Anthropic's is 100,000)."""
+    files_max_bytes: int = Field(200 << 20, ge=1024)
+    """An uploaded file above it gets 413 (OpenAI's limit for batch input files)."""
+    files_retention_s: float = Field(30 * 86400.0, gt=0)
+    """How long files and batches are kept (30 days); the tenant's ledger retention cuts it
+    shorter, as for stored responses."""
+    batch_lease_s: float = Field(30.0, ge=2)
+    """A batch line a replica claimed and did not renew for this long is taken over by
+    another; its first attempt is recorded `replica_lost`."""
+
     # --- client side
     max_body_bytes: int = Field(4 << 20, ge=1024)
     """Request bodies above it get 413."""
@@ -394,6 +395,14 @@ class Settings(BaseSettings):
     key_cache_stale_s: float = Field(900.0, ge=0)
     """While the database is away, a key this process found within this many seconds is
     still served (its records spooled); other keys get 503 `database_unavailable`."""
+    prices_file: Path | None = None
+    """A YAML file of prices per model, per million tokens ([Spend](spend.md)): each
+    exchange's cost goes in its ledger record, `thinkgate spend report` sums them; a file
+    that cannot be used stops `serve` with exit 2, the field named. Without it, nothing is
+    priced."""
+    unpriced_models: Literal["refuse", "allow"] = "refuse"
+    """With `PRICES_FILE`, a request for a model it does not price: refused (400
+    `model_not_priced`, naming it), or served without a cost (`allow`)."""
     guardrails_file: Path | None = None
     """A YAML file of guardrail policies that redact, block or flag matches in the reasoning
     and the answer as they stream ([Guardrails](guardrails.md)); a file that cannot be used
@@ -563,8 +572,8 @@ class Settings(BaseSettings):
         return data
 
     def file_hint(self, name: str) -> str:
-        """How to point the file setting ``name`` elsewhere (``_file_hint``)."""
-        return _file_hint(self.home, name)
+        """How to point the file setting ``name`` elsewhere (``gateway.sections.file_hint``)."""
+        return file_hint(self.home, name)
 
     @property
     def demo_keys_file(self) -> Path:
@@ -576,6 +585,19 @@ class Settings(BaseSettings):
         if self.witness_quorum is not None and self.witness_quorum > len(self.witnesses):
             raise ValueError(f"WITNESS_QUORUM is {self.witness_quorum}, but WITNESSES names "
                              f"{len(self.witnesses)}")  # fmt: skip
+        return self
+
+    @model_validator(mode="after")
+    def _kv_events_per_upstream(self) -> Settings:
+        events = self.upstream_kv_events
+        if events and len(events) != len(self.upstreams):
+            raise ValueError(f"UPSTREAM_KV_EVENTS names {len(events)} endpoints for "
+                             f"{len(self.upstreams)} UPSTREAMS: one per upstream, in order "
+                             "(`auto` or `off` for one without)")  # fmt: skip
+        for item in events:
+            for endpoint in item.split(";") if item not in ("", "auto", "off") else ():
+                if not endpoint.startswith("tcp://") or ":" not in endpoint[6:]:
+                    raise ValueError(f"UPSTREAM_KV_EVENTS: {endpoint!r} is not tcp://HOST:PORT")
         return self
 
     @property
@@ -654,6 +676,13 @@ class Settings(BaseSettings):
         key = self.keys.get(key_id)
         return key.max_reasoning_tokens if key is not None else None
 
+    @field_validator("upstream_kv_events", mode="before")
+    @classmethod
+    def _split_kv_events(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(item.strip() for item in value.split(","))
+        return value
+
     @field_validator("upstreams", mode="before")
     @classmethod
     def _split_upstreams(cls, value: Any) -> Any:
@@ -686,6 +715,14 @@ class Settings(BaseSettings):
     @property
     def upstream(self) -> UpstreamSettings:
         return self.section(UpstreamSettings)
+
+    @property
+    def routing_section(self) -> RoutingSettings:
+        return self.section(RoutingSettings)
+
+    @property
+    def batches(self) -> BatchSettings:
+        return self.section(BatchSettings)
 
     @property
     def logs(self) -> LogSettings:

@@ -7,7 +7,10 @@ waiting; ``route`` applies it to every candidate engine and picks one. Rules, in
 1. **Pressure** is ``reserved + tokens > limit × pressure_threshold``: the last part of the
    budget (by default 10 %) is headroom kept for ``critical`` work.
    - ``sheddable`` is rejected at once (the client can retry elsewhere or later; queueing it
-     would only delay the work that matters);
+     would only delay the work that matters), and earlier than pressure: past
+     ``SHEDDABLE_SHARE`` of the pressure line (by default 75 %: two thirds of the limit), so
+     the work that may use idle capacity only (batch lines) never fills the budget up to where
+     a ``standard`` request must wait;
    - ``standard`` waits, even if it would fit, since the headroom is not for it;
    - ``critical`` may use the headroom: it is judged by rule 2 against the full limit, and
      when it must wait it is woken first (``queue_order``).
@@ -40,6 +43,8 @@ Decision = Literal["admit", "wait", "reject"]
 
 RANK: Mapping[Priority, int] = {"critical": 0, "standard": 1, "sheddable": 2}
 PRESSURE_THRESHOLD = 0.9
+# the share of the pressure line sheddable work may fill (kvbudget_admit.lua has it too)
+SHEDDABLE_SHARE = 0.75
 MAX_WEIGHT = 1_000_000
 
 
@@ -110,11 +115,10 @@ def decide(
     """Admit, queue or refuse ``request`` on one engine (rules 1 and 2 of the docstring)."""
     _check_threshold(pressure_threshold)
     after = reserved + request.tokens
-    if after > limit * pressure_threshold:
-        if request.priority == "sheddable":
-            return "reject"
-        if request.priority == "standard":
-            return "wait"
+    if request.priority == "sheddable" and after > limit * pressure_threshold * SHEDDABLE_SHARE:
+        return "reject"
+    if request.priority == "standard" and after > limit * pressure_threshold:
+        return "wait"
     if after > limit:
         return "wait"
     if not any(t != request.tenant for t in waiting):
@@ -131,11 +135,16 @@ def route(
     *,
     weights: Mapping[str, int] | None = None,
     pressure_threshold: float = PRESSURE_THRESHOLD,
+    preferred: int = 0,
 ) -> tuple[Decision, int | None]:
-    """The decision over several engines and the index of the chosen one (rule 3)."""
+    """The decision over several engines and the index of the chosen one (rule 3): the first
+    ``preferred`` engines in their order, then the rest by most free budget."""
     if not engines:
         raise ValueError("route needs at least one engine")
-    order = sorted(range(len(engines)), key=lambda i: engines[i].reserved - engines[i].limit)
+    first = list(range(min(preferred, len(engines))))
+    rest = sorted(range(len(first), len(engines)),
+                  key=lambda i: engines[i].reserved - engines[i].limit)  # fmt: skip
+    order = first + rest
     verdicts: list[Decision] = []
     for i in order:
         book = engines[i]

@@ -86,12 +86,15 @@ class Choice:
 @dataclass(frozen=True, slots=True)
 class Ask:
     """One admission: a lease id chosen by the caller (a retried call with the same id cannot
-    double-book), who asks, how urgently, and the candidate engines in tie-break order."""
+    double-book), who asks, how urgently, and the candidate engines in tie-break order.
+    ``preferred``: how many of the first choices are tried first, in their order, before the
+    rest by free budget (the router's choice: the engine holding the prompt's prefix)."""
 
     lease_id: str
     tenant: str
     priority: Priority
     choices: tuple[Choice, ...]
+    preferred: int = 0
 
     def __post_init__(self) -> None:
         if not self.choices:
@@ -234,7 +237,8 @@ class MemoryKVBudgetStore:
         views = [EngineBook(c.limit, c.tokens, b.tenants, w)
                  for c, b, w in zip(ask.choices, books, waiting, strict=True)]  # fmt: skip
         decision, index = route(ask.tenant, ask.priority, views, weights=rules.weights,
-                                pressure_threshold=rules.pressure_threshold)  # fmt: skip
+                                pressure_threshold=rules.pressure_threshold,
+                                preferred=ask.preferred)  # fmt: skip
         if index is not None:
             choice = ask.choices[index]
             lease = Lease(choice.engine, ask.lease_id, choice.tokens, ask.tenant, ask.priority)
@@ -321,7 +325,7 @@ class RedisKVBudgetStore:
         reply = await self._admit(
             self._client, keys, ask.lease_id, ask.tenant, ask.priority, _ms(ttl_s),
             _ms(rules.waiting_ttl_s), repr(float(rules.pressure_threshold)),
-            len(rules.weights), *weights, *per_choice,
+            len(rules.weights), *weights, *per_choice, ask.preferred,
         )  # fmt: skip
         code, index = _pair(reply)
         if code != 1:

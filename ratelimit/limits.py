@@ -17,6 +17,10 @@ reservation rule). A limit of 0 is unlimited. Rules:
   ``"tokens"``; ``retry_after_s`` is then the wait until every refusing bucket would allow.
 - ``refund(tenant, scopes, tokens)`` returns ``tokens`` to every scope's tokens bucket, never
   beyond full. An absent bucket is a full one, so idle state may vanish (nothing to refund).
+- Budgets in money ride along (``ratelimit.money``): ``reserve(..., money)`` takes the buckets
+  and reserves the money in one call, all or nothing (a refusal by a budget is ``denied_by``
+  ``"budget"``, its ``Spent`` in ``Verdict.spent``, every bucket untouched); ``refund(...,
+  counters, delta)`` settles the money with the tokens; ``spent(tenant, counters)`` reads them.
 - A scope with both limits 0 costs nothing and stores nothing. A call with nothing to do touches
   no state (no Redis round trip): a ``reserve`` without a limited scope (it is allowed), a
   ``refund`` of 0 tokens or without a scope that limits tokens.
@@ -35,7 +39,9 @@ replicas:
   a tenant's keys in one Redis Cluster slot, so one script may touch all the scopes of a call;
   braces and ``%`` in a tenant are %-escaped so that no (tenant, scope) pair can forge another's
   key.
-- ``KEYS`` holds one hash per limited scope; ``ARGV`` each one's rpm and tpm, then ``tokens``.
+- ``KEYS`` holds one hash per limited scope, then the money counters
+  (``{prefix}spend:{<tenant>}:<counter>``, in the tenant's slot too); ``ARGV`` the scope count,
+  each one's rpm and tpm, ``tokens``, then the money's amount, TTL and limits.
   The script returns the state it found (now, then both TATs of every scope); Python derives the
   ``Verdict`` with ``admit``, the function the memory backend uses. The Lua ``take`` evaluates
   ``gcra.decide``'s expressions in the same order and the Lua ``admit`` applies the same
@@ -47,13 +53,15 @@ replicas:
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal, NamedTuple, Protocol
+from dataclasses import dataclass, replace
+from typing import Literal, NamedTuple, Protocol, cast
 
 from ratelimit.gcra import Decision, decide, refund
 from ratelimit.luascript import LuaScript, ScriptClient
+from ratelimit.money import KEEP_S, MemoryCounters, Money, Spent
 
 LimitName = Literal["requests", "tokens"]
 
@@ -91,7 +99,8 @@ class Verdict:
     allowed: bool
     requests: Bucket  # the binding requests bucket
     tokens: Bucket  # the binding tokens bucket
-    denied_by: LimitName | None  # which kind refused (requests first); None when allowed
+    denied_by: LimitName | Literal["budget"] | None  # which refused (requests first)
+    spent: Spent | None = None  # the money's answer, when money was asked and the buckets allowed
 
     @property
     def retry_after_s(self) -> float:
@@ -100,12 +109,23 @@ class Verdict:
 
 
 class RateLimitBackend(Protocol):
-    async def reserve(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> Verdict:
-        """Take 1 request and ``tokens`` tokens from every limited bucket, all or nothing."""
+    async def reserve(
+        self, tenant: str, scopes: Sequence[Scope], tokens: int, money: Money | None = None
+    ) -> Verdict:
+        """Take 1 request and ``tokens`` tokens from every limited bucket, and ``money``,
+        all or nothing."""
         ...
 
-    async def refund(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> None:
-        """Return ``tokens`` unused tokens to every scope's tokens bucket (settlement)."""
+    async def refund(
+        self, tenant: str, scopes: Sequence[Scope], tokens: int,
+        counters: Sequence[str] = (), delta: int = 0,
+    ) -> None:  # fmt: skip
+        """Return ``tokens`` unused tokens to every scope's tokens bucket, and add ``delta``
+        to each money counter (settlement)."""
+        ...
+
+    async def spent(self, tenant: str, counters: Sequence[str]) -> list[int]:
+        """What each money counter holds."""
         ...
 
     async def aclose(self) -> None: ...
@@ -152,6 +172,16 @@ def _ask(scope: Scope, tats: Tats, now: float, tokens: int) -> _Asked:
         Bucket(scope.name, scope.limits.rpm, requests),
         Bucket(scope.name, scope.limits.tpm, tokens_decision),
     )
+
+
+def by_budget(scopes: Sequence[Scope], tats: Sequence[Tats], now: float, spent: Spent) -> Verdict:
+    """The buckets allowed and a budget refused (``spent``): nothing is taken, and every
+    bucket reports itself as it stands."""
+    asked = [_ask(scope, tat, now, 0) for scope, tat in zip(limited(scopes), tats, strict=True)]
+    untouched = [_Asked(tat, _untouched(one.requests, tat[0], now), one.tokens)
+                 for tat, one in zip(tats, asked, strict=True)]  # fmt: skip
+    return replace(_verdict(True, scopes, untouched), allowed=False, denied_by="budget",
+                   spent=spent)  # fmt: skip
 
 
 def _untouched(bucket: Bucket, tat: float, now: float) -> Bucket:
@@ -209,27 +239,44 @@ class MemoryBackend:
         self._clock = clock
         self._tats: dict[tuple[str, str], Tats] = {}
         self._sweep_at = self._MIN_SWEEP
+        self.money = MemoryCounters()
 
     def __len__(self) -> int:
         """How many scopes hold state (buckets not full)."""
         return len(self._tats)
 
-    async def reserve(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> Verdict:
+    async def reserve(
+        self, tenant: str, scopes: Sequence[Scope], tokens: int, money: Money | None = None
+    ) -> Verdict:
         _check(scopes, tokens)
         now = self._clock()
         keys = [(tenant, scope.name) for scope in limited(scopes)]
-        new, verdict = admit(scopes, [self._tats.get(key, (now, now)) for key in keys], now, tokens)
+        found = [self._tats.get(key, (now, now)) for key in keys]
+        new, verdict = admit(scopes, found, now, tokens)
+        if verdict.allowed and money is not None:
+            spent = self.money.reserve(tenant, money)
+            if spent.refused:
+                return by_budget(scopes, found, now, spent)
+            verdict = _with_money(verdict, spent)
         for key, tats in zip(keys, new, strict=True):
             self._store(key, now, tats)
         return verdict
 
-    async def refund(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> None:
+    async def refund(
+        self, tenant: str, scopes: Sequence[Scope], tokens: int,
+        counters: Sequence[str] = (), delta: int = 0,
+    ) -> None:  # fmt: skip
         _check(scopes, tokens)
         now = self._clock()
         for scope in _with_tokens(scopes):
             key = (tenant, scope.name)
             if (tats := self._tats.get(key)) is not None:
                 self._store(key, now, (tats[0], refund(tats[1], now, scope.limits.tpm, tokens)))
+        if delta:
+            self.money.settle(tenant, counters, delta)
+
+    async def spent(self, tenant: str, counters: Sequence[str]) -> list[int]:
+        return self.money.spent(tenant, counters)
 
     async def aclose(self) -> None:
         self._tats.clear()
@@ -250,8 +297,13 @@ _EPOCH = 1_735_689_600  # 2025-01-01T00:00:00Z, the origin of the Lua clock
 # gcra.decide, gcra.refund and admit's all-or-nothing rule in Lua (lua/limits_gcra.lua: the
 # same expressions in the same order, so both sides compute bit-identical TATs), the clock and
 # the store (lua/limits_state.lua), then each call's body.
-_RESERVE = LuaScript(files=("limits_gcra.lua", "limits_state.lua", "limits_reserve.lua"))
-_REFUND = LuaScript(files=("limits_gcra.lua", "limits_state.lua", "limits_refund.lua"))
+_RESERVE = LuaScript(
+    files=("limits_gcra.lua", "limits_state.lua", "limits_money.lua", "limits_reserve.lua")
+)
+_REFUND = LuaScript(
+    files=("limits_gcra.lua", "limits_state.lua", "limits_money.lua", "limits_refund.lua")
+)
+_SPENT = LuaScript(files=("limits_spent.lua",))
 
 
 class RedisBackend:
@@ -267,33 +319,72 @@ class RedisBackend:
 
     def key(self, scope: str, tenant: str) -> str:
         """The Redis key holding ``scope``'s buckets."""
-        tag = tenant.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
-        return f"{self._prefix}rl:{{{tag}}}:{scope}"
+        return f"{self._prefix}rl:{{{_tag(tenant)}}}:{scope}"
 
-    async def reserve(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> Verdict:
+    def money_key(self, counter: str, tenant: str) -> str:
+        """The Redis key of a money counter (in the tenant's slot, beside its buckets)."""
+        return f"{self._prefix}spend:{{{_tag(tenant)}}}:{counter}"
+
+    async def reserve(
+        self, tenant: str, scopes: Sequence[Scope], tokens: int, money: Money | None = None
+    ) -> Verdict:
         _check(scopes, tokens)
         active = limited(scopes)
-        if not active:  # nothing limited: allowed, and no state to read or write
+        if not active and money is None:  # nothing limited: allowed, no state to read or write
             return admit(scopes, [], 0.0, tokens)[1]
         keys = [self.key(scope.name, tenant) for scope in active]
-        limits = [n for scope in active for n in (scope.limits.rpm, scope.limits.tpm)]
-        now, tats = _found(await _RESERVE(self._client, keys, *limits, tokens), len(active))
-        return admit(scopes, tats, now, tokens)[1]
+        args: list[int] = [len(active)]
+        args += [n for scope in active for n in (scope.limits.rpm, scope.limits.tpm)]
+        args.append(tokens)
+        if money is not None:
+            keys += [self.money_key(counter, tenant) for counter in money.counters]
+            args += [money.amount, KEEP_S, *money.limits]
+        reply = await _RESERVE(self._client, keys, *args)
+        now, tats, spent = _found(reply, len(active))
+        if spent is not None and spent.refused:
+            return by_budget(scopes, tats, now, spent)
+        verdict = admit(scopes, tats, now, tokens)[1]
+        return verdict if spent is None else _with_money(verdict, spent)
 
-    async def refund(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> None:
+    async def refund(
+        self, tenant: str, scopes: Sequence[Scope], tokens: int,
+        counters: Sequence[str] = (), delta: int = 0,
+    ) -> None:  # fmt: skip
         _check(scopes, tokens)
-        if tokens and (active := _with_tokens(scopes)):
-            keys = [self.key(scope.name, tenant) for scope in active]
-            await _REFUND(self._client, keys, *(scope.limits.tpm for scope in active), tokens)
+        active = _with_tokens(scopes) if tokens else []
+        if not active and not (delta and counters):
+            return
+        keys = [self.key(scope.name, tenant) for scope in active]
+        keys += [self.money_key(counter, tenant) for counter in counters] if delta else []
+        tpms = (scope.limits.tpm for scope in active)
+        await _REFUND(self._client, keys, len(active), *tpms, tokens, delta)
+
+    async def spent(self, tenant: str, counters: Sequence[str]) -> list[int]:
+        if not counters:
+            return []
+        keys = [self.money_key(counter, tenant) for counter in counters]
+        return [int(v) for v in cast(list[int], await _SPENT(self._client, keys))]
 
     async def aclose(self) -> None:
         await self._client.aclose()
 
 
-def _found(reply: object, scopes: int) -> tuple[float, list[Tats]]:
+def _with_money(verdict: Verdict, spent: Spent) -> Verdict:
+    return Verdict(verdict.allowed, verdict.requests, verdict.tokens, verdict.denied_by, spent)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tag(tenant: str) -> str:
+    """The tenant as a hash tag: braces and ``%`` escaped, so no tenant forges another's."""
+    return tenant.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def _found(reply: object, scopes: int) -> tuple[float, list[Tats], Spent | None]:
     """The reserve script's reply: now, then two TATs per scope, as strings (bytes unless
-    decode_responses)."""
-    if not isinstance(reply, Sequence) or len(reply) != 1 + 2 * scopes:
+    decode_responses), then the money's answer (integers) when it was asked and reached."""
+    if not isinstance(reply, Sequence) or len(reply) < 1 + 2 * scopes:
         raise TypeError(f"unexpected reply from the rate-limit script: {reply!r}")
-    now, *tats = (float(value) for value in reply)
-    return now, list(zip(tats[::2], tats[1::2], strict=True))
+    now, *tats = (float(value) for value in reply[: 1 + 2 * scopes])
+    money = reply[1 + 2 * scopes :]
+    spent = Spent.of(money) if money else None
+    return now, list(zip(tats[::2], tats[1::2], strict=True)), spent

@@ -5,6 +5,7 @@ Layers, lowest first; a package imports only packages of lower layers (and its o
 
     errors  names (ids and tool names the parsers and the relays share)
     relay (sans-I/O: SSE, formats, splitter, rewriters)  api (request parsers)  edge
+    cache (sans-I/O: KV events, the prefix index, the scorer)
     settings  sim (the simulator: a vLLM of its own, it shares only the formats)
     db  ledger
     auth  telemetry  conversation (sealed reasoning, stored responses)
@@ -32,12 +33,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS: dict[str, int] = {
-    "errors": 0, "names": 0,
-    "relay": 1, "api": 1, "edge": 1,
-    "settings": 2, "sim": 2, "guard": 2,
+    "errors": 0, "names": 0, "sections": 1,
+    "relay": 1, "api": 1, "edge": 1, "cache": 1,
+    "settings": 2, "sim": 2, "guard": 2, "spend": 2,
     "db": 3, "ledger": 3,
     "auth": 4, "telemetry": 4, "conversation": 4,
-    "upstream": 5,
+    "upstream": 5, "batch": 5,
     "admission": 6,
     "exchange": 7,
     "pipeline": 8,

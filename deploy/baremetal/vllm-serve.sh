@@ -18,6 +18,9 @@ args=(
     --max-model-len 65536
     --gpu-memory-utilization 0.94
     --enable-prefix-caching
+    # the cached tokens in usage, and the KV events thinkgate routes by (docs/routing.md)
+    --enable-prompt-tokens-details
+    --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558"}'
     --enable-chunked-prefill
     --max-num-batched-tokens 8192
     --reasoning-parser deepseek_r1

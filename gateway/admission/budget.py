@@ -152,13 +152,19 @@ class KVAdmission:
         return sum(len(q) for q in self.queues.values())
 
     async def admit(
-        self, candidates: Sequence[Upstream], tenant: str, priority: Priority, tokens: int
+        self,
+        candidates: Sequence[Upstream],
+        tenant: str,
+        priority: Priority,
+        tokens: int,
+        preferred: int = 0,
     ) -> tuple[Grant, list[Upstream]]:
-        """The grant and the candidates reordered (the granted engine first)."""
+        """The grant and the candidates reordered (the granted engine first); the first
+        ``preferred`` are tried first (the router's choice), the rest by free budget."""
         unknown = [u for u in candidates if self.engine(u).controller is None]
         if unknown:
             return Grant(unknown[0]), _first(unknown[0], candidates)
-        ask = self._ask(candidates, tenant, priority, tokens)
+        ask = self._ask(candidates, tenant, priority, tokens, preferred)
         started = self.clock()
         try:
             placement, store = await self._queued(ask)
@@ -171,7 +177,12 @@ class KVAdmission:
         return grant, _first(upstream, candidates)
 
     def _ask(
-        self, candidates: Sequence[Upstream], tenant: str, priority: Priority, tokens: int
+        self,
+        candidates: Sequence[Upstream],
+        tenant: str,
+        priority: Priority,
+        tokens: int,
+        preferred: int = 0,
     ) -> Ask:
         choices, fits, largest = [], False, 0
         # below critical, the last part of a budget is headroom it may never use (fairness)
@@ -194,7 +205,7 @@ class KVAdmission:
                 f"any model server at once{headroom}. Lower max_tokens or the prompt.",
                 param="max_tokens", code="kv_request_too_large",
             )  # fmt: skip
-        return Ask(secrets.token_hex(8), tenant, priority, tuple(choices))
+        return Ask(secrets.token_hex(8), tenant, priority, tuple(choices), preferred)
 
     async def _queued(self, ask: Ask) -> Granted:
         """Ask at once unless this tenant already has requests waiting here (they go first);

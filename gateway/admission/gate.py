@@ -23,8 +23,10 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from audit.record import Usage
 from gateway.admission.budget import Grant, KVAdmission
 from gateway.admission.limiter import Admission, Limiter
+from gateway.admission.spending import SpendAsk
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError
 from gateway.upstream.engine import Upstream
@@ -54,11 +56,21 @@ class Gate:
     kv: KVAdmission
 
     async def admit(
-        self, key: KeyInfo, candidates: Sequence[Upstream], priority: Priority, tokens: int
+        self,
+        key: KeyInfo,
+        candidates: Sequence[Upstream],
+        priority: Priority,
+        tokens: int,
+        preferred: int = 0,
+        spend: SpendAsk | None = None,
     ) -> tuple[Ticket, list[Upstream]]:
-        kv = asyncio.ensure_future(self.kv.admit(list(candidates), key.tenant, priority, tokens))
+        """``preferred``: how many of the first candidates the router chose (tried first);
+        ``spend``: the money to reserve against the key's budgets, with its rate limits."""
+        kv = asyncio.ensure_future(
+            self.kv.admit(list(candidates), key.tenant, priority, tokens, preferred)
+        )
         try:
-            admission = await self.limiter.admit(key, tokens)
+            admission = await self.limiter.admit(key, tokens, spend)
         except BaseException:
             self.kv.abandon(kv)  # a grant it already had, or makes yet, is given back
             raise
@@ -73,10 +85,13 @@ class Gate:
             raise
         return Ticket(admission, grant), ordered
 
-    async def settle(self, ticket: Ticket, used_tokens: int) -> list[BaseException]:
-        """Refund and release at once; the failures of either, for the caller to log."""
+    async def settle(
+        self, ticket: Ticket, used_tokens: int, usage: Usage | None = None
+    ) -> list[BaseException]:
+        """Refund (tokens, and money by ``usage``) and release at once; the failures of
+        either, for the caller to log."""
         done = await asyncio.gather(
-            self.limiter.settle(ticket.admission, used_tokens),
+            self.limiter.settle(ticket.admission, used_tokens, usage),
             self.kv.release(ticket.grant),
             return_exceptions=True,
         )

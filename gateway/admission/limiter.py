@@ -7,10 +7,14 @@ alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from audit.record import Usage
 from gateway.auth.keys import KeyInfo
 from ratelimit.limits import RateLimitBackend, Scope
+
+if TYPE_CHECKING:
+    from gateway.admission.spending import SpendAsk
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,25 +28,34 @@ class Admission:
     headers: tuple[tuple[str, str], ...] = ()
     scopes: tuple[Scope, ...] = ()  # the limits it was admitted under (settlement refunds them)
     backend: RateLimitBackend | None = None  # the one that took the reservation: it refunds
+    spend: SpendAsk | None = None  # the money it reserved against its budgets, if any
 
     def __post_init__(self) -> None:
-        if self.scopes and self.backend is None:
+        if (self.scopes or self.spend) and self.backend is None:
             raise ValueError("limited scopes come with the backend that took the reservation")
 
 
 class Limiter(Protocol):
-    async def admit(self, key: KeyInfo, tokens: int) -> Admission:
-        """Reserve ``tokens`` for ``key``; ``RateLimited`` (429) when a limit refuses."""
+    async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
+        """Reserve ``tokens`` for ``key``, and ``spend`` against its budgets, all or nothing;
+        ``RateLimited`` (429) when a limit or a budget refuses."""
         ...
 
-    async def settle(self, admission: Admission, used_tokens: int) -> None: ...
+    async def settle(
+        self, admission: Admission, used_tokens: int, usage: Usage | None = None
+    ) -> None:
+        """Refund what the request did not use: tokens, and the money its ``usage`` did not
+        cost (no usage: it cost nothing)."""
+        ...
 
 
 class Unlimited:
-    """Admits everything: the gateway without rate limits (relay benchmarks, tests)."""
+    """Admits everything, budgets unkept: the gateway without limits (relay benchmarks)."""
 
-    async def admit(self, key: KeyInfo, tokens: int) -> Admission:
+    async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
         return Admission(key.key_id, key.tenant, tokens)
 
-    async def settle(self, admission: Admission, used_tokens: int) -> None:
+    async def settle(
+        self, admission: Admission, used_tokens: int, usage: Usage | None = None
+    ) -> None:
         return None

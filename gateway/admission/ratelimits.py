@@ -19,15 +19,22 @@ Rules:
   which every admitted response carries too.
 - Redis failure (``RATELIMIT_FAIL``): the rule of ``gateway/admission/circuit.py``, shared with
   the KV budget.
+- Budgets in money (``gateway.admission.spending``) are reserved in the same backend call (one
+  script with Redis), all or nothing: a budget's refusal is its 429 ``budget_exceeded``, with
+  the limits' headers; the settlement adds what the request cost less what it reserved, in the
+  same call as the tokens' refund.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from typing import cast
 
+from audit.record import Usage
 from gateway.admission.circuit import REDIS_ERRORS, Circuit
 from gateway.admission.limiter import Admission
+from gateway.admission.spending import SpendAsk
 from gateway.auth.keys import KeyInfo
 from gateway.errors import RateLimited, ServiceUnavailable
 from gateway.settings import AdmissionSettings
@@ -56,29 +63,40 @@ class KeyLimiter:
             Scope("tenant", Limits(rpm=tenant.rpm, tpm=tenant.tpm)),
         ]))  # fmt: skip
 
-    async def admit(self, key: KeyInfo, tokens: int) -> Admission:
+    async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
         scopes = self.scopes(key)
-        if not scopes:
+        if not scopes and spend is None:
             return Admission(key.key_id, key.tenant, tokens)
+        money = None if spend is None else spend.money
 
         async def reserve(backend: RateLimitBackend) -> tuple[Verdict, RateLimitBackend]:
-            return await backend.reserve(key.tenant, scopes, tokens), backend
+            return await backend.reserve(key.tenant, scopes, tokens, money), backend
 
         verdict, backend = await self.circuit.call(reserve)
         headers = rate_headers(verdict)
+        if spend is not None and verdict.spent is not None:
+            if verdict.spent.refused:
+                raise spend.refusal(verdict.spent).with_headers(headers)
+            spend.granted(verdict.spent)
         if not verdict.allowed:
             raise refusal(verdict, key, tokens, headers)
-        return Admission(key.key_id, key.tenant, tokens, headers, scopes, backend)
+        return Admission(key.key_id, key.tenant, tokens, headers, scopes, backend, spend)
 
-    async def settle(self, admission: Admission, used_tokens: int) -> None:
-        """Refund the unused tokens to the backend that took them."""
-        unused = admission.reserved_tokens - used_tokens
-        scopes = [s for s in admission.scopes if s.limits.tpm]
-        if scopes and unused > 0 and admission.backend is not None:
+    async def settle(
+        self, admission: Admission, used_tokens: int, usage: Usage | None = None
+    ) -> None:
+        """Refund the unused tokens, and the money the request did not cost, to the backend
+        that took them (one call)."""
+        unused = max(admission.reserved_tokens - used_tokens, 0)
+        scopes = [s for s in admission.scopes if s.limits.tpm] if unused else []
+        spend, counters, delta = admission.spend, cast(tuple[str, ...], ()), 0
+        if spend is not None:
+            counters, delta = spend.money.counters, spend.cost(usage) - spend.money.amount
+        if (scopes or delta) and admission.backend is not None:
             tenant = admission.tenant
             with contextlib.suppress(ServiceUnavailable):  # Redis is away: the tokens refill
-                await self.circuit.call_on(admission.backend,
-                                           lambda b: b.refund(tenant, scopes, unused))  # fmt: skip
+                await self.circuit.call_on(admission.backend, lambda b: b.refund(
+                    tenant, scopes, unused, counters, delta))  # fmt: skip
 
 
 def rate_headers(verdict: Verdict) -> tuple[tuple[str, str], ...]:

@@ -320,6 +320,11 @@ _BUILT_IN_TOOLS = (
     "strict; mcp, shell, local_shell, apply_patch refused"
 )
 
+# vLLM's Responses request has these too (vllm.entrypoints.openai.responses.protocol)
+RESPONSES_ENGINE_FIELDS = (
+    "ignore_eos", "repetition_penalty", "stop_token_ids", "vllm_xargs", "cache_salt",
+)  # fmt: skip
+
 RESPONSES: Mapping[str, FieldRule] = MappingProxyType(
     {
         "access_programs": _ignore("OpenAI's Cyber access programs"),
@@ -416,6 +421,12 @@ RESPONSES: Mapping[str, FieldRule] = MappingProxyType(
             1,
             source="client",
         ),
+        # vLLM's own Responses fields that act on the engine's sampling: passed on in the chat
+        # request the Responses request becomes (gateway.api.responses)
+        **{name: _VLLM_COMMON[name] for name in RESPONSES_ENGINE_FIELDS},
+        "seed": _honour("the engine's sampler (best effort)", "engine"),
+        "priority": _VLLM_COMMON["priority"],
+        "kv_transfer_params": _VLLM_COMMON["kv_transfer_params"],
     }
 )
 

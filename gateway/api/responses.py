@@ -22,7 +22,9 @@ finishes it once the route has what needs I/O (the stored conversation of
   ``item_reference`` items are resolved by the route (``with_references``); ``instructions``
   becomes a leading system message.
 - ``max_output_tokens`` → ``max_tokens``; ``temperature``, ``top_p``, ``parallel_tool_calls``
-  pass through; ``reasoning.effort`` → ``reasoning_effort`` (the format's thinking switch reads
+  pass through, as do the engine fields vLLM's own Responses API takes (``seed``,
+  ``ignore_eos``, ``repetition_penalty``, ``stop_token_ids``, ``vllm_xargs``, ``cache_salt``);
+  ``reasoning.effort`` → ``reasoning_effort`` (the format's thinking switch reads
   it, ``gateway.relay.formats``, and it is the request's reasoning budget,
   ``gateway.relay.effort``); ``reasoning.summary`` (or its alias ``generate_summary``) asks for
   ``summary_text`` parts (``gateway.relay.apis.responses``, for a key that may see reasoning);
@@ -52,7 +54,7 @@ from typing import Any
 
 import orjson
 
-from gateway.api.fields import RESPONSES, UnknownFields
+from gateway.api.fields import RESPONSES, RESPONSES_ENGINE_FIELDS, UnknownFields
 from gateway.api.items import (
     History,
     Reference,
@@ -253,6 +255,9 @@ def _sampling(body: dict[str, Any], reasoning: ReasoningAsked) -> dict[str, Any]
             chat[name] = _number(body[name], name)
     if reasoning.effort is not None:
         chat["reasoning_effort"] = reasoning.effort
+    for name in ("seed", *RESPONSES_ENGINE_FIELDS):  # vLLM's own: the engine validates them
+        if body.get(name) is not None:
+            chat[name] = body[name]
     return chat
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.cli import preflight, records
+from gateway.cli import preflight, records, spend
 from gateway.settings import Settings
 
 _DESCRIPTION = (
@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     _serve_parsers(sub)
     _keys_parser(sub)
     _ledger_parser(sub)
+    spend.add_parser(sub, _time_arg)
+    spend.add_budget_parser(sub)
     _capacity_parser(sub)
     _tool_parsers(sub)
     _witness_parser(sub)
@@ -92,6 +94,19 @@ def _serve_parsers(sub: Any) -> None:
     sim.add_argument("--itl-ms", type=float, default=20.0, help="time per further token")
     sim.add_argument("--kv-capacity-tokens", type=int, default=65536,
                      help="the KV cache it reports")  # fmt: skip
+    sim.add_argument("--block-size", type=int, default=16, help="tokens per KV cache block")
+    sim.add_argument("--kv-events", metavar="tcp://HOST:PORT",
+                     help="publish KV cache events there (vLLM's --kv-events-config)")  # fmt: skip
+    sim.add_argument("--kv-events-replay", metavar="tcp://HOST:PORT",
+                     help="answer KV event replay requests there")  # fmt: skip
+    sim.add_argument("--prefill-tokens-per-s", type=float, default=0.0,
+                     help="prefill speed: the first token waits for the uncached prompt "
+                          "tokens (0: no wait)")  # fmt: skip
+    sim.add_argument(
+        "--prompt-cache",
+        action="store_true",
+        help="simulate the prefix cache (cached tokens in usage) without events",
+    )
     sim.add_argument("--access-log", action="store_true", help="log each request")
     sim.set_defaults(func=cmd_sim)
 
@@ -243,7 +258,36 @@ def _capacity_parser(sub: Any) -> None:
         "--state-bytes-per-request", type=int, default=None,
         help="recurrent layers in a config.json: one layer's state per request",
     )  # fmt: skip
+    money = cap.add_argument_group("prices (--prices: print a PRICES_FILE instead of the plan)")
+    money.add_argument("--prices", action="store_true",
+                       help="derive prices from the cluster's cost and throughput")  # fmt: skip
+    money.add_argument("--gpu-hour", type=_amount, help="what one GPU costs an hour")
+    money.add_argument("--monthly-cost", type=_amount, help="what the cluster costs a month")
+    money.add_argument("--output-tokens-per-s", type=float,
+                       help="one engine's measured output tokens per second")  # fmt: skip
+    money.add_argument("--busy", type=float, default=0.6, help="share of the month at work")
+    money.add_argument("--input-per-output", type=float, default=4.0,
+                       help="prompt tokens per output token in the traffic")  # fmt: skip
+    money.add_argument("--output-weight", type=float, default=4.0,
+                       help="an output token costs this many input tokens")  # fmt: skip
+    money.add_argument("--cached-share", type=float, default=0.25,
+                       help="a cached input token's share of an input token's price")  # fmt: skip
+    money.add_argument("--currency", default="USD")
+    money.add_argument("--served-model", help="the model's name in requests (default --model)")
     cap.set_defaults(func=cmd_capacity)
+
+
+def _amount(text: str) -> Any:
+    """An amount of money, exact (a ``Decimal``)."""
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        found = Decimal(text)
+    except InvalidOperation:
+        raise ValueError(text) from None
+    if not found.is_finite():
+        raise ValueError(text)
+    return found
 
 
 def _refused(*checks: Callable[[], None]) -> int:
@@ -294,6 +338,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
         return 2
     refused = _refused(lambda: preflight.check_guardrails(settings),
+                       lambda: preflight.check_prices(settings),
                        lambda: preflight.check_database(settings),
                        lambda: preflight.check_keys(settings))  # fmt: skip
     if refused:
@@ -357,8 +402,11 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from gateway.side.sim.app import SimConfig, create_sim_app
 
     config = SimConfig(
-        ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, kv_capacity_tokens=args.kv_capacity_tokens
-    )
+        ttft_ms=args.ttft_ms, itl_ms=args.itl_ms, kv_capacity_tokens=args.kv_capacity_tokens,
+        block_size=args.block_size, kv_events=args.kv_events,
+        kv_events_replay=args.kv_events_replay, prefill_tokens_per_s=args.prefill_tokens_per_s,
+        prompt_cache=args.prompt_cache,
+    )  # fmt: skip
     refused = _refused(lambda: preflight.check_address(args.host, args.port))
     if refused:
         return refused
@@ -613,11 +661,29 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             reserve_gib=args.reserve_gib,
         )  # fmt: skip
         result = capacity.plan(model, deployment)
-        print(capacity.render(result))
+        if args.prices and result.max_requests_per_engine == 0:
+            raise ValueError("the deployment does not fit its GPUs: nothing to price")
+        print((_prices(args) if args.prices else capacity.render(result)).rstrip("\n"))
     except (OSError, ValueError) as exc:
         print(f"thinkgate capacity: {exc}", file=sys.stderr)
         return 2
     return 1 if result.max_requests_per_engine == 0 else 0  # the deployment does not fit
+
+
+def _prices(args: argparse.Namespace) -> str:
+    """``capacity --prices``: the ``PRICES_FILE`` the cluster's cost and throughput give."""
+    from gateway.spend.derived import ClusterCost, derive, render
+
+    if args.output_tokens_per_s is None:
+        raise ValueError("--prices needs --output-tokens-per-s (one engine's, measured)")
+    cluster = ClusterCost(
+        model=args.served_model or args.model, gpus=args.gpus, engines=args.dp,
+        output_tokens_per_s=args.output_tokens_per_s, gpu_hour=args.gpu_hour,
+        monthly_cost=args.monthly_cost, busy=args.busy, input_per_output=args.input_per_output,
+        output_weight=args.output_weight, cached_share=args.cached_share,
+        currency=args.currency,
+    )  # fmt: skip
+    return render(derive(cluster))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ import asyncio
 import errno
 import socket
 
+import yaml
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
@@ -26,6 +27,7 @@ from gateway.guard.policy import PolicyFileError
 from gateway.guard.policy import load as load_guardrails
 from gateway.ledger.sink import KEY_FILES, LedgerKeysMissing, ensure_keys
 from gateway.settings import Settings
+from gateway.spend.prices import load_prices
 
 CONFIG, KEYS, ADDRESS, DATABASE = 2, 3, 4, 5
 
@@ -70,6 +72,16 @@ def check_guardrails(settings: Settings) -> None:
         load_guardrails(settings.guardrails_file)
     except PolicyFileError as exc:
         raise Refused(CONFIG, f"guardrails: {exc}") from None
+
+
+def check_prices(settings: Settings) -> None:
+    """The prices file, when one is named, reads as prices."""
+    if settings.prices_file is None:
+        return
+    try:
+        load_prices(settings.prices_file)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise Refused(CONFIG, f"prices: {exc}") from None
 
 
 def check_database(settings: Settings, timeout_s: float = 5.0) -> None:

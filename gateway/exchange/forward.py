@@ -181,6 +181,11 @@ class Forwarder:
 
     async def _complete(self, ex: Exchange, candidates: Sequence[Upstream]) -> Response:
         ex.overhead_s = time.perf_counter() - ex.t0
+        if ex.batch is not None:
+            # a whole answer reaches nobody before its record, but a batch line's engine work
+            # must be on the ledger even if this replica dies before it (its first attempt is
+            # then ``replica_lost``, and the line runs again elsewhere: docs/batches.md)
+            await ex.intend()
         budget = ex.rewriter.policy.budget
         if budget is not None and budget.enforcement == "gateway":
             body = await self._assembled(ex, candidates)
@@ -189,6 +194,8 @@ class Forwarder:
                 candidates, ex.path, ex.request.upstream_body, ex.upstream_headers
             )
             ex.upstream = upstream.base_url
+        if ex.intention is not None:
+            await ex.confirm()
         if ex.screen is not None:
             await screen_whole(ex.screen, ex.rewriter, body)
         ex.mark_first_token()

@@ -35,6 +35,7 @@ from gateway.ledger.record import (
 from gateway.relay.choice import ChoiceState
 from gateway.relay.guarding import GuardAct
 from gateway.relay.rewrite import Rewriter
+from gateway.spend.prices import Prices
 from gateway.telemetry.logs import log_completion
 from gateway.telemetry.metrics import CompletedRequest, GapCounts, Metrics
 from gateway.telemetry.tracing import ExchangeSpan, Outcome
@@ -91,6 +92,8 @@ class Exchange:
     screen: ScreenPlan | None = None  # guard models over the output (exchange.screening)
     span: ExchangeSpan | None = None  # its OpenTelemetry spans (telemetry.tracing), if traced
     intention: Any = None  # its write-ahead intent, once queued (``RecordSink.intend``)
+    batch: tuple[str, str] | None = None  # (batch id, custom_id) when it is a batch's line
+    prices: Prices | None = None  # PRICES_FILE's: what it cost, counted in the metrics
     _finishing: asyncio.Future[None] | None = None
 
     async def intend(self) -> None:
@@ -183,6 +186,7 @@ class Exchange:
             self.metrics.observe_completion(done)
             for _, act in record.guardrails:
                 self.metrics.guardrail_acted(act.policy, act.action, act.channel)
+            self.metrics.spent(record.tenant, record.model, record.usage, self.prices)
         log_completion(record, overhead_s=self.overhead_s, first_content_at=self.first_content_at)
         # What the engine produced, never the reservation: a request that failed or was left
         # before its first token is charged its prompt alone (``_counted``), so an engine
@@ -195,10 +199,7 @@ class Exchange:
         recording.add_done_callback(lambda _: committed.__setitem__(0, time.time()))
         keeping = (asyncio.ensure_future(self.after(record))
                    if self.after is not None and record.status == "ok" else None)  # fmt: skip
-        try:
-            failures = await self.gate.settle(self.ticket, used)
-        except Exception as exc:
-            failures = [exc]
+        failures = await self._settle(record, used)
         for failure in failures:
             log.warning("settling request %s failed: %s", self.request_id, type(failure).__name__)
         if keeping is not None:
@@ -220,6 +221,14 @@ class Exchange:
                                  refused)  # fmt: skip
                 except Exception:  # tracing never costs a request its answer or its record
                     log.exception("tracing request %s failed", self.request_id)
+
+    async def _settle(self, record: CompletionRecord, used: int) -> list[BaseException]:
+        """The rate limits (tokens, and the budgets' money by the usage) and the KV lease: what
+        the engine produced (with Redis, in one pipelined round trip)."""
+        try:
+            return list(await self.gate.settle(self.ticket, used, record.usage))
+        except Exception as exc:
+            return [exc]
 
     def _traced(self, span: ExchangeSpan, record: CompletionRecord,
                 commit: tuple[float, float], refused: str | None) -> None:  # fmt: skip
@@ -288,6 +297,7 @@ class Exchange:
                         *((i, act) for i, c in enumerate(choices) if c.guard is not None
                           for act in c.guard.acts)),
             intent=getattr(self.intention, "id", None),
+            batch=self.batch,
         )  # fmt: skip
 
 

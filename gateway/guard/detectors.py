@@ -11,32 +11,41 @@ decided as soon as ``settle`` characters (2) follow it, so the text after it is 
 Built-ins (``BUILTIN``):
 
 - ``email``: local part up to 64 characters, ``@``, a domain of dot-separated labels ending in
-  a 2-24 letter top-level label;
+  a 2-24 letter top-level label; internationalised domains in Unicode (``пример.рф``) or in
+  punycode (``xn--d1acufc.xn--p1ai``) alike;
 - ``phone``: a run of 7-15 digits with the usual separators (``+``, spaces, dots, dashes,
   parentheses), kept only when libphonenumber (``phonenumbers``) finds it a valid number:
-  international (``+``) as such, national numbers in the detector's ``region`` (default
-  ``US``);
+  international (``+``) as such, national numbers in any of the detector's ``regions``
+  (default ``US``);
 - ``credit_card``: 13-19 digits, optionally grouped by spaces or dashes, starting 2-6 (the
-  card networks' ranges), kept only when the Luhn checksum holds;
-- ``iban``: two letters, two check digits, 11-30 letters or digits (spaces allowed in groups),
-  kept only when the ISO 13616 mod-97 check gives 1;
-- ``us_ssn``: ``AAA-GG-SSSS`` without the never-issued areas (000, 666, 9xx), group 00 or
-  serial 0000 (dashes required: nine bare digits are too common to call one);
+  card networks' ranges), or 15 together starting with 1 (UATP), kept only when the Luhn
+  checksum holds;
+- ``iban``: two letters, two check digits, 11-30 letters or digits, together or in groups of
+  four by spaces or by dashes, kept only when valid by the ISO 13616 registry (python-stdnum:
+  the country's length and BBAN format, and the mod-97 check); a stray group after a valid
+  one is cut off;
+- ``us_ssn``: ``AAA-GG-SSSS`` (or with spaces or dots, the same separator twice) without the
+  never-issued areas (000, 666, 9xx), group 00 or serial 0000; nine bare digits only with
+  ``bare`` and a context word just before them (``SSN``, ``social security number``: ``SSN:
+  078051120``), as nine digits alone are too common to call one;
 - ``secret_key``: the shapes of common credentials: AWS access key ids, GitHub tokens,
-  OpenAI/Anthropic-style ``sk-`` keys, Stripe keys, Slack tokens, Google API keys, JWTs and
-  PEM private-key headers.
+  OpenAI/Anthropic-style ``sk-`` keys, Stripe keys, Slack tokens, Google API keys, Hugging
+  Face and npm tokens, JWTs and PEM private-key headers; a policy naming ``secret_key`` gets
+  the maintained rule set's rules beside these (``gateway.guard.secrets``).
 """
 
 from __future__ import annotations
 
 import re
-import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import phonenumbers
 import regex
+from stdnum import iban as iso13616
+
+from gateway.guard.literals import starts
 
 # How much of a candidate is the value: its length, a shorter prefix (a phone number with a
 # stray group of digits after it), or 0 (not one).
@@ -66,6 +75,10 @@ class Detector:
     # (a card or an SSN also reads as a phone number).
     rank: int = 0
     behind: int = 0  # the longest look-behind: characters kept before a scan's position
+    # The literals every match starts with, for the scanner's shared prefilter
+    # (``gateway.guard.prefilter``; ``()``: none known), compared ignoring case when folded.
+    starts: tuple[str, ...] = ()
+    starts_folded: bool = False
 
 
 def luhn(text: str) -> bool:
@@ -82,31 +95,17 @@ def luhn(text: str) -> bool:
     return total % 10 == 0
 
 
-_IBAN_VALUES = {c: str(i) for i, c in enumerate(string.digits + string.ascii_uppercase)}
-
-
 def iban(text: str) -> bool:
-    compact = text.replace(" ", "")
-    if not 15 <= len(compact) <= 34:
-        return False
-    moved = compact[4:] + compact[:4]
-    return int("".join(_IBAN_VALUES[c] for c in moved)) % 97 == 1
+    """Valid by the ISO 13616 registry: its country's length and BBAN format, and mod-97."""
+    compact = text.replace(" ", "").replace("-", "")
+    return 15 <= len(compact) <= 34 and bool(iso13616.is_valid(compact))
 
 
-def phone_validator(region: str) -> Validator:
-    def number(text: str) -> bool:
-        if sum(c.isdigit() for c in text) < 7:
-            return False
-        try:
-            parsed = phonenumbers.parse(text, None if text.startswith("+") else region)
-        except phonenumbers.NumberParseException:
-            return False
-        return bool(phonenumbers.is_valid_number(parsed))
-
+def _longest(check: Callable[[str], bool]) -> Validator:
     def valid(text: str) -> int:
-        """The longest valid number the candidate starts with, cut at a separator."""
+        """The longest valid value the candidate starts with, cut at a separator."""
         while text:
-            if number(text):
+            if check(text):
                 return len(text)
             cut = max(text.rfind(" "), text.rfind("-"), text.rfind("."))
             text = text[:cut] if cut > 0 else ""
@@ -115,25 +114,58 @@ def phone_validator(region: str) -> Validator:
     return valid
 
 
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+def phone_validator(*regions: str) -> Validator:
+    """A number valid as international (``+``), or as national in any of ``regions``."""
+    regions = regions or ("US",)
+
+    def number(text: str) -> bool:
+        if sum(c.isdigit() for c in text) < 7:
+            return False
+        for region in (None,) if text.startswith("+") else regions:
+            try:
+                parsed = phonenumbers.parse(text, region)
+            except phonenumbers.NumberParseException:
+                continue
+            if phonenumbers.is_valid_number(parsed):
+                return True
+        return False
+
+    return _longest(number)
+
+
+# a domain label: letters (any script) and digits, dashes inside; the top-level label is
+# letters, or punycode (xn--...)
+_LABEL = r"[^\W_](?:[^\W_]|-){0,62}(?<!-)"
 _EMAIL = (
     r"(?<![\w.%+-])[\w.%+-]{1,64}@" + _LABEL + r"(?:\." + _LABEL + r"){0,3}"
-    r"\.[A-Za-z]{2,24}(?![\w-]|\.[A-Za-z0-9])"
+    r"\.(?:[^\W\d_]{2,24}|xn--[A-Za-z0-9]{1,59})(?![\w-]|\.[^\W_])"
 )
 _PHONE = (
     r"(?<![\w+])(?:\+\d{1,3}[ .-]?)?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{1,5}){1,5}(?![\w])"
 )
-# 13-19 digits together, or grouped 4-4-4-(1-4) or 4-6-5 (Amex) by one separator kind
+# 13-19 digits together (15 starting with 1: UATP), or grouped 4-4-4-(1-4) or 4-6-5 (Amex)
+# by one separator kind
 _CARD = (
-    r"(?<![\w-])(?:[2-6]\d{12,18}|[2-6]\d{3}([ -])\d{4}\1\d{4}\1\d{1,4}"
+    r"(?<![\w-])(?:[2-6]\d{12,18}|1\d{14}|[2-6]\d{3}([ -])\d{4}\1\d{4}\1\d{1,4}"
     r"|3\d{3}([ -])\d{6}\2\d{5})(?![\w])"
 )
-# together, or in groups of four by single spaces (the last one shorter)
+# together, or in groups of four by single spaces or single dashes (the last one may be
+# shorter, or a stray group the validator cuts off)
 _IBAN = (
-    r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?:[A-Z0-9]{11,30}|(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,3})?)"
-    r"(?![A-Za-z0-9])"
+    r"(?<![A-Za-z0-9-])[A-Z]{2}\d{2}"
+    r"(?:[A-Z0-9]{11,30}|([ -])[A-Z0-9]{4}(?:\1[A-Z0-9]{4}){1,6}(?:\1[A-Z0-9]{1,4})?)"
+    r"(?![A-Za-z0-9]|-[A-Za-z0-9])"
 )
-_SSN = r"(?<![\w-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\w-])"
+_SSN = (
+    r"(?<![\w.-])(?!000|666|9\d\d)\d{3}(?P<s>[- .])(?!00)\d{2}(?P=s)(?!0000)\d{4}"
+    r"(?![\w-]|\.\d)"
+)
+# nine bare digits right after a context word: "SSN: 078051120", "social security no. ..."
+_SSN_BARE = (
+    r"(?<=(?i:\bssn|\bsocial[ -]security(?:[ -](?:number|no\.?|#))?)[\s:#.=-]{0,3}"
+    r"(?:(?i:is|was|number|no\.?)[\s:#.=-]{1,3})?)"
+    r"(?!000|666|9\d\d)\d{3}(?P<b>[- .]?)(?!00)\d{2}(?P=b)(?!0000)\d{4}(?![\w-]|\.\d)"
+)
 _SECRET = (
     r"(?<![A-Za-z0-9_-])(?:"
     r"(?:AKIA|ASIA)[A-Z0-9]{16}"
@@ -143,6 +175,8 @@ _SECRET = (
     r"|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,99}"
     r"|xox[abposr]-[A-Za-z0-9-]{10,80}"
     r"|AIza[A-Za-z0-9_-]{35}"
+    r"|hf_[A-Za-z0-9]{34,40}"
+    r"|npm_[A-Za-z0-9]{36}"
     r"|eyJ[A-Za-z0-9_-]{8,200}\.eyJ[A-Za-z0-9_-]{8,400}\.[A-Za-z0-9_-]{8,200}"
     r")(?![A-Za-z0-9_-])"
     r"|-----BEGIN (?:[A-Z]{2,10} )?PRIVATE KEY-----"
@@ -199,17 +233,28 @@ def _subpatterns(argument: Any) -> list[Any]:
 LOOKAHEAD = 2  # the most characters past a built-in's match its closing look-ahead reads
 
 
+def rank_of(name: str) -> int:
+    """A built-in's rank among detectors matching from one position (lower wins)."""
+    return _RANKS.index(name) + 1
+
+
 def _builtin(name: str, label: str, pattern: str, valid: Validator) -> Detector:
-    rank = _RANKS.index(name) + 1
+    rank = rank_of(name)
     longest, behind, ahead = widths(pattern)
     window = longest + max(ahead, LOOKAHEAD)
-    return Detector(name, label, regex.compile(pattern), window, valid, LOOKAHEAD, rank, behind)
+    literals, folded = starts(pattern)  # secret keys' prefixes; the others start too widely
+    return Detector(name, label, regex.compile(pattern), window, valid, LOOKAHEAD, rank, behind,
+                    literals, folded)  # fmt: skip
 
 
-def builtin(name: str, *, region: str = "US") -> Detector:
-    """The built-in detector ``name``; ``KeyError`` for an unknown one."""
-    if name == "phone":
-        return _builtin("phone", "[PHONE]", _PHONE, phone_validator(region))
+def builtin(name: str, *, regions: tuple[str, ...] = ("US",), bare: bool = False) -> Detector:
+    """The built-in detector ``name``; ``KeyError`` for an unknown one. ``regions``: where a
+    phone number without ``+`` may be national; ``bare``: an SSN of nine bare digits after a
+    context word counts too."""
+    if name == "phone" and regions != ("US",):
+        return _builtin("phone", "[PHONE]", _PHONE, phone_validator(*regions))
+    if name == "us_ssn" and bare:
+        return _builtin("us_ssn", "[US_SSN]", _SSN + "|" + _SSN_BARE, _always)
     return BUILTIN[name]
 
 
@@ -217,7 +262,7 @@ BUILTIN: dict[str, Detector] = {
     "email": _builtin("email", "[EMAIL]", _EMAIL, _always),
     "phone": _builtin("phone", "[PHONE]", _PHONE, phone_validator("US")),
     "credit_card": _builtin("credit_card", "[CREDIT_CARD]", _CARD, _whole(luhn)),
-    "iban": _builtin("iban", "[IBAN]", _IBAN, _whole(iban)),
+    "iban": _builtin("iban", "[IBAN]", _IBAN, _longest(iban)),
     "us_ssn": _builtin("us_ssn", "[US_SSN]", _SSN, _always),
     "secret_key": _builtin("secret_key", "[SECRET_KEY]", _SECRET, _always),
 }
@@ -242,4 +287,6 @@ def custom(pattern: str, *, label: str = "[REDACTED]", max_length: int = 256) ->
         raise PatternError(f"may match {longest} characters, more than max_length "
                            f"({max_length}): raise max_length or bound the pattern")  # fmt: skip
     # decided once the longest match and its look-ahead could be present
-    return Detector("regex", label, compiled, max_length + ahead + 1, behind=behind)
+    literals, folded = starts(pattern)
+    return Detector("regex", label, compiled, max_length + ahead + 1, behind=behind,
+                    starts=literals, starts_folded=folded)  # fmt: skip

@@ -7,7 +7,7 @@ policies:
     models: ["*"]               # or a list of model names (shell-style patterns allowed)
     detect: [email, phone, credit_card, iban, us_ssn, secret_key,
              {regex: "ACME-[0-9]{6}", label: "[ACME_ID]", max_length: 64},
-             {phone: {region: GB}}]
+             {phone: {regions: [GB, DE]}}, {us_ssn: {bare: true}}]
     scope: [reasoning, answer]  # and/or prompt
     action: redact              # redact | block | flag
     targets: [client, ledger]   # where a redaction applies
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import httpx
+import phonenumbers
 import yaml
 from pydantic import (
     BaseModel,
@@ -54,9 +55,13 @@ from pydantic import (
 )
 
 from gateway.guard.detectors import BUILTIN, Detector, PatternError, builtin, custom
+from gateway.guard.secrets import secret_rules
 
 Action = Literal["redact", "block", "flag"]
 Channel = Literal["reasoning", "answer", "prompt"]
+
+
+_REGIONS = frozenset(phonenumbers.SUPPORTED_REGIONS)
 
 
 class PolicyFileError(ValueError):
@@ -73,12 +78,54 @@ class _RegexSpec(_Strict):
     max_length: int = Field(256, ge=1, le=4096)
 
 
+_Region = Annotated[str, Field(pattern=r"^[A-Z]{2}$")]
+
+
 class _PhoneOptions(_Strict):
-    region: str = Field("US", pattern=r"^[A-Z]{2}$")
+    region: _Region | None = None  # one region (the older form)
+    regions: tuple[_Region, ...] = ()  # a national number valid in any of them is one
+
+    @model_validator(mode="after")
+    def _known_regions(self) -> _PhoneOptions:
+        for region in self.all():
+            if region not in _REGIONS:
+                raise ValueError(f"{region!r} is not a region libphonenumber knows")
+        return self
+
+    def all(self) -> tuple[str, ...]:
+        found = (*((self.region,) if self.region else ()), *self.regions)
+        return tuple(dict.fromkeys(found)) or ("US",)
 
 
 class _PhoneSpec(_Strict):
     phone: _PhoneOptions
+
+
+class _SecretOptions(_Strict):
+    rules: tuple[str, ...] = Field(min_length=1)  # "builtin" (the shapes here) or a rule's name
+
+    @field_validator("rules")
+    @classmethod
+    def _known_rules(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from gateway.guard.secrets import secret_rules
+
+        known = ("builtin", *secret_rules())
+        for name in value:
+            if name not in known:
+                raise ValueError(f"unknown secret rule {name!r} (one of {', '.join(known)})")
+        return value
+
+
+class _SecretSpec(_Strict):
+    secret_key: _SecretOptions
+
+
+class _SsnOptions(_Strict):
+    bare: bool = False  # nine bare digits after a context word ("SSN: 078051120") count too
+
+
+class _SsnSpec(_Strict):
+    us_ssn: _SsnOptions
 
 
 class _ModelSpec(_Strict):
@@ -117,16 +164,19 @@ def _kind(item: Any) -> str | None:
     if isinstance(item, str):
         return "name"
     if isinstance(item, dict):
-        return next((k for k in ("model", "regex", "phone") if k in item), "regex")
+        kinds = ("model", "regex", "phone", "us_ssn", "secret_key")
+        return next((k for k in kinds if k in item), "regex")
     return None
 
 
 _Detect = Annotated[
     Annotated[str, Tag("name")] | Annotated[_RegexSpec, Tag("regex")]
-    | Annotated[_PhoneSpec, Tag("phone")] | Annotated[_ModelSpec, Tag("model")],
+    | Annotated[_PhoneSpec, Tag("phone")] | Annotated[_SsnSpec, Tag("us_ssn")]
+    | Annotated[_SecretSpec, Tag("secret_key")] | Annotated[_ModelSpec, Tag("model")],
     Discriminator(_kind, custom_error_type="detector",
                   custom_error_message="a detector is a name or a mapping ({regex: ...}, "
-                                       "{phone: ...} or {model: ...})"),
+                                       "{phone: ...}, {us_ssn: ...}, {secret_key: ...} or "
+                                       "{model: ...})"),
 ]  # fmt: skip
 
 
@@ -144,9 +194,11 @@ class _PolicySpec(_Strict):
     @classmethod
     def _known(cls, value: Any) -> Any:
         for item in value if isinstance(value, list) else ():
-            if isinstance(item, str) and item not in BUILTIN:
+            if isinstance(item, str) and item not in (*BUILTIN, "secret_rules"):
                 raise ValueError(f"unknown detector {item!r} (one of {', '.join(BUILTIN)}, "
-                                 "{regex: ...}, {phone: {region: XX}} or "
+                                 "secret_rules, {secret_key: {rules: [...]}}, "
+                                 "{regex: ...}, {phone: {regions: [XX, ...]}}, "
+                                 "{us_ssn: {bare: true}} or "
                                  "{model: ...})")  # fmt: skip
         return value
 
@@ -262,10 +314,18 @@ def _policy(spec: _PolicySpec, source: str, node: Any, index: int) -> GuardPolic
             judges.append(GuardModel(item.model, item.upstream.rstrip("/"),
                                      frozenset(item.categories), item.every, item.window,
                                      item.timeout_s, tuple(item.params.items())))  # fmt: skip
+        elif item == "secret_rules":  # the maintained rule set's rules, every one
+            detectors += secret_rules().values()
         elif isinstance(item, str):
             detectors.append(builtin(item))
+        elif isinstance(item, _SecretSpec):
+            rules = secret_rules()
+            detectors += [builtin("secret_key") if name == "builtin" else rules[name]
+                          for name in item.secret_key.rules]  # fmt: skip
         elif isinstance(item, _PhoneSpec):
-            detectors.append(builtin("phone", region=item.phone.region))
+            detectors.append(builtin("phone", regions=item.phone.all()))
+        elif isinstance(item, _SsnSpec):
+            detectors.append(builtin("us_ssn", bare=item.us_ssn.bare))
         else:
             try:
                 detectors.append(custom(item.regex, label=item.label, max_length=item.max_length))

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import regex
 
 from gateway.guard.detectors import Detector
+from gateway.guard.prefilter import Prefilter
 
 CONTEXT = 32  # characters kept before a rule's position, at least: the rules' look-behinds
 
@@ -67,6 +68,7 @@ class _RuleState:
 class ChannelScanner:
     def __init__(self, rules: Sequence[Detector]) -> None:
         self._rules = [_RuleState(d) for d in rules]
+        self._gate = Prefilter(rules)
         self._context = max([CONTEXT, *(d.behind for d in rules)])
         self._buf = ""
         self._base = 0  # the channel offset of _buf[0]
@@ -88,12 +90,30 @@ class ChannelScanner:
             raise ValueError("the channel is closed")
         self._buf += text
         self.closed = final
+        skip = self._gated(final) if self._gate.rules else ()
         for index, rule in enumerate(self._rules):
-            self._scan(index, rule, final)
+            if index not in skip:
+                self._scan(index, rule, final)
         hold = min((r.hold for r in self._rules), default=self.end)
         findings = self._merge(hold) if any(r.decided for r in self._rules) else []
         self._released = max(hold, self._covered) if not final else self.end
         return self._released, findings
+
+    def _gated(self, final: bool) -> set[int]:
+        """The rules the shared prefilter (``gateway.guard.prefilter``) resumes at their first
+        literal, and those it finds none for (returned: nothing to scan, all decided)."""
+        base, end = self._base, self.end
+        since = {i: self._rules[i].pos - base for i in self._gate.rules}
+        first = self._gate.first(self._buf, since, final)
+        none = set()
+        for i in self._gate.rules:
+            rule = self._rules[i]
+            if i in first:
+                rule.pos = first[i] + base
+            else:
+                rule.hold = rule.pos = end
+                none.add(i)
+        return none
 
     def drop_before(self, offset: int) -> None:
         """Forget the text before ``offset`` (already sent on), keeping look-behind context."""

@@ -19,6 +19,7 @@ __all__ = ["CompletionRecord", "DiscardSink", "RecordSink", "Status", "Usage", "
            "parse_usage", "status_of"]  # fmt: skip
 from gateway.errors import InvalidRequest, Outcome
 from gateway.relay.guarding import GuardAct
+from gateway.relay.rewrite import cached_tokens
 
 Status = Literal[
     "ok", "invalid", "upstream_error", "client_disconnected", "cancelled", "error", "started"
@@ -56,6 +57,7 @@ class CompletionRecord:
     # what guardrail policies did, per choice index (values are hashed before they are sealed)
     guardrails: tuple[tuple[int | None, GuardAct], ...] = ()  # None: the prompt
     intent: str | None = None  # the write-ahead intent this record takes the place of
+    batch: tuple[str, str] | None = None  # (batch id, the line's custom_id), for a batch line
 
 
 def check_recordable(messages: list[Any], params: dict[str, Any]) -> None:
@@ -94,11 +96,13 @@ def parse_usage(raw: Mapping[str, Any] | None) -> Usage | None:
     details = raw.get("completion_tokens_details")
     completion = _count(raw.get("completion_tokens"))
     reasoning = _count(details.get("reasoning_tokens")) if isinstance(details, Mapping) else 0
+    prompt = _count(raw.get("prompt_tokens"))
     return Usage(
-        prompt_tokens=_count(raw.get("prompt_tokens")),
+        prompt_tokens=prompt,
         completion_tokens=completion,
         reasoning_tokens=min(reasoning, completion),
         total_tokens=_count(raw.get("total_tokens")),
+        cached_tokens=min(cached_tokens(raw), prompt),
     )
 
 

@@ -41,7 +41,8 @@ from gateway.ledger.intents import ProgressOf, Running
 from gateway.ledger.record import CompletionRecord
 from gateway.ledger.translate import translate
 from gateway.relay.guarding import GuardAct
-from gateway.settings import LedgerSettings
+from gateway.sections import LedgerSettings
+from gateway.spend.prices import Prices
 
 log = logging.getLogger("thinkgate")
 
@@ -60,9 +61,12 @@ class Intention:
 
 
 class LedgerSink:
-    def __init__(self, ledger: Ledger, settings: LedgerSettings) -> None:
+    def __init__(
+        self, ledger: Ledger, settings: LedgerSettings, prices: Prices | None = None
+    ) -> None:
         self.ledger = ledger
         self._capture = settings.audit_capture
+        self._prices = prices
         self._fail_open = settings.audit_fail == "open"
         # the exchanges whose intents wait for their records
         self.running = Running(grace_s=settings.background_stale_s)
@@ -71,8 +75,9 @@ class LedgerSink:
         """Seal and queue the exchange's write-ahead intent (``audit.intents``): ``record``
         is the exchange as it stands before its first token. Raises what ``submit`` would
         when its key cannot be had; ``None`` when the ledger fails open and failed."""
-        facts = dataclasses.replace(record_facts(record, self._capture), status="started",
-                                    created_at=record.started_at, ended_at=None)  # fmt: skip
+        facts = record_facts(record, self._capture, self._prices)
+        facts = dataclasses.replace(facts, status="started", created_at=record.started_at,
+                                    ended_at=None)  # fmt: skip
         body = captured(Body(messages=record.messages, params=record.params), self._capture)
         try:
             try:
@@ -132,7 +137,7 @@ class LedgerSink:
             log.error("audit record lost (request %s): ledger unavailable", record.request_id)
 
     async def _append(self, record: CompletionRecord) -> None:
-        facts, replaces = record_facts(record, self._capture), record.intent
+        facts, replaces = record_facts(record, self._capture, self._prices), record.intent
         try:
             await self.ledger.append(facts, captured(record_body(record), self._capture),
                                      replaces=replaces)  # fmt: skip
@@ -145,7 +150,12 @@ class LedgerSink:
             await self.ledger.append(unencodable, Body(), replaces=replaces)
 
 
-def record_facts(record: CompletionRecord, capture: Any) -> Facts:
+def record_facts(record: CompletionRecord, capture: Any, prices: Prices | None = None) -> Facts:
+    """The record's header facts; with ``prices``, its cost (a model they do not price, served
+    under ``UNPRICED_MODELS=allow``, has none)."""
+    amount = None if prices is None else prices.cost(record.model, record.usage)
+    cost = None if amount is None or prices is None else {
+        "amount": f"{amount:f}", "currency": prices.currency, "prices": prices.digest}  # fmt: skip
     return Facts(
         kind="completion",
         tenant=record.tenant,
@@ -170,6 +180,9 @@ def record_facts(record: CompletionRecord, capture: Any) -> Facts:
         thinking=None if record.thinking else False,
         guardrails=tuple(sorted({f"{a.policy}:{a.action}" for _, a in record.guardrails}))
         or None,
+        batch=None if record.batch is None else {"id": record.batch[0],
+                                                 "custom_id": record.batch[1]},
+        cost=cost,
     )  # fmt: skip
 
 

@@ -19,7 +19,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import orjson
 from starlette.requests import Request
@@ -27,13 +27,16 @@ from starlette.responses import Response
 
 from gateway.admission.budget import priority_of
 from gateway.admission.gate import Gate, Ticket
+from gateway.admission.spending import Spending
 from gateway.api.room import clamp, clamped_header, room_for
 from gateway.api.screen import ignored_header
 from gateway.auth.bearer import authenticate
 from gateway.auth.keys import KeyInfo, Role
 from gateway.auth.keystore import KeyStore
+from gateway.batch.lines import ORIGIN, BatchOrigin
+from gateway.cache.salt import client_salt, salted
 from gateway.edge.body import read_body
-from gateway.errors import GatewayError, InvalidRequest, LedgerUnavailable
+from gateway.errors import AuthError, GatewayError, InvalidRequest, LedgerUnavailable
 from gateway.exchange.forward import Forwarder
 from gateway.exchange.lifecycle import Exchange, Forwarded
 from gateway.exchange.screening import ScreenPlan, judge_prompt
@@ -48,6 +51,7 @@ from gateway.relay.formats import ReasoningFormat
 from gateway.relay.guarding import GuardAct, TextGuard
 from gateway.relay.rewrite import Policy, Rewriter
 from gateway.settings import PipelineSettings
+from gateway.spend.prices import Prices
 from gateway.telemetry.logs import log_refusal
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.traceparent import parse_traceparent
@@ -55,6 +59,8 @@ from gateway.telemetry.tracing import Tracing
 from gateway.upstream.engine import Upstream
 from gateway.upstream.judge import GuardModels
 from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.router import Router, session_of
+from ratelimit.fairness import Priority
 
 log = logging.getLogger("thinkgate")
 
@@ -126,6 +132,11 @@ class Pipeline:
     guardrails: Guardrails = NO_GUARDRAILS  # GUARDRAILS_FILE's policies
     guard_models: GuardModels | None = None
     tracing: Tracing | None = None
+    router: Router | None = None  # which engine first (ROUTING); None: the least loaded
+    # PRICES_FILE's prices, and whether a model they do not price is refused (UNPRICED_MODELS)
+    prices: Prices | None = None
+    refuse_unpriced: bool = True
+    spending: Spending | None = None  # budgets in money, with PRICES_FILE
 
     def policy(
         self, key: KeyInfo, model: str, *, thinking_params: Mapping[str, Any] | None = None,
@@ -152,7 +163,10 @@ class Pipeline:
         )
 
     async def receive(self, request: Request, role: Role) -> tuple[KeyInfo, bytes]:
-        """The caller's key, then its body."""
+        """The caller's key, then its body (a batch line's: its batch's key and its body)."""
+        origin: BatchOrigin | None = request.scope.get(ORIGIN)
+        if origin is not None:
+            return await self._batch_key(request, origin), origin.body
         try:
             key = await authenticate(self.keys, authorization(request), role)
         except GatewayError as exc:  # counted and logged too: key guessing must leave a trace
@@ -166,12 +180,27 @@ class Pipeline:
             raise
         return key, raw
 
+    async def _batch_key(self, request: Request, origin: BatchOrigin) -> KeyInfo:
+        key = await self.keys.get(origin.key_id)
+        if key is None or not key.active:
+            exc = AuthError("The API key that created this batch was revoked.")
+            self.refused(request, key, exc, "unknown", stream=False)
+            raise exc
+        return key
+
     async def admit(
-        self, request: Request, key: KeyInfo, model: str, stream: bool, tokens: int
-    ) -> tuple[Ticket, list[Upstream]]:
-        """Everything that may refuse the request before any upstream is asked."""
+        self, request: Request, key: KeyInfo, call: _Call, path: str, tokens: int
+    ) -> tuple[Ticket, list[Upstream], tuple[tuple[str, str], ...]]:
+        """Everything that may refuse the request before any upstream is asked (its budgets
+        included), the engines to ask in the router's order (``path``: the upstream path), and
+        the header that says why the first one (``x-thinkgate-route``)."""
         served = False  # a metrics label only for a model an upstream serves: labels stay bounded
+        model = call.model
         try:
+            if self.prices is not None and self.refuse_unpriced and not self.prices.of(model):
+                raise InvalidRequest(f"The model '{model}' has no price here: PRICES_FILE "
+                                     "names the models this gateway serves at a cost.",
+                                     param="model", code="model_not_priced")  # fmt: skip
             if not self.sink.accepting():
                 raise LedgerUnavailable("The audit ledger cannot store records; try again later.")
             await self.sink.prepare(key.tenant)  # a record that could not be sealed: refused now
@@ -179,10 +208,32 @@ class Pipeline:
             priority = priority_of(request.headers.get("x-thinkgate-priority"), ceiling)
             candidates = await self.upstreams.route(model)
             served = True
-            return await self.gate.admit(key, candidates, priority, tokens)
+            preferred, said = 0, cast(tuple[tuple[str, str], ...], ())
+            if self.router is not None:
+                session = session_of(request.headers.get("x-session-id"), call.params)
+                routed = await self.router.order(candidates, call.upstream_body, path, session)
+                candidates, preferred = routed.candidates, routed.preferred
+                said = (("x-thinkgate-route", routed.header()),)
+                self.metrics.routing.labels(routed.reason).inc()
+            ticket, ordered = await self._admitted(key, call, candidates, priority, tokens,
+                                                   preferred)  # fmt: skip
+            return ticket, ordered, said
         except GatewayError as exc:
-            self.refused(request, key, exc, model, stream, served=served)
+            self.refused(request, key, exc, model, call.stream, served=served)
             raise
+
+    async def _admitted(
+        self, key: KeyInfo, call: _Call, candidates: list[Upstream], priority: Priority,
+        tokens: int, preferred: int,
+    ) -> tuple[Ticket, list[Upstream]]:  # fmt: skip
+        """The gate's admission, with the request's most expensive outcome reserved against
+        its key's and tenant's budgets in the rate limits' own call
+        (``gateway.admission.spending``): 429 ``budget_exceeded`` over one."""
+        spend = None
+        if self.spending is not None:  # the TPM reservation's split: its prompt, the rest output
+            prompt = len(call.upstream_body) // 4  # (an embedding reserves one output token)
+            spend = await self.spending.ask(key, call.model, prompt, max(tokens - prompt, 0))
+        return await self.gate.admit(key, candidates, priority, tokens, preferred, spend)
 
     def budgeted(self, key: KeyInfo, call: C, relay: Rewriter, params: Mapping[str, Any]) -> C:
         """The request with its reasoning budget (``gateway.relay.effort``) in place, from the chat
@@ -230,6 +281,7 @@ class Pipeline:
             call, prompt_acts = self.guard_prompt(key, call, route[0])
             prompt_acts += await self.judge_the_prompt(key, call, route[0])
             call, clamped = await self.with_room(call)
+            call = self.salted(key, call, route[0])
         except GatewayError as exc:
             self.refused(request, key, exc, call.model, call.stream)
             raise
@@ -237,14 +289,23 @@ class Pipeline:
         if tokens is None:
             tokens = self.reservation(call.upstream_body, call.n, call.max_tokens)
         admitting = time.time()
-        ticket, candidates = await self.admit(request, key, call.model, call.stream, tokens)
+        ticket, candidates, said = await self.admit(request, key, call, route[1], tokens)
         ex = self.exchange(request, key, call, route, rewriter, ticket, started, after)
         if ex.span is not None:
             ex.span.admission(admitting, time.time())
-        ex.notes = notes
+        ex.notes = (*notes, *said)
         ex.prompt_acts = prompt_acts
         ex.screen = self.screen_plan(key, call, route)
         return ex, candidates
+
+    def salted(self, key: KeyInfo, call: K, endpoint: str) -> K:
+        """The request with its tenant's ``cache_salt`` (``gateway.cache.salt``), so its
+        prefix-cache entries are its tenant's alone; embeddings have no prefix to share."""
+        if self.router is None or endpoint == "embeddings":
+            return call
+        body = call.upstream_body
+        salt = self.router.salt(key.tenant, client_salt(body))
+        return dataclasses.replace(call, upstream_body=salted(body, salt))  # type: ignore[type-var]
 
     def guard_prompt(self, key: KeyInfo, call: K, endpoint: str) -> tuple[K, tuple[GuardAct, ...]]:
         """The request as the guardrail policies whose scope has ``prompt`` leave it (redacted
@@ -358,10 +419,14 @@ class Pipeline:
             span = self.tracing.start(request_id=request.state.request_id, operation=endpoint,
                                        model=call.model, started_at=started[0],
                                        traceparent=traceparent)  # fmt: skip
+        origin: BatchOrigin | None = request.scope.get(ORIGIN)
         return Exchange(request.state.request_id, key, call, endpoint, path, rewriter, ticket,
                         self.gate, self.sink, started_at=started[0], t0=started[1],
                         metrics=self.metrics if self.instrument else None,
-                        traceparent=traceparent, after=after, span=span)  # fmt: skip
+                        traceparent=traceparent, after=after, span=span,
+                        batch=None if origin is None else (origin.batch_id,
+                                                           origin.custom_id),
+                        prices=self.prices)  # fmt: skip
 
     def refused(
         self, request: Request, key: KeyInfo | None, error: GatewayError, model: str,

@@ -36,7 +36,7 @@ Unchanged chunks are re-framed from the upstream's bytes without re-encoding the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -493,3 +493,12 @@ def withhold_tokens(choice: dict[str, Any]) -> None:
         choice["logprobs"] = None
     if choice.get("token_ids"):
         choice["token_ids"] = None
+
+
+def cached_tokens(usage: Mapping[str, Any] | None) -> int:
+    """Of the prompt's tokens, those the engine found in its prefix cache: its own
+    ``prompt_tokens_details.cached_tokens`` (vLLM with ``--enable-prompt-tokens-details``);
+    0 when it reports none or nonsense."""
+    details = usage.get("prompt_tokens_details") if usage else None
+    found = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    return found if type(found) is int and found > 0 else 0

@@ -8,12 +8,17 @@ from dataclasses import dataclass, field
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
+from starlette.types import ASGIApp
 
 from audit.ledger import Ledger
 from gateway.admission.budget import KVAdmission
 from gateway.admission.gate import Gate
 from gateway.admission.limiter import Limiter
+from gateway.admission.spending import Spending
 from gateway.auth.keystore import KeyStore
+from gateway.batch.files import FileStore
+from gateway.batch.runner import BatchRunner
+from gateway.batch.store import BatchStore
 from gateway.conversation.background import BackgroundStore
 from gateway.conversation.conversations import ConversationStore
 from gateway.conversation.sealing import ReasoningSealer
@@ -25,10 +30,12 @@ from gateway.guard.policy import Guardrails
 from gateway.ledger.record import RecordSink
 from gateway.pipeline.steps import Pipeline
 from gateway.settings import Settings
+from gateway.spend.prices import Prices
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.tracing import Tracing
 from gateway.upstream.judge import GuardModels
 from gateway.upstream.pool import UpstreamPool
+from gateway.upstream.router import Router
 from ratelimit.autopipe import AutoPipeline
 
 
@@ -55,11 +62,17 @@ class AppState:
     guardrails: Guardrails = NO_GUARDRAILS  # GUARDRAILS_FILE's policies
     guard_models: GuardModels | None = None  # their guard models' client, when they have any
     tracing: Tracing | None = None  # OpenTelemetry, when OTEL_* configures it
+    router: Router | None = None  # which engine first (ROUTING, the engines' KV events)
+    prices: Prices | None = None  # PRICES_FILE's, when set
+    spending: Spending | None = None  # budgets in money (with prices)
+    files: FileStore | None = None  # uploaded and batch output files; None without ledger keys
+    batches: BatchStore | None = None  # batches and their lines; None without ledger keys
 
     gate: Gate = field(init=False)  # the limiter and the KV budget, asked at once
     forwarder: Forwarder = field(init=False)  # the forward loop over the upstream pool
     background: Runner | None = field(init=False)  # runs background responses
     pipeline: Pipeline = field(init=False)  # the steps the completion routes share
+    batch_runner: BatchRunner | None = field(init=False)  # runs batch lines (the app starts it)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -73,8 +86,19 @@ class AppState:
         object.__setattr__(self, "background", runner)
         pipeline = Pipeline(s.pipeline, self.keys, self.sink, self.upstreams, self.gate,
                             forwarder, self.metrics, self.instrument, self.guardrails,
-                            self.guard_models, self.tracing)  # fmt: skip
+                            self.guard_models, self.tracing, router=self.router,
+                            prices=self.prices, spending=self.spending,
+                            refuse_unpriced=s.unpriced_models == "refuse")  # fmt: skip
         object.__setattr__(self, "pipeline", pipeline)
+        lines = None
+        if self.batches is not None:
+            lines = BatchRunner(self.batches, _no_app, self.replica, s.batch_max_concurrency,
+                                self.metrics if self.instrument else None)  # fmt: skip
+        object.__setattr__(self, "batch_runner", lines)
+
+
+def _no_app() -> ASGIApp:
+    raise RuntimeError("the batch runner runs once the app has started")
 
 
 def app_state(request: Request) -> AppState:

@@ -26,7 +26,7 @@ from typing import Any
 import orjson
 
 from gateway.ledger.record import CompletionRecord
-from gateway.settings import LogSettings
+from gateway.sections import LogSettings
 from gateway.telemetry.traceparent import trace_id
 
 ACCESS = logging.getLogger("thinkgate.access")

@@ -39,6 +39,7 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from audit.record import Usage
 from audit.writer import WriterEvent
 from gateway.errors import (
     GatewayError,
@@ -49,6 +50,7 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.ledger.record import CompletionRecord
+from gateway.spend.prices import Prices
 
 # 1 ms to 60 s: inter-token gaps of a fast engine up to a reasoning model's first token.
 LATENCY_BUCKETS = (
@@ -118,6 +120,7 @@ class Metrics:
         self._ledger(r)
         self._engines(r)
         self._siem(r)
+        self._batches(r)
         if not self.multiprocess:
             ProcessCollector(registry=r)
         for kind in REJECTION_KINDS:
@@ -148,6 +151,17 @@ class Metrics:
                              buckets=LATENCY_BUCKETS, registry=r)  # fmt: skip
         self.prompt_tokens = Counter("thinkgate_prompt_tokens", "Prompt tokens (upstream usage).",
                                      ["model", "tenant"], registry=r)  # fmt: skip
+        self.engine_prompt_tokens = Counter(
+            "thinkgate_upstream_prompt_tokens", "Prompt tokens per engine (its usage).",
+            ["upstream"], registry=r)  # fmt: skip
+        self.prefix_cache_hits = Counter(
+            "thinkgate_prefix_cache_hit_tokens",
+            "Prompt tokens an engine found in its prefix cache (its cached_tokens).",
+            ["upstream"], registry=r)  # fmt: skip
+        self.routing = Counter(
+            "thinkgate_routing_decisions", "How the first engine was chosen: prefix (the "
+            "cached prompt), session (a session's engine), load (the least loaded).",
+            ["reason"], registry=r)  # fmt: skip
         self.reasoning_tokens = Counter("thinkgate_reasoning_tokens", "Reasoning tokens.",
                                         ["model", "tenant"], registry=r)  # fmt: skip
         self.content_tokens = Counter("thinkgate_content_tokens",
@@ -167,7 +181,8 @@ class Metrics:
                                    "Clients that went away before the end.",
                                    ["model", "tenant"], registry=r)  # fmt: skip
         self.rejections = Counter("thinkgate_ratelimit_rejections",
-                                  "Requests refused by a limit: requests, tokens, kv_budget.",
+                                  "Requests refused by a limit: requests, tokens, kv_budget, "
+                                  "budget (money).",
                                   ["kind"], registry=r)  # fmt: skip
         self.fallback = Gauge(
             "thinkgate_ratelimit_fallback_active",
@@ -265,11 +280,55 @@ class Metrics:
             registry=r, multiprocess_mode="max",
         )  # fmt: skip
 
+    def spent(self, tenant: str, model: str, usage: Usage | None, prices: Prices | None) -> None:
+        """Count what an exchange cost, when there are prices and they price its model."""
+        cost = None if prices is None else prices.cost(model, usage)
+        if cost is not None and prices is not None:
+            self.spend.labels(tenant, model, prices.currency).inc(float(cost))
+
+    def _batches(self, r: CollectorRegistry) -> None:
+        """Batches (docs/batches.md)."""
+        self.batch_lines = Gauge(
+            "thinkgate_batch_lines", "Batch lines not ended, every replica's, by state: queued "
+            "or running (read from the database by each replica).",
+            ["state"], registry=r, multiprocess_mode="max",
+        )  # fmt: skip
+        self.batch_lines_done = Counter(
+            "thinkgate_batch_lines_done", "Batch lines this replica ran to their end, by "
+            "outcome: succeeded, errored, canceled, expired.", ["outcome"], registry=r,
+        )  # fmt: skip
+        self.batch_lines_shed = Counter(
+            "thinkgate_batch_lines_shed", "Batch lines admission refused for now (the "
+            "cluster's capacity is taken, or a limit): put back in the queue.", registry=r,
+        )  # fmt: skip
+        self.batch_oldest_age = Gauge(
+            "thinkgate_batch_oldest_age_seconds", "How long ago the oldest batch in progress "
+            "was created (0 with none).", registry=r, multiprocess_mode="max",
+        )  # fmt: skip
+        self.spend = Counter(
+            "thinkgate_spend", "What exchanges cost, by tenant, model and currency (PRICES_FILE; "
+            "the ledger's records hold each cost exactly: docs/spend.md).",
+            ["tenant", "model", "currency"], registry=r,
+        )  # fmt: skip
+        self.budget_used = Gauge(
+            "thinkgate_budget_used_ratio", "What each budget's subject spent and holds reserved "
+            "in its current window, over the budget (1: spent; the ThinkgateBudget alerts).",
+            ["scope", "subject", "period"], registry=r, multiprocess_mode="max",
+        )  # fmt: skip
+        for state in ("queued", "running"):
+            self.batch_lines.labels(state)
+        for outcome in ("succeeded", "errored", "canceled", "expired"):
+            self.batch_lines_done.labels(outcome)
+
     def know_upstreams(self, urls: Iterable[str]) -> None:
-        """Export every failure kind of these upstreams at zero."""
+        """Export every failure kind of these upstreams at zero, and their tokens."""
         for url in urls:
             for kind in FAILURE_KINDS:
                 self.upstream_errors.labels(url, kind)
+            self.engine_prompt_tokens.labels(url)
+            self.prefix_cache_hits.labels(url)
+        for reason in ("prefix", "session", "load"):
+            self.routing.labels(reason)
 
     def siem_sinks(self, names: Iterable[str]) -> None:
         """Export both outcomes of these SIEM sinks at zero."""
@@ -354,6 +413,10 @@ class Metrics:
             c.content.inc(completion - reasoning)
         if completion:
             c.ratio.observe(reasoning / completion)
+        if record.upstream is not None and prompt:
+            self.engine_prompt_tokens.labels(record.upstream).inc(prompt)
+            if usage.cached_tokens:
+                self.prefix_cache_hits.labels(record.upstream).inc(usage.cached_tokens)
 
     def refused(
         self, error: GatewayError, model: str, tenant: str, stream: bool,
@@ -361,7 +424,7 @@ class Metrics:
     ) -> None:  # fmt: skip
         """A request that ended before it reached an upstream: invalid, rate-limited, ..."""
         if isinstance(error, RateLimited):
-            kind = "kv_budget" if error.code == "kv_budget_exhausted" else error.type
+            kind = _REFUSED_BY.get(error.code or "", error.type)
             self.rejections.labels(kind).inc()
         flag = "true" if stream else "false"
         status = refusal_status(error)
@@ -414,6 +477,9 @@ class CompletedRequest:
     first_content_at: float | None = None  # wall clock, like the record's times
     gaps: GapCounts | None = None
     trace_id: str | None = None  # when the request was traced and sampled (its exemplar)
+
+
+_REFUSED_BY = {"kv_budget_exhausted": "kv_budget", "budget_exceeded": "budget"}
 
 
 def refusal_status(error: GatewayError) -> str:

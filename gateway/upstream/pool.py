@@ -312,6 +312,16 @@ class UpstreamPool:
             return None
         return decoded if isinstance(decoded, dict) else None
 
+    async def get_json(self, upstream: Upstream, path: str) -> Any:
+        """GET one of an engine's own endpoints beside ``/v1`` (vLLM's ``/kv_event_sources``):
+        its JSON, or ``None`` when it does not answer 200 with JSON in time."""
+        try:
+            async with asyncio.timeout(self._settings.connect_timeout_s):
+                status, raw = await self._exchange(b"GET", upstream.root_url(path), b"")
+        except (httpx.HTTPError, WireError, OSError, TimeoutError):
+            return None
+        return _json_or_none(raw) if status == 200 else None
+
     async def _with_retry(
         self, candidates: Sequence[Upstream], attempt: Callable[[Upstream], Awaitable[T]]
     ) -> T:

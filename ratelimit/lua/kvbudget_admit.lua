@@ -1,5 +1,6 @@
 -- ARGV: lease id, tenant, priority, ttl ms, waiting ttl ms, pressure threshold, the number of
--- weights and (tenant, weight) pairs, then (limit, tokens) per candidate; KEYS: five per
+-- weights and (tenant, weight) pairs, then (limit, tokens) per candidate, then how many of the
+-- first candidates are preferred (tried first, in order, before the rest by free budget); KEYS: five per
 -- candidate, in the same order. fairness.decide and fairness.route in Lua: the same integer
 -- expressions in the same order. Returns {1, candidate} admitted, {0, 0} wait, {-1, 0} reject.
 local id, tenant, priority = ARGV[1], ARGV[2], ARGV[3]
@@ -35,8 +36,9 @@ end
 
 local function decide(e, reserved, cap, need)
   local after = reserved + need
+  -- sheddable work fills at most 3/4 of the pressure line (ratelimit.fairness.SHEDDABLE_SHARE)
+  if priority == 'sheddable' and after > cap * threshold * 0.75 then return 'reject' end
   if after > cap * threshold then
-    if priority == 'sheddable' then return 'reject' end
     if priority == 'standard' then return 'wait' end
   end
   if after > cap then return 'wait' end
@@ -47,16 +49,20 @@ local function decide(e, reserved, cap, need)
   return 'wait'
 end
 
+local preferred = math.min(tonumber(ARGV[first + 2 * n]) or 0, n)
 local order, free, totals = {}, {}, {}
 for i = 1, n do
   totals[i] = total(5 * (i - 1))
   order[i] = i
   free[i] = totals[i] - limit(i)
 end
-table.sort(order, function(a, b)
+local rest = {}
+for i = preferred + 1, n do rest[#rest + 1] = i end
+table.sort(rest, function(a, b)
   if free[a] ~= free[b] then return free[a] < free[b] end
   return a < b
 end)
+for j, i in ipairs(rest) do order[preferred + j] = i end
 
 local waits = false
 for _, i in ipairs(order) do

@@ -4,6 +4,7 @@ whose length prefix keeps every (header, ciphertext) pair apart."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from dataclasses import replace
 from typing import Any
@@ -121,13 +122,20 @@ def test_parse_header_recovers_every_field() -> None:
     assert (header.salt, header.commitment) == (SEAL.salt, SEAL.commitment)
     for name in Facts.__dataclass_fields__:
         value = getattr(FACTS, name)
-        if isinstance(value, Usage):  # "counted" is written only when true
+        if isinstance(value, Usage):  # "counted" and "cached_tokens" are written only when set
             expected = {k: getattr(value, k) for k in Usage.__dataclass_fields__}
-            assert header.fields[name] == {k: v for k, v in expected.items() if k != "counted"}
+            assert header.fields[name] == {
+                k: v for k, v in expected.items() if k not in ("counted", "cached_tokens")
+            }
         elif isinstance(value, tuple):
             assert header.fields[name] == list(value)
         elif value is not None:
             assert header.fields[name] == value
+
+
+def test_cached_tokens_are_in_the_header_when_the_engine_found_some() -> None:
+    facts = dataclasses.replace(FACTS, usage=Usage(400, 10, 0, 410, cached_tokens=384))
+    assert parse_header(encode_header(facts, SEAL)).fields["usage"]["cached_tokens"] == 384
 
 
 def test_system_record_headers_parse_too() -> None:

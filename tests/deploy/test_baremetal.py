@@ -59,8 +59,9 @@ def engine_kwargs() -> dict[str, Any]:
 
 def test_vllms_own_parser_takes_the_flags_and_they_match_the_kubernetes_overlay() -> None:
     python = _needed("the vLLM environment", str(VLLM_PYTHON) if VLLM_PYTHON.exists() else None)
-    flags = subprocess.run(["bash", str(HERE / "vllm-serve.sh"), "--print-args"],
-                           capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    script = ["bash", str(HERE / "vllm-serve.sh"), "--print-args"]
+    # one flag or value per line: a JSON value (--kv-events-config) holds spaces
+    flags = subprocess.run(script, capture_output=True, text=True, check=True).stdout.splitlines()
     parsed = subprocess.run([python, "-c", PARSE, *flags], capture_output=True, text=True,
                             check=False, timeout=120,
                             env={**os.environ, "VLLM_NO_USAGE_STATS": "1"})  # fmt: skip

@@ -31,6 +31,7 @@ class Stack:
     root: str  # the gateway's root URL
     sim: SimApp | None
     keys: dict[str, str]  # visible, hidden, auditor, admin, revoked; other: another tenant's
+    app: Any = None  # the gateway's front door (``app.framework.state.tg``: its state)
 
 
 StackFactory = Callable[..., Any]
@@ -119,10 +120,10 @@ async def stack_factory(tmp_path: Path) -> AsyncIterator[StackFactory]:
             settings = Settings(upstreams=tuple(upstreams), **{**defaults, **overrides})
             ensure_keys(settings.ledger, create=True)
             keys = await make_keys(settings)
-            gateway = await exits.enter_async_context(
-                BackgroundServer(create_app(settings, sink=sink))
-            )
-            return Stack(url=f"{gateway.url}/v1", root=gateway.url, sim=sim_app, keys=keys)
+            app = create_app(settings, sink=sink)
+            gateway = await exits.enter_async_context(BackgroundServer(app))
+            return Stack(url=f"{gateway.url}/v1", root=gateway.url, sim=sim_app, keys=keys,
+                         app=app)  # fmt: skip
 
         yield factory
 

@@ -168,6 +168,19 @@ async def test_an_auditor_browses_filters_opens_and_sees_it_verified(
     assert not page.errors  # type: ignore[attr-defined]
 
 
+async def test_signing_in_draws_the_records_once(console: Stack, browser: Browser) -> None:
+    """One listing after sign-in: a second drawing would replace the filter form under a
+    reader who already typed in it (CI saw a request id typed into the first one lost)."""
+    page = await (await browser.new_context()).new_page()
+    listings: list[str] = []
+    page.on("request", lambda r: listings.append(r.url) if "/audit/v1/records?" in r.url else None)
+    await page.goto(f"{console.root}/console/")
+    await page.get_by_label("Auditor or admin key").fill(console.keys["auditor"])
+    await page.get_by_label("Auditor or admin key").press("Enter")
+    await all_badges(page, "verified", 3)
+    assert len(listings) == 1, listings
+
+
 async def test_request_ids_find_a_record(console: Stack, browser: Browser) -> None:
     async with httpx.AsyncClient(base_url=console.root) as client:
         listed = (await client.get("/audit/v1/records", headers={

@@ -45,6 +45,9 @@ ELSEWHERE = {
         "here; claude -p there)",
     "openssl ts -verify -in checkpoint.tsr -data checkpoint.body -CAfile tsa-roots.pem":
         "tests/e2e/test_evidence.py (the bundle's README runs these lines, byte for byte)",
+    "thinkgate sim --port 8001 --kv-events tcp://*:5557 --kv-events-replay tcp://*:5558 \\":
+        "tests/gateway/cli/test_main.py::test_sim_publishes_kv_events_as_the_routing_page_says "
+        "(a server: started there on free ports, its events read)",
     "cd deploy/compose                      # compose.yaml's directory":
         "tests/deploy/test_compose.py (no Docker engine here: the compose file is checked "
         "statically)",

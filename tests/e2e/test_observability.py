@@ -176,11 +176,21 @@ async def test_a_scrape_after_traffic_shows_every_metric_with_sensible_values(
                         "max_length: 12}], scope: [reasoning], action: flag}\n"
                         f"  - {{name: judged, detect: [{{model: llama-guard, upstream: "
                         f"'{judge.url}/v1'}}], scope: [answer], action: flag}}\n")  # fmt: skip
-        # a SIEM export to a file: the thinkgate_siem_* metrics have samples
+        # a SIEM export to a file: the thinkgate_siem_* metrics have samples; prices and a
+        # budget: thinkgate_spend and thinkgate_budget_used_ratio
+        prices = tmp_path / "prices.yaml"
+        prices.write_text(f"currency: USD\nmodels: {{{MODEL}: {{input: 1, output: 2}}}}\n")
         stack = await stack_factory(extra_upstreams=(good_url, bad_url), guardrails_file=flag,
-                                    siem_file=tmp_path / "siem.jsonl",
-                                    siem_interval_s=0.05)  # fmt: skip
+                                    siem_file=tmp_path / "siem.jsonl", siem_interval_s=0.05,
+                                    prices_file=prices, unpriced_models="allow")  # fmt: skip
         database_url = f"sqlite+aiosqlite:///{tmp_path / 'gw.db'}"
+        visible_id = split_key(stack.keys["visible"])[0]  # type: ignore[index]
+        async with httpx.AsyncClient(
+            headers={"authorization": f"Bearer {stack.keys['admin']}"}
+        ) as admin:  # fmt: skip
+            budget = await admin.put(f"{stack.root}/admin/v1/budgets/key/{visible_id}/day",
+                                     json={"amount": "100"})  # fmt: skip
+        assert budget.status_code == 200, budget.text
         limited = await limited_key(stack, database_url, rpm=1)
         leaver = await client_key(database_url, "leaver", reasoning="visible")
 

@@ -26,8 +26,13 @@ class PortRecorder:
         self.ports: list[int] = []
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Not /metrics or /health: the KV scraper and the prober keep their own schedule.
-        if scope["type"] == "http" and scope["path"] not in ("/metrics", "/health"):
+        # Not /metrics, /health or /kv_event_sources: the KV scraper, the prober and the
+        # router's discovery of KV events keep their own schedule.
+        if scope["type"] == "http" and scope["path"] not in (
+            "/metrics",
+            "/health",
+            "/kv_event_sources",
+        ):
             self.ports.append(scope["client"][1])
         await self.app(scope, receive, send)
 

@@ -12,6 +12,10 @@ Three servers start side by side from the same tiny model (``tinymodel.py``):
 - ``embed``: the same weights behind vLLM's pooling runner, served as ``tiny-embed``
   (``/v1/embeddings``).
 
+Two more, ``routing_servers``, start when a test of prefix routing first asks for them: both
+serve ``tiny-route`` with prefix caching, cached tokens in usage, KV events published over ZMQ
+(with a replay endpoint) and ``VLLM_SERVER_DEV_MODE=1`` (``/reset_prefix_cache``).
+
 The two generating servers load ``enginepace.py``, a logits processor: a request sent with
 ``vllm_xargs: {"pace_s": S}`` takes the engine at least S seconds a step, so a test can have
 "the engine is still generating" as a fact, not a race against the tiny model's speed.
@@ -119,6 +123,8 @@ def _start(
     *,
     embed: bool = False,
     traces: str | None = None,
+    extra: tuple[str, ...] = (),
+    dev: bool = False,
 ) -> tuple[subprocess.Popen[bytes], VllmServer]:
     port = _free_port()
     tmp = workdir / f"tmp-{port}"
@@ -156,6 +162,7 @@ def _start(
         args += ["--logits-processors", "enginepace:Pace"]
     if traces is not None:  # vLLM's own spans, over OTLP/HTTP (tests/otlp.py receives them)
         args += ["--otlp-traces-endpoint", f"{traces}/v1/traces"]
+    args += extra
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "PYTHONPATH": str(Path(__file__).parent),  # enginepace.py, for the API server and engine
@@ -167,6 +174,7 @@ def _start(
         "DO_NOT_TRACK": "1",
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
         "OTEL_BSP_SCHEDULE_DELAY": "100",
+        **({"VLLM_SERVER_DEV_MODE": "1"} if dev else {}),
     }
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -237,3 +245,28 @@ def vllm_servers(
         for proc, _ in started:
             _stop(proc)
         sys.stderr.flush()
+
+
+def _publishing() -> tuple[str, ...]:
+    """Prefix caching, cached tokens in usage and KV events on ports of their own."""
+    events, replay = _free_port(), _free_port()
+    config = {"enable_kv_cache_events": True, "publisher": "zmq",
+              "endpoint": f"tcp://*:{events}", "replay_endpoint": f"tcp://*:{replay}"}  # fmt: skip
+    return ("--enable-prefix-caching", "--enable-prompt-tokens-details",
+            "--kv-events-config", json.dumps(config))  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def routing_servers(
+    tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[VllmServer]]:
+    workdir = tmp_path_factory.mktemp("vllm-routing")
+    started = [_start(tiny_model, workdir, ("tiny-route",), parser=False, extra=_publishing(),
+                      dev=True) for _ in range(2)]  # fmt: skip
+    try:
+        for proc, server in started:
+            _wait_healthy(proc, server)
+        yield [server for _, server in started]
+    finally:
+        for proc, _ in started:
+            _stop(proc)

@@ -17,6 +17,7 @@ from openai.types.responses import ResponseFormatTextJSONSchemaConfigParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app import create_app
+from gateway.conversation.background import TERMINAL
 from gateway.edge.servers import BackgroundServer
 from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
@@ -681,9 +682,11 @@ async def test_a_background_response_completes_on_real_vllm(gateway: Gateway) ->
 async def test_cancelling_a_background_response_aborts_vllms_request(
     gateway: Gateway, vllm_servers: dict[str, VllmServer]
 ) -> None:
-    """At temperature 0 this model writes "\n" until ``max_output_tokens`` (seconds on this
-    CPU); cancelled as soon as it is ``in_progress`` (the gateway's status once vLLM sent the
-    first chunk), the engine's request goes. vLLM 0.32 counts no abort in
+    """The request is paced (``PACE_S`` per engine step, through vLLM's own ``vllm_xargs``,
+    which the Responses API passes on) and ignores end-of-sequence, so its
+    ``max_output_tokens`` take the engine 20 s at least, however loaded the machine; cancelled
+    as soon as it is ``in_progress`` (the gateway's status once vLLM sent the first chunk), the
+    engine's request goes. vLLM 0.32 counts no abort in
     ``request_success_total{finished_reason="abort"}``: the proof is that the request started,
     left the running ones without finishing under any reason, and generated fewer tokens than
     asked for."""
@@ -693,9 +696,13 @@ async def test_cancelling_a_background_response_aborts_vllms_request(
         queued = await client.responses.create(
             model="tiny-r1", input="What is 6 times 7?", background=True, temperature=0,
             max_output_tokens=limit,
+            extra_body={"ignore_eos": True, "vllm_xargs": {"pace_s": PACE_S}},
         )  # fmt: skip
-        await eventually(lambda: status_once(client, queued.id, "in_progress"), within_s=60,
-                         every=0.02)  # fmt: skip
+        seen = await eventually(
+            lambda: status_once(client, queued.id, "in_progress", *TERMINAL), within_s=60,
+            every=0.02,
+        )  # fmt: skip
+        assert seen.status == "in_progress", seen  # a paced request cannot have ended yet
         cancelled = await client.responses.cancel(queued.id)
         again = await client.responses.retrieve(queued.id)
     assert (cancelled.status, again.status) == ("cancelled", "cancelled")
@@ -711,3 +718,46 @@ async def test_cancelling_a_background_response_aborts_vllms_request(
     [record] = await gateway.sink.wait_for(1)
     assert (record.endpoint, record.status, record.error_code) == (
         "responses", "cancelled", "cancelled")  # fmt: skip
+
+
+# -- batches (gateway.batch) ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", MODELS)
+async def test_a_small_chat_batch_completes_on_real_vllm(gateway: Gateway, model: str) -> None:
+    """Four chat lines, the output pinned, through the Files and Batch API: each answered once
+    with vLLM's reasoning split out, a hidden key's results without it, one record per line
+    naming the batch."""
+    body = {"model": model, "messages": QUESTION, "max_tokens": 100, **gateway.pinned()}
+    lines = b"".join(
+        json.dumps({"custom_id": f"l{i}", "method": "POST", "url": "/v1/chat/completions",
+                    "body": body}).encode() + b"\n"
+        for i in range(4)
+    )  # fmt: skip
+    outputs = {}
+    for key in ("visible", "hidden"):
+        async with gateway.sdk(key) as client:
+            uploaded = await client.files.create(file=("in.jsonl", lines), purpose="batch")
+            batch = await client.batches.create(input_file_id=uploaded.id,
+                                                endpoint="/v1/chat/completions",
+                                                completion_window="24h")  # fmt: skip
+
+            async def ended(batch_id: str = batch.id, c: openai.AsyncOpenAI = client) -> Any:
+                found = await c.batches.retrieve(batch_id)
+                return found if found.status in ("completed", "failed") else None
+
+            done = await eventually(ended, within_s=120, every=0.1)
+            assert (done.status, done.request_counts.completed) == ("completed", 4), done
+            raw = (await client.files.content(done.output_file_id)).content
+        outputs[key] = {item["custom_id"]: item for item in map(json.loads, raw.splitlines())}
+    assert sorted(outputs["visible"]) == sorted(outputs["hidden"]) == ["l0", "l1", "l2", "l3"]
+    for item in outputs["visible"].values():
+        message = item["response"]["body"]["choices"][0]["message"]
+        assert (message["reasoning_content"], message["content"]) == (REASONING, ANSWER)
+    for item in outputs["hidden"].values():
+        message = item["response"]["body"]["choices"][0]["message"]
+        assert message["content"] == ANSWER and "reasoning_content" not in message
+    hidden_raw = json.dumps(list(outputs["hidden"].values()))
+    assert REASONING[:20] not in hidden_raw
+    records = await gateway.sink.wait_for(8)
+    assert sum(1 for r in records if r.batch is not None and r.status == "ok") == 8

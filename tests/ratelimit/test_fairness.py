@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ratelimit.fairness import (
     MAX_WEIGHT,
+    SHEDDABLE_SHARE,
     Decision,
     EngineBook,
     Priority,
@@ -176,7 +177,16 @@ def test_what_does_not_fit_waits() -> None:
 
 def test_below_the_pressure_threshold_every_priority_is_admitted() -> None:
     for priority in PRIORITIES:
+        assert ask("a", 100, priority, held={"b": 575}) == "admit"  # 675: 3/4 of 90 %
+    for priority in ("standard", "critical"):
         assert ask("a", 100, priority, held={"b": 800}) == "admit"  # 900: not above 90 %
+
+
+def test_sheddable_work_stops_short_of_where_standard_work_would_wait() -> None:
+    """Sheddable work (batch lines) fills at most 3/4 of the pressure line: the rest is for
+    the interactive work that would otherwise wait behind it."""
+    assert ask("a", 100, "sheddable", held={"b": 576}) == "reject"  # 676 > 675
+    assert ask("a", 100, "standard", held={"b": 576}) == "admit"
 
 
 def test_under_pressure_sheddable_is_rejected_standard_waits_critical_is_admitted() -> None:
@@ -196,8 +206,8 @@ def test_critical_work_still_respects_fair_share() -> None:
 
 def test_pressure_threshold_is_a_fraction_of_the_limit() -> None:
     request = Request("a", 100, "sheddable")
-    assert decide(request, limit=LIMIT, reserved=850, by_tenant={}, pressure_threshold=1.0) == (
-        "admit"
+    assert decide(request, limit=LIMIT, reserved=650, by_tenant={}, pressure_threshold=1.0) == (
+        "admit"  # 750: 3/4 of the whole limit
     )
     for nonsense in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="pressure_threshold"):
@@ -217,7 +227,7 @@ def test_never_admits_beyond_the_limit_and_rejects_only_sheddable(
     if verdict == "admit":
         assert reserved + tokens <= LIMIT
     if verdict == "reject":
-        assert priority == "sheddable" and reserved + tokens > LIMIT * 0.9
+        assert priority == "sheddable" and reserved + tokens > LIMIT * 0.9 * SHEDDABLE_SHARE
 
 
 # --- route ---------------------------------------------------------------------------------------
@@ -263,7 +273,7 @@ def test_route_waits_if_any_engine_would_let_it_wait() -> None:
 def test_route_passes_weights_and_threshold_on() -> None:
     unfair = book(1000, 200, {"a": 400}, waiting="b")  # 600 of 1000: a needs weight 2 or more
     assert route("a", "standard", [unfair], weights={"a": 2}) == ("admit", 0)
-    pressured = book(100, 20, {"x": 80})
+    pressured = book(100, 20, {"x": 55})  # 75: 3/4 of the whole limit
     assert route("a", "sheddable", [pressured], pressure_threshold=1.0) == ("admit", 0)
 
 

@@ -437,6 +437,22 @@ async def test_equally_free_engines_are_tried_in_the_given_order(store: KVBudget
     assert engines == [OTHER_ENGINE, ENGINE, OTHER_ENGINE, ENGINE]
 
 
+async def test_a_preferred_engine_goes_first_while_it_has_room(store: KVBudgetStore) -> None:
+    """The router's choice (the engine holding the prompt's prefix) is tried before the engine
+    with the most free budget, and the rest still by free budget when it is full."""
+    assert await reserve(store, lease(40, "x"), 100) == "admit"  # ENGINE: 60 free, 50 below 90 %
+    choices = (Choice(ENGINE, 100, 20), Choice(OTHER_ENGINE, 100, 20))  # OTHER: 100 free
+    for n in range(2):
+        placed = await store.admit(Ask(f"p{n}", "acme", "standard", choices, preferred=1),
+                                   LONG_TTL, RULES)  # fmt: skip
+        assert placed.lease is not None and placed.lease.engine == ENGINE
+    placed = await store.admit(Ask("p2", "acme", "standard", choices, preferred=1),
+                               LONG_TTL, RULES)  # fmt: skip
+    assert placed.lease is not None and placed.lease.engine == OTHER_ENGINE  # ENGINE at 90 %
+    placed = await store.admit(Ask("p3", "acme", "standard", choices), LONG_TTL, RULES)
+    assert placed.lease is not None and placed.lease.engine == OTHER_ENGINE  # no preference
+
+
 async def test_sheddable_work_refused_on_a_pressured_engine_runs_on_another(
     store: KVBudgetStore,
 ) -> None:
@@ -452,16 +468,20 @@ async def test_sheddable_work_refused_on_a_pressured_engine_runs_on_another(
 async def test_under_pressure_sheddable_is_rejected_standard_waits_critical_uses_headroom(
     store: KVBudgetStore,
 ) -> None:
-    assert await reserve(store, lease(80, "b"), 100) == "admit"
-    assert await reserve(store, lease(10, "a", "sheddable"), 100) == "admit"  # 90: not above 90 %
-    assert await reserve(store, lease(1, "a", "sheddable"), 100) == "reject"  # 91
+    assert await reserve(store, lease(60, "b"), 100) == "admit"  # b's work is critical
+    # sheddable work fills at most 3/4 of the pressure line: 67.5 of 100
+    assert await reserve(store, lease(7, "a", "sheddable"), 100) == "admit"  # 67
+    assert await reserve(store, lease(1, "a", "sheddable"), 100) == "reject"  # 68
+    # where sheddable stops, standard work still has room up to the pressure line
+    assert await reserve(store, lease(16, "a", "standard"), 100) == "admit"  # 83
+    assert await reserve(store, lease(1, "a", "sheddable"), 100) == "reject"
     # a rejected request does not wait: b may still go beyond half the limit
-    assert await reserve(store, lease(5, "b"), 100) == "admit"
-    assert await reserve(store, lease(1, "a", "standard"), 100) == "wait"  # 96: the headroom
-    assert await reserve(store, lease(2, "a", "critical"), 100) == "admit"  # 97: its headroom
+    assert await reserve(store, lease(5, "b"), 100) == "admit"  # 88
+    assert await reserve(store, lease(3, "a", "standard"), 100) == "wait"  # 91: the headroom
+    assert await reserve(store, lease(2, "a", "critical"), 100) == "admit"  # 90: its headroom
     # a's standard request is waiting now: b, far above its half, yields to it
     assert await reserve(store, lease(1, "b"), 100) == "wait"
-    assert await store.by_tenant(ENGINE) == {"a": 12, "b": 85}
+    assert await store.by_tenant(ENGINE) == {"a": 25, "b": 65}
 
 
 async def test_weights_change_the_share(store: KVBudgetStore) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 import redis.asyncio as redis
@@ -41,29 +41,6 @@ from tests.redis_commands import count_commands
 from tests.waiting import eventually
 
 SCOPE, TENANT = "key:k1", "acme"
-
-
-def redis_client(url: str) -> redis.Redis:
-    """A client whose pool really spreads concurrent calls over several connections."""
-    return redis.Redis.from_pool(redis.BlockingConnectionPool.from_url(url, max_connections=32))
-
-
-@pytest.fixture(params=["memory", "redis"])
-def make_backend(request: pytest.FixtureRequest) -> Callable[[], RateLimitBackend]:
-    if request.param == "memory":
-        return lambda: MemoryBackend(clock=FakeClock())
-    url: str = request.getfixturevalue("redis_url")
-    prefix: str = request.getfixturevalue("key_prefix")
-    return lambda: RedisBackend(redis_client(url), key_prefix=prefix)
-
-
-@pytest.fixture
-async def backend(make_backend: Callable[[], RateLimitBackend]) -> AsyncIterator[RateLimitBackend]:
-    backend = make_backend()
-    try:
-        yield backend
-    finally:
-        await backend.aclose()
 
 
 async def reserve(backend: RateLimitBackend, limits: Limits, tokens: int = 0) -> Verdict:
@@ -436,15 +413,6 @@ async def test_memory_keeps_one_state_per_limited_scope() -> None:
 
 
 # The Redis backend ----------------------------------------------------------------------------
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[redis.Redis]:
-    client = redis_client(redis_url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 async def test_redis_one_round_trip_per_call(

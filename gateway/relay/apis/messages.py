@@ -49,6 +49,7 @@ from gateway.relay.rewrite import (
     EventRelay,
     Policy,
     Rewriter,
+    cached_tokens,
     rewrite_completion,
     text_fields,
 )
@@ -84,13 +85,16 @@ class MessageMeta:
 
 
 def message_usage(usage: dict[str, Any] | None, estimate: int = 0) -> dict[str, Any]:
-    """Anthropic's usage of the engine's; ``estimate`` the input tokens while it has none."""
+    """Anthropic's usage of the engine's; ``estimate`` the input tokens while it has none.
+    Anthropic's ``input_tokens`` leaves out the tokens read from the cache (a client adds the
+    two for the prompt's size), so the engine's cached tokens move from one to the other."""
     usage = usage or {}
+    cached = cached_tokens(usage)
     return {
-        "input_tokens": int(usage.get("prompt_tokens") or estimate),
+        "input_tokens": max(int(usage.get("prompt_tokens") or estimate) - cached, 0),
         "output_tokens": int(usage.get("completion_tokens") or 0),
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached,
     }
 
 

@@ -57,6 +57,7 @@ from gateway.relay.rewrite import (
     EventRelay,
     Policy,
     Rewriter,
+    cached_tokens,
     rewrite_completion,
     text_fields,
 )
@@ -112,7 +113,7 @@ def responses_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     details = usage.get("completion_tokens_details") or {}
     return {
         "input_tokens": int(usage.get("prompt_tokens") or 0),
-        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached_tokens(usage), "cache_write_tokens": 0},
         "output_tokens": int(usage.get("completion_tokens") or 0),
         "output_tokens_details": {"reasoning_tokens": int(details.get("reasoning_tokens") or 0)},
         "total_tokens": int(usage.get("total_tokens") or 0),

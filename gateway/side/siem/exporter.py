@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.db import is_outage
-from gateway.settings import SiemSettings
+from gateway.sections import SiemSettings
 from gateway.side.siem import ocsf, source
 from gateway.side.siem.cursor import ExportCursor
 from gateway.side.siem.ocsf import OcsfEvent

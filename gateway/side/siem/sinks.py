@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 import httpx
 import orjson
 
-from gateway.settings import SiemSettings
+from gateway.sections import SiemSettings
 from gateway.side.siem.ocsf import OcsfEvent
 from gateway.side.siem.syslog import frames
 

@@ -27,6 +27,7 @@ Faults (``sim.fail`` or the configured rates):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -58,6 +59,7 @@ class Pacing:
     ttft: float
     itl: float
     stall: float
+    prefill: float = 0.0  # the uncached prompt's prefill, alone on the engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +83,10 @@ async def serve_chat(
         await send_whole(send, 500, body)
         return
     request_id = await state.open_request(request.prompt_tokens)
-    run = _Run(state, request_id, request, _pacing(config, request), fault, send)
+    found = state.cache(request.prompt, request.cache_salt)
+    cached = None if found is None else found.cached_tokens
+    run = _Run(state, request_id, request, _pacing(config, request, cached), fault, send,
+               cached)  # fmt: skip
     outcome: Outcome = "cancelled"
     try:
         work = run.stream if request.stream else run.complete
@@ -89,6 +94,7 @@ async def serve_chat(
         outcome = "cancelled" if finished is None else "completed" if finished else "failed"
     finally:
         with anyio.CancelScope(shield=True):
+            state.uncache(found)
             reasons = [script.finish_reason for script in scripts]
             await state.close_request(request_id, outcome, reasons)
     if outcome == "failed":
@@ -132,18 +138,23 @@ def _fault(request: SimRequest, state: SimState, emissions: int) -> Fault:
     return Fault(mode, min(emissions, emissions // 2 if after is None else max(after, 0)))
 
 
-def _pacing(config: SimConfig, request: SimRequest) -> Pacing:
+def _pacing(config: SimConfig, request: SimRequest, cached: int | None) -> Pacing:
+    """The request's latencies; with a prefill rate, its first token waits for the prompt's
+    uncached tokens too."""
     sim = request.sim
     ttft = config.ttft_ms if sim.ttft_ms is None else sim.ttft_ms
+    prefill = 0.0
+    if config.prefill_tokens_per_s > 0:
+        prefill = (request.prompt_tokens - (cached or 0)) / config.prefill_tokens_per_s
     itl = config.itl_ms if sim.itl_ms is None else sim.itl_ms
     stall = config.stall_ms if sim.stall_ms is None else sim.stall_ms
-    return Pacing(ttft / 1000, itl / 1000, stall / 1000)
+    return Pacing(ttft / 1000, itl / 1000, stall / 1000, prefill)
 
 
 class _Run:
     """One admitted request: pacing, KV growth and fault points around an ``emit`` callback."""
 
-    __slots__ = ("fault", "pacing", "request", "request_id", "send", "state")
+    __slots__ = ("cached", "fault", "pacing", "request", "request_id", "send", "state")
 
     def __init__(
         self,
@@ -153,6 +164,7 @@ class _Run:
         pacing: Pacing,
         fault: Fault,
         send: Send,
+        cached: int | None = None,  # cached prompt tokens, when the cache is simulated
     ) -> None:
         self.state = state
         self.request_id = request_id
@@ -160,6 +172,7 @@ class _Run:
         self.pacing = pacing
         self.fault = fault
         self.send = send
+        self.cached = cached
 
     async def stream(self, scripts: list[Script], emissions: tuple[Emission, ...]) -> bool:
         """SSE response; False if it was dropped (the caller then aborts the connection)."""
@@ -221,6 +234,8 @@ class _Run:
         generated = 0
         for position, item in enumerate(emissions):
             if item.opens_step:
+                if item.step == 0 and self.pacing.prefill:
+                    await self._prefill()
                 await _pause(self._step_time(item))
                 generated += item.step_tokens
                 await self.state.advance(self.request_id, prompt + generated, item.step_tokens)
@@ -228,6 +243,18 @@ class _Run:
                 return False
             await emit(item)
         return await self._checkpoint(len(emissions))
+
+    async def _prefill(self) -> None:
+        """The uncached prompt's prefill, sharing the engine's prefill speed with the requests
+        prefilling when it starts (a crude processor sharing: an engine sent every request
+        prefills each of them slower, as a real one does)."""
+        state = self.state
+        sharing = state.prefilling + 1
+        state.prefilling += 1
+        try:
+            await asyncio.sleep(self.pacing.prefill * sharing)
+        finally:
+            state.prefilling -= 1
 
     def _step_time(self, item: Emission) -> float:
         """TTFT or ITL for the step's first token, ITL for each further one."""
@@ -247,7 +274,8 @@ class _Run:
         return True
 
     def _usage(self, scripts: list[Script]) -> SimUsage:
-        return usage_for(scripts, self.request.mode, self.request.sim.reasoning_tokens)
+        usage = usage_for(scripts, self.request.mode, self.request.sim.reasoning_tokens)
+        return dataclasses.replace(usage, cached_tokens=self.cached)
 
 
 async def _pause(seconds: float) -> None:

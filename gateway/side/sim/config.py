@@ -63,6 +63,13 @@ class SimConfig:
     stall_ms: float = 0.0
     max_model_len: int = 32768
     prefix_caching: bool = True  # as vLLM's V1 engine, on by default; in cache_config_info
+    # the prefix cache simulated block by block (gateway.side.sim.prefix): cached tokens in
+    # usage (vLLM's --enable-prompt-tokens-details); on with KV events or a prefill rate
+    prompt_cache: bool = False
+    kv_events: str | None = None  # where KV events are published (tcp://*:PORT; :0 any port)
+    kv_events_replay: str | None = None  # the replay endpoint
+    # 0: prefill takes no time; else per uncached token, shared by the requests prefilling
+    prefill_tokens_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -75,6 +82,13 @@ class SimConfig:
             raise ValueError("SimConfig rates must be >= 0 and sum to at most 1")
         if self.max_model_len < 1:
             raise ValueError("SimConfig.max_model_len must be >= 1")
+        if self.prefill_tokens_per_s < 0:
+            raise ValueError("SimConfig.prefill_tokens_per_s must be >= 0")
+
+    @property
+    def caching(self) -> bool:
+        """Whether the prefix cache is simulated."""
+        return self.prompt_cache or self.kv_events is not None or self.prefill_tokens_per_s > 0
 
     @property
     def metrics_model_name(self) -> str:

@@ -39,6 +39,12 @@ def render_metrics(config: SimConfig, state: SimState) -> bytes:
         *_family("request_success", "counter", "Count of successfully processed requests."),
         *_success_samples(config, state),
     ]
+    prefix = state.prefix
+    if prefix is not None:  # vLLM's V1 names: prompt tokens looked up, and found cached
+        lines += [
+            *_counter("prefix_cache_queries", labels, prefix.queries, "Prefix cache queries."),
+            *_counter("prefix_cache_hits", labels, prefix.hit_tokens, "Prefix cache hits."),
+        ]
     return ("\n".join(lines) + "\n").encode()
 
 

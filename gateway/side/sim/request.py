@@ -115,6 +115,8 @@ class SimRequest:
     continuing: bool = False  # continues an assistant turn whose reasoning is closed
     question: str = ""  # the user's question: what the model's text is about
     result: ToolResult | None = None  # the tool result the model answers, if it answers one
+    prompt: str = ""  # the messages' text: what the simulator tokenizes and caches
+    cache_salt: str | None = None  # vLLM's: the prompt's first block is keyed on it
 
 
 def parse_chat_request(body: bytes, config: SimConfig) -> SimRequest:
@@ -145,7 +147,24 @@ def parse_chat_request(body: bytes, config: SimConfig) -> SimRequest:
         continuing=_continuing(data, config.formats.get(model, "deepseek_r1"), sim),
         question=turn.question,
         result=turn.result,
+        prompt=text,
+        cache_salt=_salt(data.get("cache_salt")),
     )
+
+
+def _salt(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise bad_request("'cache_salt' must be a non-empty string", "cache_salt")
+    return value
+
+
+def prompt_text_of(data: Any) -> str:
+    """The text the simulator tokenizes for a ``/tokenize`` body (chat messages or a prompt)."""
+    if isinstance(data, dict) and isinstance(data.get("prompt"), str):
+        return str(data["prompt"])
+    return _prompt_text(data.get("messages") if isinstance(data, dict) else None)
 
 
 def _markers(name: str) -> tuple[str | None, str]:

@@ -32,6 +32,7 @@ from typing import Any, Literal
 from gateway.side.sim.config import SimConfig
 from gateway.side.sim.kv import KvBlocks
 from gateway.side.sim.pieces import FinishReason
+from gateway.side.sim.prefix import Lookup, PrefixCache, prompt_ids
 
 FailMode = Literal["drop", "error", "stall"]
 Outcome = Literal["completed", "cancelled", "failed"]
@@ -59,6 +60,25 @@ class SimState:
         self._next_id = 0
         self._changed = asyncio.Condition()
         self.received: deque[dict[str, Any]] = deque(maxlen=64)
+        self.prefilling = 0  # requests in their prefill (``--prefill-tokens-per-s``)
+        self.prefix = (PrefixCache(self.kv.total_blocks, config.block_size)
+                       if config.caching else None)  # fmt: skip
+        # where the prefix cache's events go (the app's publisher, once started)
+        self.publish: Callable[[list[dict[str, Any]]], None] = _nowhere
+
+    def cache(self, prompt: str, salt: str | None) -> Lookup | None:
+        """Look the prompt up in the prefix cache and pin its blocks (stored if new) for the
+        request; ``None`` when the cache is not simulated."""
+        if self.prefix is None:
+            return None
+        ids = prompt_ids(prompt)
+        found = self.prefix.lookup(ids, salt)
+        self.publish(self.prefix.acquire(found, ids, salt))
+        return found
+
+    def uncache(self, found: Lookup | None) -> None:
+        if self.prefix is not None and found is not None:
+            self.prefix.release(found)
 
     @property
     def running(self) -> int:
@@ -156,3 +176,7 @@ class SimState:
 
     def _admissible(self, request_id: int, tokens: int) -> bool:
         return self._queue[0] == request_id and self.kv.fits(tokens)
+
+
+def _nowhere(events: list[dict[str, Any]]) -> None:
+    """No publisher: the events are dropped, as vLLM's null publisher does."""

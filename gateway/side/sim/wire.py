@@ -73,6 +73,7 @@ class SimUsage:
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int | None
+    cached_tokens: int | None = None  # None: no prompt_tokens_details (vLLM without the flag)
 
     def to_dict(self, *, streamed: bool) -> dict[str, Any]:
         usage: dict[str, Any] = {
@@ -83,11 +84,15 @@ class SimUsage:
         details = (
             None if self.reasoning_tokens is None else {"reasoning_tokens": self.reasoning_tokens}
         )
+        cached = None if self.cached_tokens is None else {"cached_tokens": self.cached_tokens}
         if not streamed:
-            usage["prompt_tokens_details"] = None
+            usage["prompt_tokens_details"] = cached
             usage["completion_tokens_details"] = details
-        elif details is not None:
-            usage["completion_tokens_details"] = details
+        else:
+            if cached is not None:
+                usage["prompt_tokens_details"] = cached
+            if details is not None:
+                usage["completion_tokens_details"] = details
         return usage
 
 

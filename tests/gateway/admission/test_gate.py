@@ -15,12 +15,14 @@ import httpx
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from audit.record import Usage
 from gateway.admission.budget import KVAdmission, open_admission
 from gateway.admission.circuit import REDIS_ERRORS, Circuit
 from gateway.admission.gate import Gate
 from gateway.admission.limiter import Admission, Limiter
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
 from gateway.admission.redisconn import open_redis
+from gateway.admission.spending import SpendAsk
 from gateway.auth.keys import KeyInfo
 from gateway.errors import GatewayError, RateLimited
 from gateway.settings import Settings
@@ -97,12 +99,14 @@ class AfterGrant:
     kv: KVAdmission
     leases_before: int
 
-    async def admit(self, key: KeyInfo, tokens: int) -> Admission:
+    async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
         await eventually(lambda: len(self.kv.leases) > self.leases_before, within_s=2)
-        return await self.limiter.admit(key, tokens)
+        return await self.limiter.admit(key, tokens, spend)
 
-    async def settle(self, admission: Admission, used_tokens: int) -> None:
-        await self.limiter.settle(admission, used_tokens)
+    async def settle(
+        self, admission: Admission, used_tokens: int, usage: Usage | None = None
+    ) -> None:
+        await self.limiter.settle(admission, used_tokens, usage)
 
 
 @pytest.mark.parametrize("granted_first", [False, True])
@@ -172,10 +176,12 @@ class BrokenSettle:
 
     limiter: Limiter
 
-    async def admit(self, key: KeyInfo, tokens: int) -> Admission:
-        return await self.limiter.admit(key, tokens)
+    async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
+        return await self.limiter.admit(key, tokens, spend)
 
-    async def settle(self, admission: Admission, used_tokens: int) -> None:
+    async def settle(
+        self, admission: Admission, used_tokens: int, usage: Usage | None = None
+    ) -> None:
         raise RedisConnectionError("gone")
 
 

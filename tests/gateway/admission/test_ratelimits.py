@@ -22,6 +22,7 @@ from gateway.errors import RateLimited, ServiceUnavailable
 from gateway.settings import Settings, TenantPolicy
 from ratelimit.autopipe import AutoPipeline
 from ratelimit.limits import MemoryBackend, RateLimitBackend, RedisBackend, Scope, Verdict
+from ratelimit.money import Money
 from tests.clock import FakeClock
 from tests.gateway.admission.outage import Outage
 
@@ -209,13 +210,22 @@ class FlakyBackend(Outage):
         super().__init__()
         self.inner = MemoryBackend()
 
-    async def reserve(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> Verdict:
+    async def reserve(
+        self, tenant: str, scopes: Sequence[Scope], tokens: int, money: Money | None = None
+    ) -> Verdict:
         self._asked("reserve")
-        return await self.inner.reserve(tenant, scopes, tokens)
+        return await self.inner.reserve(tenant, scopes, tokens, money)
 
-    async def refund(self, tenant: str, scopes: Sequence[Scope], tokens: int) -> None:
+    async def refund(
+        self, tenant: str, scopes: Sequence[Scope], tokens: int,
+        counters: Sequence[str] = (), delta: int = 0,
+    ) -> None:  # fmt: skip
         self._asked("refund")
-        await self.inner.refund(tenant, scopes, tokens)
+        await self.inner.refund(tenant, scopes, tokens, counters, delta)
+
+    async def spent(self, tenant: str, counters: Sequence[str]) -> list[int]:
+        self._asked("spent")
+        return await self.inner.spent(tenant, counters)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

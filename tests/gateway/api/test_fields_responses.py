@@ -57,6 +57,13 @@ RESPONSES_EFFECTS: dict[str, tuple[Any, dict[str, Any], Effect]] = {
                    and b["stream_options"] == {"include_usage": True} and not c.stream),
     "include": (["reasoning.encrypted_content", "file_search_call.results"], {},
                 lambda c, b: c.include_encrypted and "include" not in b),
+    # vLLM's own Responses fields, passed on to the engine as given
+    "seed": (7, {}, lambda c, b: b["seed"] == 7),
+    "ignore_eos": (True, {}, lambda c, b: b["ignore_eos"] is True),
+    "repetition_penalty": (1.1, {}, lambda c, b: b["repetition_penalty"] == 1.1),
+    "stop_token_ids": ([2], {}, lambda c, b: b["stop_token_ids"] == [2]),
+    "vllm_xargs": ({"a": 1}, {}, lambda c, b: b["vllm_xargs"] == {"a": 1}),
+    "cache_salt": ("s", {}, lambda c, b: b["cache_salt"] == "s"),
 }  # fmt: skip
 
 

@@ -36,6 +36,16 @@ def test_input_and_instructions_become_chat_messages() -> None:
     assert call.params_for_thinking == {"reasoning_effort": "none"}
 
 
+def test_vllms_own_responses_fields_reach_the_engine_and_its_queue_order_does_not() -> None:
+    extras = {"seed": 7, "ignore_eos": True, "repetition_penalty": 1.1, "stop_token_ids": [2],
+              "vllm_xargs": {"pace_s": 0.1}, "cache_salt": "s"}  # fmt: skip
+    call = parse(input="x", priority=-5, kv_transfer_params={"x": 1}, **extras)
+    sent = orjson.loads(call.upstream_body)
+    assert {name: sent.get(name) for name in extras} == extras
+    assert "priority" not in sent and "kv_transfer_params" not in sent
+    assert call.unknown == ()  # named by the table, so not reported as unknown
+
+
 def test_a_string_input_is_one_user_message() -> None:
     assert orjson.loads(parse(input="hi").upstream_body)["messages"] == [
         {"role": "user", "content": "hi"}

@@ -19,6 +19,7 @@ import pytest
 
 from gateway.cli.demo import SNIPPET
 from gateway.settings import Settings
+from gateway.spend.prices import load_prices
 
 THINKGATE = [sys.executable, "-m", "gateway.cli"]
 
@@ -264,3 +265,84 @@ def test_logs_are_text_on_a_terminal_and_json_otherwise(monkeypatch: pytest.Monk
 def test_make_run_takes_a_port() -> None:
     makefile = (Path(__file__).parents[3] / "Makefile").read_text()
     assert "PORT ?= 8080" in makefile and "serve --demo --port $(PORT)" in makefile
+
+
+def _routing_page_sim() -> list[str]:
+    """The arguments of docs/routing.md's ``thinkgate sim`` line (two lines, joined)."""
+    page = (Path(__file__).resolve().parents[3] / "docs" / "routing.md").read_text()
+    found = re.search(r"^thinkgate sim (.*?)\\\n(.*?)$", page, re.M | re.S)
+    assert found is not None
+    return f"{found.group(1)} {found.group(2).splitlines()[0]}".split()
+
+
+async def test_sim_publishes_kv_events_as_the_routing_page_says(tmp_path: Path) -> None:
+    """docs/routing.md's ``thinkgate sim`` line, its ports made free ones: it answers
+    ``/kv_event_sources`` and ``/tokenize``, publishes a ``BlockStored`` for a prompt, and
+    reports the prompt cached the second time."""
+    import msgpack
+    import zmq
+    import zmq.asyncio
+
+    port, events, replay = free_port(), free_port(), free_port()
+    args = [a.replace("8001", str(port)).replace("5557", str(events))
+            .replace("5558", str(replay)) for a in _routing_page_sim()]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(*THINKGATE, "sim", *args, "--ttft-ms", "0",
+                                                cwd=tmp_path, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)  # fmt: skip
+    context = zmq.asyncio.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{events}")
+    root = f"http://127.0.0.1:{port}"
+    text = "a long enough prompt " * 20  # 105 tokens with the round's 11 characters
+    ask: dict[str, Any] = {"model": "deepseek-v3", "max_tokens": 2,
+                           "messages": [{"role": "user", "content": text}]}  # fmt: skip
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            for _ in range(300):
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(f"{root}/health")).status_code == 200:
+                        break
+                await asyncio.sleep(0.05)  # polling another process's readiness, bounded
+            sources = (await client.get(f"{root}/kv_event_sources")).json()
+            assert sources["0"]["endpoint"] == f"tcp://*:{events}"
+            assert sources["0"]["replay_endpoint"] == f"tcp://*:{replay}"
+            tokens = (await client.post(f"{root}/tokenize", json=ask)).json()
+            assert tokens["count"] == len(tokens["tokens"]) == 105  # four characters a token
+            seen: list[Any] = []
+            rounds = 0
+            while not seen:  # the SUB socket joins asynchronously: new prompts until one is seen
+                rounds += 1
+                ask["messages"] = [{"role": "user", "content": f"round {rounds:04} {text}"}]
+                first = (await client.post(f"{root}/v1/chat/completions", json=ask)).json()
+                if await sub.poll(200):
+                    seen = msgpack.unpackb((await sub.recv_multipart())[2])[1]
+            assert seen[0]["type"] == "BlockStored" and seen[0]["block_size"] == 16
+            again = (await client.post(f"{root}/v1/chat/completions", json=ask)).json()
+            assert first["usage"]["prompt_tokens"] == 107
+            assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+            assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
+    finally:
+        context.destroy(linger=0)
+        assert await stop(proc) == 0
+
+
+def test_capacity_prices_writes_a_prices_file_the_gateway_reads(tmp_path: Path) -> None:
+    plan = ["capacity", "--model", "deepseek-r1", "--gpus", "32", "--dp", "4", "--tp", "8",
+            "--gpu-mem-gib", "141", "--weights", "fp8"]  # fmt: skip
+    money = ["--prices", "--monthly-cost", "57000", "--output-tokens-per-s", "2500",
+             "--served-model", "deepseek-ai/DeepSeek-R1"]  # fmt: skip
+    done = run_cli(tmp_path, *plan, *money)
+    assert done.returncode == 0, done.stderr
+    (tmp_path / "prices.yaml").write_text(done.stdout)
+    prices = load_prices(tmp_path / "prices.yaml")
+    price = prices.of("deepseek-ai/DeepSeek-R1")
+    assert price is not None and price.output == price.reasoning > price.input > 0
+    assert "57,000.00 USD a month" in done.stdout
+    missing = run_cli(tmp_path, *plan, "--prices", "--monthly-cost", "57000")
+    assert missing.returncode == 2 and "--output-tokens-per-s" in missing.stderr
+    bad = run_cli(tmp_path, *plan, *money[:1], "--monthly-cost", "lots", *money[3:])
+    assert bad.returncode == 2 and "--monthly-cost" in bad.stderr
+    too_small = [*plan[:10], "80", *plan[11:]]  # fp8 R1 does not fit 8 × 80 GB
+    unfit = run_cli(tmp_path, *too_small, *money)
+    assert unfit.returncode == 2 and "does not fit" in unfit.stderr and not unfit.stdout

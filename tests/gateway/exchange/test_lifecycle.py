@@ -14,6 +14,7 @@ import httpx
 import orjson
 import pytest
 
+from audit.record import Usage
 from gateway.admission.budget import KVAdmission, open_admission
 from gateway.admission.gate import Gate
 from gateway.admission.limiter import Admission, Unlimited
@@ -49,7 +50,9 @@ class CountingLimiter(Unlimited):
         self.settled: list[int] = []
         self.fails = fails
 
-    async def settle(self, admission: Admission, used_tokens: int) -> None:
+    async def settle(
+        self, admission: Admission, used_tokens: int, usage: Usage | None = None
+    ) -> None:
         self.settled.append(used_tokens)
         if self.fails:
             raise ConnectionError("the rate-limit store went away")

@@ -29,6 +29,12 @@ from gateway.ledger.record import parse_usage, status_of
          Usage(0, 5, 5, 0)),  # never more reasoning than completion
         ({"prompt_tokens": True, "completion_tokens": "5", "total_tokens": -1},
          Usage(0, 0, 0, 0)),  # not whole numbers >= 0: nothing
+        ({"prompt_tokens": 405, "completion_tokens": 5, "total_tokens": 410,
+          "prompt_tokens_details": {"cached_tokens": 384}}, Usage(405, 5, 0, 410, False, 384)),
+        ({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": 99}},
+         Usage(10, 0, 0, 0, False, 10)),  # never more cached than the prompt
+        ({"prompt_tokens": 10, "prompt_tokens_details": {"cached_tokens": "3"}},
+         Usage(10, 0, 0, 0)),
     ],
 )  # fmt: skip
 def test_usage_is_read_once_whatever_the_engine_sent(

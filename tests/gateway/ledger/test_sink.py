@@ -29,6 +29,7 @@ from gateway.ledger.sink import (
     record_facts,
 )
 from gateway.settings import Settings
+from gateway.spend.prices import parse_prices
 from tests.records import completion_record
 
 SinkFactory = Callable[..., Awaitable[LedgerSink]]
@@ -109,6 +110,13 @@ def test_record_facts_keep_a_missing_usage_and_an_error() -> None:
     assert (facts.status, facts.error_code, facts.client_disconnected, facts.upstream) == (
         "upstream_error", "upstream_timeout", True, None
     )  # fmt: skip
+
+
+def test_a_cost_of_nothing_is_written_as_a_plain_decimal() -> None:
+    prices = parse_prices(b"currency: EUR\nmodels: {m: {input: 1, output: 2}}\n")
+    nothing = record_facts(completion_record(usage=None), "full", prices)
+    assert nothing.cost is not None and nothing.cost["amount"] == "0.000000000"  # not 0E-9
+    assert nothing.cost["currency"] == "EUR" and nothing.cost["prices"] == prices.digest
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,10 @@
 // The console's pages, routed by the URL's fragment (#records?model=x, #record/12, #overview,
-// #retention, #export, #keys). The fragment keeps the filters, never the key.
+// #retention, #export; for admins #keys and #spend). The fragment keeps the filters, never the
+// key.
 
 import { ApiError, call, query, session } from "./api.js";
 import { h, prose, replace, svg, time } from "./dom.js";
+import { spendPage } from "./spend.js";
 import { checkpoint, forget, pin, pinnedKey, policy, setPolicy, verifyRecord } from "./trust.js";
 import { VerifyError } from "./verify.js";
 
@@ -108,8 +110,11 @@ async function start(key, expected, witnessKeys, quorum) {
   }
   session.key = key;
   sessionStorage.setItem(ROLE, role);
-  go(role === "admin" ? "keys" : "records");
-  route();
+  // One render: a changed fragment renders through its hashchange event; rendering here too
+  // drew the page twice, and a filter typed into the first drawing was lost with it.
+  const target = role === "admin" ? "keys" : "records";
+  if (location.hash.replace(/^#/, "") === target) route();
+  else go(target);
 }
 
 function signOut() {
@@ -122,7 +127,7 @@ function signOut() {
 
 function navigation(role, path) {
   const links = role === "admin"
-    ? [["keys", "Keys"]]
+    ? [["keys", "Keys"], ["spend", "Spend"]]
     : [["records", "Records"], ["overview", "Overview"], ["retention", "Retention"],
        ["export", "Export"]];
   replace(nav,
@@ -727,7 +732,9 @@ async function route() {
   document.getElementById("banner").replaceChildren();
   navigation(role, page);
   try {
-    if (role === "admin") {
+    if (role === "admin" && page === "spend") {
+      await spendPage(main, params, { go, problem });
+    } else if (role === "admin") {
       await keysPage();
     } else if (page === "record" && /^[0-9]+$/.test(arg || "")) {
       await record(Number(arg));

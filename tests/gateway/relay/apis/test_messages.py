@@ -330,3 +330,16 @@ def test_display_omitted_without_a_sealer_sends_a_hidden_key_nothing() -> None:
     assert assembled(sent) == [{"type": "text", "text": "\n\nBlue."}] and b"Secret" not in raw
     _, visible = streamed(MessagesStream(policy(True), unsealed), token_events(SECRET))
     assert assembled(visible)[0] == {"type": "thinking", "thinking": "", "signature": ""}
+
+
+def test_the_engines_cached_tokens_are_anthropics_cache_reads() -> None:
+    """Anthropic's ``input_tokens`` leaves out what was read from the cache: a client adds the
+    two to know the prompt's size."""
+    from gateway.relay.apis.messages import message_usage
+
+    usage = {"prompt_tokens": 405, "completion_tokens": 5,
+             "prompt_tokens_details": {"cached_tokens": 384}}  # fmt: skip
+    assert message_usage(usage) == {"input_tokens": 21, "output_tokens": 5,
+                                    "cache_creation_input_tokens": 0,
+                                    "cache_read_input_tokens": 384}  # fmt: skip
+    assert message_usage({"prompt_tokens": 7})["cache_read_input_tokens"] == 0

@@ -120,3 +120,15 @@ def test_an_accumulating_client_builds_the_output_the_response_completes_with(
     built = accumulate(sent)
     final = sent[-1]["response"]["output"]
     assert [i["content"] for i in built] == [i["content"] for i in final]
+
+
+def test_the_engines_cached_tokens_are_the_responses_cached_input() -> None:
+    from gateway.relay.apis.responses import responses_usage
+
+    usage = {"prompt_tokens": 405, "completion_tokens": 5, "total_tokens": 410,
+             "prompt_tokens_details": {"cached_tokens": 384}}  # fmt: skip
+    found = responses_usage(usage)
+    assert found is not None
+    assert found["input_tokens"] == 405
+    assert found["input_tokens_details"] == {"cached_tokens": 384, "cache_write_tokens": 0}
+    assert responses_usage({"prompt_tokens": 3})["input_tokens_details"]["cached_tokens"] == 0  # type: ignore[index]

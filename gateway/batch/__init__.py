@@ -1,0 +1,1 @@
+"""Batches: files, the Batch API and Message Batches, run in idle capacity."""

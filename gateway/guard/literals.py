@@ -1,0 +1,81 @@
+"""The literals every match of a pattern starts with (sans-I/O), for the scanner's shared
+prefilter (``gateway.guard.prefilter``): ``starts(pattern) -> (literals, folded)``.
+
+Read from the pattern's parse (Python's ``re`` parser): literals and small classes grow the
+prefixes, alternatives and groups branch them, look-arounds and anchors (zero-width) are
+passed over, a repeat contributes its first copies; anything that may start with many
+characters (``\\w``, a wide class, ``.``) stops a prefix where it is. Every match starts with
+one of the literals found, or none are given (too short to say much, or too many).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+MIN_START = 2  # a literal shorter than this says too little to be worth a prefilter
+_MOST_STARTS = 64
+
+
+def starts(pattern: str, length: int = 3) -> tuple[tuple[str, ...], bool]:
+    """The literals (``MIN_START`` to ``length`` characters) every match of ``pattern`` starts
+    with, and whether they are compared ignoring case; ``()`` when they cannot be told (a
+    match may start with any of many characters) or are too many."""
+    parsed = re._parser.parse(pattern)  # type: ignore[attr-defined]
+    ignoring = bool(parsed.state.flags & re.IGNORECASE)  # a global (?i)
+    try:
+        found = _extend({("", ignoring)}, list(parsed), length)
+    except _Unknown:
+        return (), False
+    if not found or any(len(text) < MIN_START for text, _ in found):
+        return (), False
+    folded = any(ci for _, ci in found)
+    return tuple(sorted({t.lower() if folded else t for t, _ in found})), folded
+
+
+class _Unknown(Exception):
+    """Too many literals to tell."""
+
+
+def _extend(prefixes: set[tuple[str, bool]], items: list[Any], length: int
+            ) -> set[tuple[str, bool]]:  # fmt: skip
+    """``prefixes`` grown by what ``items`` (a parsed sequence) match first, up to ``length``
+    characters; stopped as they are at an item that may start with too many characters."""
+    if not items or all(len(text) >= length for text, _ in prefixes):
+        return prefixes
+    c = re._constants  # type: ignore[attr-defined]
+    (op, arg), rest = items[0], items[1:]
+    if op == c.LITERAL:
+        return _extend({(t + chr(arg), ci) for t, ci in prefixes}, rest, length)
+    if op == c.IN and (chars := _chars(arg)) is not None:
+        grown = {(t + ch, ci) for t, ci in prefixes for ch in chars}
+        return prefixes if len(grown) > _MOST_STARTS else _extend(grown, rest, length)
+    if op == c.BRANCH:
+        found: set[tuple[str, bool]] = set()
+        for alternative in arg[1]:
+            found |= _extend(prefixes, list(alternative) + rest, length)
+        if len(found) > _MOST_STARTS:
+            raise _Unknown
+        return found
+    if op == c.SUBPATTERN:
+        ignoring = bool(arg[1] & re.IGNORECASE)
+        return _extend({(t, ci or ignoring) for t, ci in prefixes}, list(arg[3]) + rest, length)
+    if op in (c.ASSERT, c.ASSERT_NOT, c.AT):  # zero-width: the match starts after them
+        return _extend(prefixes, rest, length)
+    if op in (c.MAX_REPEAT, c.MIN_REPEAT) and arg[0] >= 1:  # its first copies, then stop
+        return _extend(prefixes, list(arg[2]) * min(arg[0], length), length)
+    return prefixes
+
+
+def _chars(members: Any) -> list[str] | None:
+    """The few characters a class holds (``None``: negated, wide or a category)."""
+    c = re._constants  # type: ignore[attr-defined]
+    found: list[str] = []
+    for op, arg in members:
+        if op == c.LITERAL:
+            found.append(chr(arg))
+        elif op == c.RANGE and arg[1] - arg[0] < 8:
+            found += [chr(x) for x in range(arg[0], arg[1] + 1)]
+        else:
+            return None
+    return found

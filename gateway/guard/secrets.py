@@ -1,0 +1,147 @@
+"""Secret rules from the field's maintained rule set: detect-secrets' plugins (Yelp), read from
+the installed package, compiled to the scanner's bounded, chunk-exact form.
+
+Why detect-secrets rather than gitleaks' default configuration: it is a Python package on PyPI,
+so the rules come in as a locked dependency whose version every policy load records
+(``RULESET``), with no copy of ours to keep current by hand; and its patterns are Python's own
+regex syntax, where gitleaks' are Go's RE2 and rely on its keyword, entropy and allowlist
+semantics besides. What the choice leaves out is in docs/guardrails.md (gitleaks keeps far more
+rules, Hugging Face tokens among them, which the built-in shapes add).
+
+``secret_rules() -> dict[str, Detector]``, one detector per plugin, named by its module
+(``github_token``, ``aws``, ``basic_auth`` ...). A policy names them all (``secret_rules``) or
+some (``{secret_key: {rules: [github_token, aws, builtin]}}``, ``builtin`` being the shapes
+of ``secret_key``). They are not part of ``secret_key`` itself: scanning prose one token at a
+time, the 23 rules cost 1.6 times what the six built-ins cost (2.7 times without the scanner's
+shared prefilter, ``gateway.guard.prefilter``, which skips the 17 rules whose matches start
+with a literal while none is in sight: ``starts``); measured 2026-12-05, docs/guardrails.md.
+Each plugin's ``denylist`` patterns become one alternation, then:
+
+- **Bounded**: an unbounded repeat (``*``, ``+``, ``{n,}``) gets an upper bound (``CAP``
+  more characters; a group ``GROUP_CAP`` more times), so the scanner never holds back more
+  than a rule's ``window`` (``bound``); a lazy or possessive suffix is kept, but for a lazy
+  repeat ending the pattern (it would take nothing, and a redaction must take the whole
+  token: a JWT's signature).
+- **Chunk-exact anchors**: detect-secrets scans line by line; here text streams, so ``^`` and
+  ``$`` become "after a newline or at the start" and "before a newline or at the end", which
+  the scanner decides with the look-behind context it keeps, however the text was cut.
+- **Flags** the plugin compiled its pattern with (``IGNORECASE``, ``VERBOSE``) are kept as
+  scoped flags.
+
+Not imported, with the reason (``LEFT_OUT``): the public-IPv4 plugin (an address is no
+credential), the keyword and high-entropy plugins (they are not patterns: they judge quoted
+strings by the file's language and their randomness, which in prose would take hashes, ids and
+UUIDs for secrets).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+import re
+from importlib.metadata import version
+from typing import Any
+
+import regex
+
+from gateway.guard.detectors import Detector, PatternError, rank_of, widths
+from gateway.guard.literals import starts
+
+CAP = 128  # the most characters an unbounded repeat may take
+GROUP_CAP = 4  # the most times an unbounded repeat of a group may repeat it
+LABEL = "[SECRET_KEY]"
+LEFT_OUT = {
+    "ip_public": "a public IPv4 address is no credential",
+    "keyword": "not a pattern: judges `password = ...` assignments by the file's language",
+    "high_entropy_strings": "not a pattern: flags any random-looking quoted string (hashes, "
+    "ids and UUIDs in prose alike)",
+}
+
+
+def _version() -> str:
+    return version("detect-secrets")
+
+
+RULESET = ("detect-secrets", _version())
+
+_QUANTIFIER = re.compile(r"\{(\d+),\}")
+
+
+def bound(pattern: str, cap: int = CAP) -> str:
+    """``pattern`` with every unbounded repeat bounded (``+`` -> ``{1,cap}``, ``*`` ->
+    ``{0,cap}``, a group's ``GROUP_CAP`` times, ``{n,}`` -> ``{n,n+cap}``) and ``^``/``$`` as
+    line anchors that hold under any chunking; classes and escapes are left as they are."""
+    out: list[str] = []
+    i = 0
+    while i < len(pattern):
+        token, i = _token(pattern, i)
+        out.append(_bounded(token, out[-1] if out else "", cap))
+    if len(out) > 1 and out[-1] == "?" and out[-2].endswith("}"):
+        out.pop()  # a lazy repeat at the end takes nothing: greedy, a redaction takes it all
+    return "".join(out)
+
+
+def _token(pattern: str, i: int) -> tuple[str, int]:
+    """The token at ``i``: an escape, a whole class, a ``{n,}`` repeat or one character."""
+    if pattern[i] == "\\":
+        return pattern[i : i + 2], i + 2
+    if pattern[i] == "[":
+        j = i + 1
+        j += pattern[j] == "^"
+        j += pattern[j] == "]"  # a ] first in a class is a character
+        while pattern[j] != "]":
+            j += 2 if pattern[j] == "\\" else 1
+        return pattern[i : j + 1], j + 1
+    repeat = _QUANTIFIER.match(pattern, i)
+    if repeat:
+        return repeat.group(), repeat.end()
+    return pattern[i], i + 1
+
+
+def _bounded(token: str, before: str, cap: int) -> str:
+    if (repeat := _QUANTIFIER.fullmatch(token)) is not None:
+        low = int(repeat.group(1))
+        return f"{{{low},{low + cap}}}"
+    # after "(" or "?" (a group's "(?", a lazy "?") or a repeat's "}", it is no repeat
+    if token in "*+" and before and before[-1] not in "(?}":
+        most = GROUP_CAP if before == ")" else cap
+        return f"{{{0 if token == '*' else 1},{most}}}"
+    return {"^": r"(?<![^\n])", "$": r"(?![^\n])"}.get(token, token)
+
+
+@functools.cache
+def secret_rules() -> dict[str, Detector]:
+    """The rule set's rules, by name, in the order of its plugins."""
+    import detect_secrets.plugins as plugins
+    from detect_secrets.plugins.base import RegexBasedDetector
+
+    found: dict[str, Detector] = {}
+    for module in pkgutil.iter_modules(plugins.__path__):
+        if module.name in LEFT_OUT or module.name == "base":
+            continue
+        loaded = importlib.import_module(f"{plugins.__name__}.{module.name}")
+        for value in vars(loaded).values():
+            if (isinstance(value, type) and issubclass(value, RegexBasedDetector)
+                    and value.__module__ == loaded.__name__):  # fmt: skip
+                found[module.name] = _detector(module.name, value().denylist)
+    return found
+
+
+def _detector(name: str, denylist: Any) -> Detector:
+    parts = []
+    for compiled in denylist:
+        flags = ("i" if compiled.flags & re.IGNORECASE else "") + (
+            "x" if compiled.flags & re.VERBOSE else ""
+        )
+        body = bound(compiled.pattern)
+        parts.append(f"(?{flags}:{body})" if flags else f"(?:{body})")
+    pattern = "|".join(parts)
+    try:
+        longest, behind, ahead = widths(pattern)
+    except PatternError as exc:
+        raise PatternError(f"secret rule {name} {exc}") from None
+    literals, folded = starts(pattern)
+    return Detector("secret_key", LABEL, regex.compile(pattern), longest + ahead + 1,
+                    rank=rank_of("secret_key"), behind=behind, starts=literals,
+                    starts_folded=folded)  # fmt: skip

@@ -1,0 +1,1 @@
+"""Money: prices per model, what an exchange cost (docs/spend.md)."""

@@ -1,0 +1,150 @@
+"""A batch across two gateway replicas (processes) on PostgreSQL + Redis, through the
+``openai`` SDK: both replicas run its lines; ``kill -9`` of the one it was created on while
+each replica runs lines whose write-ahead intent is durable; the survivor takes over the dead
+replica's lines once their lease runs out and finishes the batch. Every line is answered
+exactly once in the output file, each line the dead replica had begun is on the ledger as
+``replica_lost`` (naming the batch and the line) besides its answer, and ``ledger verify``
+passes."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from typing import Any
+
+import openai
+import orjson
+import pytest
+from sqlalchemy import func, select
+
+from audit.schema import entries, intents
+from gateway.batch.rows import lines
+from gateway.db import create_engine
+from gateway.side.sim.app import SimConfig
+from tests.e2e.processes import run_cli
+from tests.e2e.test_batches import by_custom_id, chat_line, jsonl
+from tests.e2e.test_replica_faults import Cluster, ClusterFactory, cluster_factory  # noqa: F401
+from tests.waiting import eventually
+
+pytestmark = [pytest.mark.xdist_group("private_postgres"), pytest.mark.timeout(150)]
+
+LINES = 40
+
+
+async def line_rows(cluster: Cluster) -> list[Any]:
+    engine = create_engine(cluster.database_url)
+    try:
+        async with engine.connect() as conn:
+            query = select(lines.c.line, lines.c.state, lines.c.owner, lines.c.attempts)
+            return list((await conn.execute(query)).all())
+    finally:
+        await engine.dispose()
+
+
+async def intent_lines(cluster: Cluster, batch_id: str) -> set[str]:
+    """The custom_ids of the batch's lines whose write-ahead intent is in the database."""
+    engine = create_engine(cluster.database_url)
+    try:
+        async with engine.connect() as conn:
+            headers = (await conn.execute(select(intents.c.header))).scalars().all()
+    finally:
+        await engine.dispose()
+    found = set()
+    for raw in headers:
+        batch = orjson.loads(raw).get("batch") or {}
+        if batch.get("id") == batch_id:
+            found.add(batch["custom_id"])
+    return found
+
+
+async def ledger_batch_lines(cluster: Cluster, batch_id: str) -> Counter[tuple[str, str]]:
+    """(custom_id, status) of the ledger's records of the batch's lines."""
+    engine = create_engine(cluster.database_url)
+    try:
+        async with engine.connect() as conn:
+            headers = (await conn.execute(select(entries.c.header).where(
+                entries.c.kind == "completion"))).scalars().all()  # fmt: skip
+    finally:
+        await engine.dispose()
+    found: Counter[tuple[str, str]] = Counter()
+    for raw in headers:
+        header = orjson.loads(raw)
+        if (header.get("batch") or {}).get("id") == batch_id:
+            found[(header["batch"]["custom_id"], header["status"])] += 1
+    return found
+
+
+async def test_a_killed_replicas_lines_are_taken_over_and_answered_once(
+    cluster_factory: ClusterFactory,  # noqa: F811
+) -> None:
+    # Each line streams for about 3 s, so both replicas run lines for several seconds: the
+    # state the kill needs lasts far longer than a poll, even on a loaded machine.
+    cluster = await cluster_factory(
+        sim=SimConfig(ttft_ms=30, itl_ms=15), THINKGATE_BATCH_LEASE_S="3",
+        THINKGATE_BACKGROUND_STALE_S="4", THINKGATE_BATCH_MAX_CONCURRENCY="8",
+    )  # fmt: skip
+    doomed, survivor = cluster.gateways
+    key = cluster.keys["visible"]
+    questions = [chat_line(f"q{i}", f"Question {i}?") for i in range(LINES)]
+    async with openai.AsyncOpenAI(base_url=f"{doomed.url}/v1", api_key=key,
+                                  max_retries=0) as client:  # fmt: skip
+        uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(jsonl(questions))),
+                                             purpose="batch")  # fmt: skip
+        batch = await client.batches.create(input_file_id=uploaded.id,
+                                            endpoint="/v1/chat/completions",
+                                            completion_window="24h")  # fmt: skip
+
+    async def both_running_with_intents() -> set[str] | None:
+        """The lines whose exchange has its durable intent, once every replica runs one."""
+        rows, started = await line_rows(cluster), await intent_lines(cluster, batch.id)
+        running = {r.owner for r in rows if r.state == "running"}
+        with_intent = {r.owner for r in rows if r.state == "running" and f"q{r.line}" in started}
+        done = sum(r.state == "done" for r in rows)
+        return started if len(running) == 2 and with_intent == running and done >= 2 else None
+
+    started = await eventually(both_running_with_intents, within_s=30, every=0.05)
+    await doomed.kill_9()
+    async with openai.AsyncOpenAI(base_url=f"{survivor.url}/v1", api_key=key,
+                                  max_retries=0) as client:  # fmt: skip
+
+        async def ended() -> Any:
+            found = await client.batches.retrieve(batch.id)
+            return found if found.status in ("completed", "failed", "expired") else None
+
+        try:
+            done = await eventually(ended, within_s=60, every=0.1)
+        except TimeoutError:
+            rows = await line_rows(cluster)
+            raise AssertionError(Counter((r.state, r.owner, r.attempts) for r in rows)) from None
+        assert done.status == "completed", done
+        assert done.request_counts.completed == LINES  # type: ignore[union-attr]
+        raw = (await client.files.content(done.output_file_id)).content  # type: ignore[arg-type]
+    output = by_custom_id(raw)  # asserts each custom_id once
+    assert sorted(output) == sorted(f"q{i}" for i in range(LINES))
+    assert {line["response"]["status_code"] for line in output.values()} == {200}
+    after = await line_rows(cluster)
+    taken_over = {f"q{r.line}" for r in after if r.attempts >= 2}
+    lost = taken_over & started  # begun on the dead replica: the engine had them
+    assert lost, (taken_over, started)
+
+    async def first_attempts_recorded() -> Counter[tuple[str, str]] | None:
+        found = await ledger_batch_lines(cluster, batch.id)
+        return found if all((c, "replica_lost") in found for c in lost) else None
+
+    try:
+        records = await eventually(first_attempts_recorded, within_s=40, every=0.2)
+    except TimeoutError:
+        raise AssertionError((taken_over, await ledger_batch_lines(cluster, batch.id))) from None
+    answered = {custom_id for (custom_id, status) in records if status == "ok"}
+    assert answered == set(output)
+    statuses = {status for (_, status) in records}
+    assert statuses <= {"ok", "replica_lost"}, records
+    engine = create_engine(cluster.database_url)
+    try:
+        async with engine.connect() as conn:
+            total = (await conn.execute(select(func.count()).select_from(entries))).scalar_one()
+    finally:
+        await engine.dispose()
+    assert total >= LINES
+    code, out = await run_cli(cluster.env, "ledger", "verify", cwd=str(cluster.tmp))
+    assert code == 0, out

@@ -1,0 +1,99 @@
+"""The scanner's shared prefilter (``gateway.guard.prefilter``) and the literals it is built from
+(``gateway.guard.secrets.starts``): with it, every rule finds exactly what it finds without it,
+under any chunking; a literal cut by the end of the text holds its rules; rules sharing a
+position, or compared ignoring case, each get their occurrence."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import regex
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.guard.detectors import Detector
+from gateway.guard.literals import starts
+from gateway.guard.prefilter import Prefilter
+from gateway.guard.scanner import ChannelScanner
+from gateway.guard.secrets import secret_rules
+from tests.gateway.guard.test_scanner import chunked
+from tests.gateway.guard.test_secrets import CASES
+
+
+def rule(pattern: str) -> Detector:
+    literals, folded = starts(pattern)
+    return Detector("secret_key", "[S]", regex.compile(pattern), 64, starts=literals,
+                    starts_folded=folded)  # fmt: skip
+
+
+def test_the_literals_every_match_starts_with() -> None:
+    assert starts(r"(?:ghp|gho)_[A-Z]{3}") == (("gho", "ghp"), False)
+    assert starts(r"(?i:AKIA)[0-9]{4}") == (("aki",), True)
+    assert starts(r"(?<=\W)(?:\[|)sk_[a-z]") == (("[sk", "sk_"), False)
+    assert starts(r"x[ab]c") == (("xac", "xbc"), False)
+    assert starts(r"[a-z]{5}") == ((), False)  # any of many characters
+    assert starts(r"a|bc") == ((), False)  # a match may start with "a" alone: too short to gate
+    assert starts(r"\d{3}-x") == ((), False)
+
+
+def test_a_literal_cut_by_the_end_holds_and_one_absent_lets_the_text_go() -> None:
+    gated = rule(r"AKIA[0-9]{4}")
+    scanner = ChannelScanner([gated])
+    released, found = scanner.feed("some words AK")
+    assert (released, found) == (len("some words "), [])  # "AK" may become AKIA
+    released, found = scanner.feed("IA1234 done", final=True)
+    assert [f.text for f in found] == ["AKIA1234"]
+    other = ChannelScanner([gated])
+    assert other.feed("nothing to see here ")[0] == len("nothing to see here ")
+
+
+def test_rules_sharing_a_position_or_folded_each_get_it() -> None:
+    short, long_, folded = rule(r"ab[a-z0-9]{2}"), rule(r"abc[0-9]"), rule(r"(?i:AB)c[0-9]")
+    assert (short.starts, long_.starts, folded.starts) == (("ab",), ("abc",), ("abc",))
+    gate = Prefilter([short, long_, folded])
+    text = "x abc1 ABC2"
+    # at 2 the search sees "abc", the longest: "ab"'s rule is there too
+    assert gate.first(text, {0: 0, 1: 0, 2: 0}, final=True) == {0: 2, 1: 2, 2: 2}
+    assert gate.first(text, {0: 3, 1: 3, 2: 3}, final=True) == {2: 7}  # from where each is
+    assert [f for f in scan([short, long_], [text])] == [(2, 6, 0, "abc1")]
+
+
+def ungated(detectors: list[Detector]) -> list[Detector]:
+    return [dataclasses.replace(d, starts=()) for d in detectors]
+
+
+def scan(rules: list[Detector], pieces: list[str]) -> list[tuple[int, int, int, str]]:
+    scanner, found = ChannelScanner(rules), []
+    for i, piece in enumerate(pieces):
+        released, findings = scanner.feed(piece, final=i == len(pieces) - 1)
+        found += [(f.start, f.end, f.rule, f.text) for f in findings]
+        scanner.drop_before(released)
+    return found
+
+
+PLANTED = [value for positives, _ in CASES.values() for _, value in positives]
+NEAR = ["AK", "ghp", "gl", "xox", "sk_", "SG.", "://", "eyJ", "AC", "https://hooks", "Acc"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(PLANTED), st.sampled_from(NEAR),
+                          st.text("ab :/@=\"'_-\nAKCglpx.", max_size=8)), max_size=6),
+       st.lists(st.integers(0, 10_000), max_size=20))  # fmt: skip
+def test_the_prefilter_changes_nothing_a_rule_finds(parts: list[str], cuts: list[int]) -> None:
+    text = " ".join(parts)
+    rules = list(secret_rules().values())
+    expected = scan(ungated(rules), [text])
+    assert scan(rules, [text]) == expected
+    assert scan(rules, chunked(text, cuts)) == expected
+    assert scan(rules, list(text)) == expected
+
+
+def test_the_built_in_secret_shapes_and_a_files_regex_are_gated_too() -> None:
+    from gateway.guard.detectors import BUILTIN, custom
+
+    assert {"AKI", "ghp", "hf_", "eyJ"} <= set(BUILTIN["secret_key"].starts)
+    assert BUILTIN["email"].starts == ()  # a local part may start with any word character
+    assert custom("ACME-[0-9]{6}").starts == ("ACM",)
+    folded = custom("(?i)acme-[0-9]{6}")
+    assert (folded.starts, folded.starts_folded) == (("acm",), True)  # a global flag counts
+    assert [f[3] for f in scan([folded], ["id ACME-123456 ok"])] == ["ACME-123456"]
