@@ -3,7 +3,11 @@ KV budget alike (``RATELIMIT_FAIL``).
 
 ``open``: use this replica's in-process backend instead (limits then hold per replica), log
 once per outage, try the shared one again after ``retry_s``. ``closed``: answer 503 meanwhile.
-Recovery is automatic: the first call that succeeds on the shared backend ends the outage.
+Recovery is automatic: the first call that succeeds on the shared backend ends the outage, if
+it began after the last failure there was seen. A call already in flight when the backend died
+may still return its answer (the reply was read before the kill); that success says nothing
+about the backend now, and ending the outage on it would have the next call meet the dead
+backend and open the circuit a second time.
 
 What a call leaves behind (a KV lease, a rate-limit reservation) lives in the backend that
 answered it, so giving it back (a release, a renewal, a refund) goes to that backend, whatever
@@ -54,6 +58,7 @@ class Circuit(Generic[B]):
         self._retry_s = retry_s
         self._clock = clock
         self._down_since: float | None = None
+        self._failures = 0  # failures seen on the shared backend, ever: a call's start notes it
         self.on_change: Callable[[bool], None] | None = None  # told True when it goes down
 
     @property
@@ -62,6 +67,7 @@ class Circuit(Generic[B]):
 
     async def call(self, work: Callable[[B], Awaitable[T]]) -> T:
         backend = self._pick()
+        began = self._failures
         try:
             result = await work(backend)
         except self._errors as exc:
@@ -72,7 +78,7 @@ class Circuit(Generic[B]):
                 raise self._refusal() from None
             return await work(self.local)
         if backend is self.shared:
-            self._came_back()
+            self._came_back(began)
         return result
 
     async def call_on(self, backend: B, work: Callable[[B], Awaitable[T]]) -> T:
@@ -82,12 +88,13 @@ class Circuit(Generic[B]):
         was to give back stays there until it expires), a success ends one."""
         if backend is not self.shared or self.shared is self.local:
             return await work(backend)
+        began = self._failures
         try:
             result = await work(backend)
         except self._errors as exc:
             self._went_down(exc)
             raise self._refusal() from None
-        self._came_back()
+        self._came_back(began)
         return result
 
     def _pick(self) -> B:
@@ -98,6 +105,7 @@ class Circuit(Generic[B]):
         return self.shared
 
     def _went_down(self, exc: BaseException) -> None:
+        self._failures += 1
         if self._down_since is None:
             policy = "in-process, per replica" if self._fail == "open" else "refusing requests"
             log.error("%s: shared backend unreachable (%s): %s", self.name,
@@ -106,8 +114,10 @@ class Circuit(Generic[B]):
                 self.on_change(True)
         self._down_since = self._clock()
 
-    def _came_back(self) -> None:
-        if self._down_since is not None:
+    def _came_back(self, began: int) -> None:
+        """A call that began when ``began`` failures had been seen succeeded on the shared
+        backend: the outage ends if none has been seen since."""
+        if self._down_since is not None and began == self._failures:
             log.warning("%s: the shared backend answers again", self.name)
             self._down_since = None
             if self.on_change is not None:

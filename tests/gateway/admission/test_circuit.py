@@ -1,11 +1,13 @@
 """``Circuit`` (``gateway/admission/circuit.py``): with ``open`` a failing shared backend hands
 the call to the local one, logged once per outage, and is tried again after ``retry_s``; with
 ``closed`` the outage answers ``ServiceUnavailable``; the first success on the shared backend
-ends the outage. Errors outside ``errors`` and the local backend's own errors propagate.
-``call_on`` asks the backend it is given, open circuit or not, and counts as a call of it."""
+of a call begun after the last failure ends the outage. Errors outside ``errors`` and the
+local backend's own errors propagate. ``call_on`` asks the backend it is given, open circuit
+or not, and counts as a call of it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Literal
@@ -108,6 +110,32 @@ async def test_the_first_success_on_the_shared_backend_ends_the_outage(
     assert changes == [True, False]
     assert "rate limits: the shared backend answers again" in caplog.text
     assert await ask(made) == "shared"  # healthy again: no retry wait
+
+
+async def test_a_success_that_began_before_the_failure_does_not_end_the_outage() -> None:
+    """A call in flight when Redis died can still return the reply it had read: it proves
+    nothing about the backend now, so the outage goes on (the CI failure of stop 48: the KV
+    budget's circuit closed on such a success and opened again at the next call)."""
+    clock = FakeClock()
+    made, shared, _, changes = circuit("open", clock)
+    started, reply = asyncio.Event(), asyncio.Event()
+
+    async def slow(backend: Backend) -> str:
+        started.set()
+        await reply.wait()
+        return await backend.answer()
+
+    in_flight = asyncio.ensure_future(made.call(slow))
+    await started.wait()  # it has picked the shared backend and waits for its reply
+    shared.error = RedisConnectionError("refused")
+    assert await ask(made) == "local"  # another call meets the dead backend
+    shared.error = None
+    reply.set()
+    assert await in_flight == "shared"
+    assert made.degraded and changes == [True]
+    clock.now += 1.0  # a call begun after the failure is what ends it
+    assert await ask(made) == "shared"
+    assert not made.degraded and changes == [True, False]
 
 
 async def test_closed_refuses_during_the_outage_without_asking_anyone() -> None:
