@@ -335,15 +335,22 @@ async def _warm(urls: Sequence[tuple[str, str]], sims: Sequence[ServerProcess]) 
 
 
 def micro_route(tokens: int = 30_000, engines: int = 4, rounds: int = 200) -> list[str]:
-    """CPU µs to route a prompt whose token ids are known: its blocks' keys and every engine's
-    cached prefix, each engine holding a different share of it."""
-    from gateway.cache.blocks import prompt_keys
+    """CPU µs to route a prompt whose token ids are known (as the gateway holds them: read from
+    ``/tokenize``'s answer into an array): its blocks' keys and every engine's cached prefix,
+    each engine holding a different share of it; and the reading of that answer."""
+    import orjson
+
+    from gateway.cache.blocks import prompt_keys, token_ids
     from gateway.cache.events import decode
     from gateway.cache.index import PrefixIndex
     from gateway.side.sim.prefix import PrefixCache
 
     rng = random.Random(7)
     ids = [rng.randrange(150_000) for _ in range(tokens)]
+    answer = orjson.dumps({"count": tokens, "max_model_len": 32_768, "tokens": ids,
+                           "token_strs": None})  # fmt: skip
+    known = token_ids(answer)
+    assert known is not None
     lines = []
     for size in (16, 128):
         index = PrefixIndex()
@@ -354,12 +361,19 @@ def micro_route(tokens: int = 30_000, engines: int = 4, rounds: int = 200) -> li
             index.apply(f"e{engine}", decode(_batch(cache.acquire(found, held, None))))
         started = time.process_time()
         for _ in range(rounds):
-            keys = prompt_keys(ids, size)
+            keys = prompt_keys(known, size)
             matched = [index.matched(f"e{e}", keys) for e in range(engines)]
         spent = (time.process_time() - started) / rounds * 1e6
         assert matched[-1] == len(keys)
         lines.append(f"| route a {tokens:,}-token prompt, {engines} engines, {size}-token "
                      f"blocks | {spent:,.0f} µs |")  # fmt: skip
+    for name, read in (("token_ids", token_ids), ("orjson", orjson.loads)):
+        started = time.process_time()
+        for _ in range(rounds):
+            read(answer)
+        spent = (time.process_time() - started) / rounds * 1e6
+        lines.append(f"| read `/tokenize`'s answer for {tokens:,} tokens ({name}) | "
+                     f"{spent:,.0f} µs |")  # fmt: skip
     return lines
 
 

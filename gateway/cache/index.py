@@ -12,10 +12,10 @@ tail first, and a block is a hit only when every block before it is).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from gateway.cache.blocks import ROOT, body_of, chain
+from gateway.cache.blocks import ROOT, Keys, stored_keys
 from gateway.cache.events import AllCleared, BlockHash, BlocksRemoved, BlocksStored, Event
 
 
@@ -36,14 +36,12 @@ class EngineBlocks:
                 self.orphans += len(event.hashes)
                 return
             parent = known
-        size, tokens = event.block_size, event.tokens
-        for i, (block_hash, extra) in enumerate(zip(event.hashes, event.extras, strict=True)):
-            key = chain(parent, body_of(tokens[i * size : (i + 1) * size], extra))
+        keys = stored_keys(parent, event.tokens, event.block_size, event.extras)
+        for block_hash, key in zip(event.hashes, keys, strict=True):
             if self.keys.get(block_hash) != key:
                 self._forget(block_hash)
                 self.keys[block_hash] = key
                 self.held[key] += 1
-            parent = key
 
     def remove(self, hashes: Iterable[BlockHash]) -> None:
         for block_hash in hashes:
@@ -58,15 +56,15 @@ class EngineBlocks:
             else:
                 del self.held[key]
 
-    def matched(self, keys: Sequence[int]) -> int:
+    def matched(self, keys: Keys) -> int:
         """How many of ``keys``' leading blocks this engine holds."""
         held = self.held
-        if not keys or keys[0] not in held:
+        if not len(keys) or int(keys[0]) not in held:
             return 0
         low, high = 1, len(keys)  # keys[low - 1] is held
         while low < high:
             mid = (low + high + 1) // 2
-            if keys[mid - 1] in held:
+            if int(keys[mid - 1]) in held:
                 low = mid
             else:
                 high = mid - 1
@@ -99,7 +97,7 @@ class PrefixIndex:
         blocks = self.engines.get(engine)
         return None if blocks is None else blocks.block_size
 
-    def matched(self, engine: str, keys: Sequence[int]) -> int:
+    def matched(self, engine: str, keys: Keys) -> int:
         blocks = self.engines.get(engine)
         return 0 if blocks is None else blocks.matched(keys)
 

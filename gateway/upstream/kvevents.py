@@ -23,8 +23,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import urlsplit
 
 import zmq
 import zmq.asyncio
@@ -32,59 +30,11 @@ import zmq.asyncio
 from gateway.cache.events import END_OF_REPLAY, BadEvents, decode, sequence_of
 from gateway.cache.index import PrefixIndex
 from gateway.cache.sequence import EventOrder
+from gateway.cache.sources import Source
 
 log = logging.getLogger("thinkgate")
 
 REPLAY_TIMEOUT_S = 2.0  # the longest wait for a replay's next message
-
-
-@dataclass(frozen=True, slots=True)
-class Source:
-    engine: str  # the upstream's base URL: the index's name for it
-    endpoint: str
-    replay: str | None = None
-    topic: bytes = b""
-
-
-def _bound_at(endpoint: str, host: str) -> str | None:
-    """A bound endpoint as a subscriber reaches it; ``None`` for one not over TCP."""
-    if not endpoint.startswith("tcp://"):
-        return None
-    where, _, port = endpoint[6:].rpartition(":")
-    if where in ("*", "0.0.0.0", "[::]", "::"):
-        return f"tcp://{host}:{port}"
-    return endpoint
-
-
-def discovered(engine: str, answer: Any) -> list[Source]:
-    """The sources in an engine's ``/kv_event_sources`` answer (one per data parallel rank)."""
-    if not isinstance(answer, dict):
-        return []
-    host = urlsplit(engine).hostname or "127.0.0.1"
-    found = []
-    for config in answer.values():
-        if not isinstance(config, dict) or config.get("publisher") != "zmq":
-            continue
-        endpoint = _bound_at(str(config.get("endpoint") or ""), host)
-        if endpoint is None:
-            where = config.get("endpoint")
-            log.warning("the KV events of %s are published at %s, not over TCP: not "
-                        "subscribed", engine, where)  # fmt: skip
-            continue
-        replay = config.get("replay_endpoint")
-        found.append(Source(engine, endpoint, _bound_at(replay, host) if replay else None,
-                            str(config.get("topic") or "").encode()))  # fmt: skip
-    return found
-
-
-def configured(engine: str, item: str) -> list[Source] | None:
-    """An ``UPSTREAM_KV_EVENTS`` item: sources, ``[]`` for ``off``, ``None`` to discover."""
-    if item in ("", "auto"):
-        return None
-    if item == "off":
-        return []
-    endpoint, _, replay = item.partition(";")
-    return [Source(engine, endpoint, replay or None)]
 
 
 @dataclass(slots=True)

@@ -312,6 +312,20 @@ class UpstreamPool:
             return None
         return decoded if isinstance(decoded, dict) else None
 
+    async def post_raw(self, upstream: Upstream, path: str, body: bytes) -> bytes | None:
+        """POST ``body`` to one of an engine's own endpoints beside ``/v1`` (``/tokenize``, for
+        a caller that reads the answer its own way): the answer's bytes, or ``None`` when it
+        does not answer 200. Counted in the engine's requests in flight, not as its failure.
+        The caller bounds the time."""
+        upstream.in_flight += 1
+        try:
+            status, raw = await self._exchange(b"POST", upstream.root_url(path), body, whole=True)
+        except (httpx.HTTPError, WireError, OSError):
+            return None
+        finally:
+            upstream.in_flight -= 1
+        return raw if status == 200 else None
+
     async def get_json(self, upstream: Upstream, path: str) -> Any:
         """GET one of an engine's own endpoints beside ``/v1`` (vLLM's ``/kv_event_sources``):
         its JSON, or ``None`` when it does not answer 200 with JSON in time."""

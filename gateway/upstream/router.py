@@ -29,19 +29,25 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import zmq.asyncio
 
-from gateway.cache.blocks import prompt_keys, reusable
-from gateway.cache.index import PrefixIndex
 from gateway.cache.salt import cache_salt
 from gateway.cache.score import rank, rendezvous
+from gateway.cache.sources import Source, configured, discovered
 from gateway.sections import RoutingSettings
 from gateway.upstream.engine import Upstream
-from gateway.upstream.kvevents import EventFeed, Source, configured, discovered
 from gateway.upstream.pool import UpstreamPool
+
+if TYPE_CHECKING:  # imported when an engine publishes events: pyzmq and numpy, ~20 MB of RSS
+    import numpy as np
+    import numpy.typing as npt
+    import zmq.asyncio
+
+    from gateway.cache.blocks import Keys
+    from gateway.cache.index import PrefixIndex
+    from gateway.upstream.kvevents import EventFeed
 
 log = logging.getLogger("thinkgate")
 
@@ -69,7 +75,7 @@ class Routed:
 class Router:
     def __init__(self, settings: RoutingSettings, pool: UpstreamPool) -> None:
         self.mode = settings.routing or "prefix"
-        self.index = PrefixIndex()
+        self.index: PrefixIndex | None = None  # made when the first engine's events are found
         self.pool = pool
         self.feeds: dict[str, list[EventFeed]] = {}
         self._settings = settings
@@ -104,8 +110,8 @@ class Router:
         routed = None
         names = [u.base_url for u in candidates]
         weights = rendezvous(session, names) if session else None
-        if any(self.index.size(name) for name in names):
-            routed = await self._by_prefix(candidates, body, path, weights)
+        if self.index is not None and any(self.index.size(name) for name in names):
+            routed = await self._by_prefix(self.index, candidates, body, path, weights)
         if routed is None and weights is not None:
             order = rank([u.in_flight for u in candidates], weights)
             routed = Routed([candidates[i] for i in order], 1, "session")
@@ -113,24 +119,26 @@ class Router:
         self._sent[routed.candidates[0].base_url] = time.monotonic()
         return routed
 
-    async def _by_prefix(self, candidates: list[Upstream], body: bytes, path: str,
-                         ties: list[float] | None) -> Routed | None:  # fmt: skip
+    async def _by_prefix(self, index: PrefixIndex, candidates: list[Upstream], body: bytes,
+                         path: str, ties: list[float] | None) -> Routed | None:  # fmt: skip
+        from gateway.cache.blocks import prompt_keys, reusable  # loaded with the index
+
         request = orjson.loads(body)
         tokens = await self._tokens(candidates, request, path)
-        if not tokens:
+        if tokens is None or not len(tokens):
             return None
         salt = request.get("cache_salt")
         first_extra = (salt,) if isinstance(salt, str) and salt else None
-        keys: dict[int, list[int]] = {}
+        keys: dict[int, Keys] = {}
         cached = []
         for upstream in candidates:
-            size = self.index.block_size(upstream.base_url)
+            size = index.block_size(upstream.base_url)
             if size is None:
                 cached.append(0)
                 continue
             if size not in keys:
                 keys[size] = prompt_keys(tokens, size, first_extra)
-            matched = self.index.matched(upstream.base_url, keys[size])
+            matched = index.matched(upstream.base_url, keys[size])
             cached.append(reusable(matched, len(tokens), size))
         if not any(cached):
             return None
@@ -138,23 +146,23 @@ class Router:
         return Routed([candidates[i] for i in order], 1, "prefix", cached[order[0]])
 
     async def _tokens(self, candidates: Sequence[Upstream], request: Mapping[str, Any],
-                      path: str) -> list[int] | None:  # fmt: skip
+                      path: str) -> Sequence[int] | npt.NDArray[np.int64] | None:  # fmt: skip
         ask = tokenize_body(request, path)
         if ask is None:
             return None
         if "tokens" in ask:  # a completions prompt given as token ids
             return ask["tokens"]  # type: ignore[no-any-return]
+        from gateway.cache.blocks import token_ids  # loaded with the index
+
         engine = candidates[0]
         try:
             async with asyncio.timeout(TOKENIZE_S):
-                answer = await self.pool.ask(engine, engine.root_url("/tokenize"),
-                                             orjson.dumps(ask))  # fmt: skip
+                answer = await self.pool.post_raw(engine, "/tokenize", orjson.dumps(ask))
         except TimeoutError:  # a slow engine costs the request its prefix, never its answer
             log.warning("%s did not tokenize within %.0f s: routed without the prefix",
                         engine.base_url, TOKENIZE_S)  # fmt: skip
             return None
-        tokens = answer.get("tokens") if answer else None
-        return tokens if isinstance(tokens, list) else None
+        return None if answer is None else token_ids(answer)
 
     # -- the engines' events -----------------------------------------------------------------
 
@@ -199,8 +207,16 @@ class Router:
         return answered
 
     def _subscribe(self, engine: str, sources: list[Source]) -> None:
+        # pyzmq and numpy (the index's hashing) only once some engine publishes events
+        import zmq.asyncio
+
+        from gateway.cache.index import PrefixIndex
+        from gateway.upstream.kvevents import EventFeed
+
         if self._context is None:  # made once some engine publishes: its I/O thread with it
             self._context = zmq.asyncio.Context()
+        if self.index is None:
+            self.index = PrefixIndex()
         feeds = self.feeds[engine] = [EventFeed(s, self.index, self._context) for s in sources]
         for feed in feeds:
             self._tasks.append(asyncio.create_task(feed.run()))
@@ -211,7 +227,7 @@ class Router:
         """Drop an engine's index when it is out of rotation or its events went silent while
         it was sent requests."""
         name = upstream.base_url
-        if not self.index.size(name):
+        if self.index is None or not self.index.size(name):
             return
         if not upstream.health.serving:  # it may come back restarted: count again from 0
             for feed in self.feeds.get(name) or ():

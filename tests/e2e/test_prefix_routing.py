@@ -61,7 +61,9 @@ async def test_each_apis_client_reads_the_engines_cached_tokens(
         assert first.usage.prompt_tokens_details.cached_tokens == 0
         holder = next(i for i, n in enumerate(_served(sims)) if n)
         upstreams = router.pool.upstreams
-        await eventually(lambda: router.index.size(upstreams[holder].base_url) > 0)
+        index = router.index  # made with the first subscription, which the fixture waited for
+        assert index is not None
+        await eventually(lambda: index.size(upstreams[holder].base_url) > 0)
         # the next turn: routed to the engine holding the first, and cached there
         raw = await client.chat.completions.with_raw_response.create(
             model=MODEL, max_tokens=8,

@@ -58,7 +58,8 @@ class Routing:
         return whole.choices[0].message.content or "", cached, raw.headers["x-thinkgate-route"]
 
     def holding(self) -> list[str]:
-        return [s.url for s in self.servers if self.router.index.size(s.url)]
+        index = self.router.index
+        return [s.url for s in self.servers if index is not None and index.size(s.url)]
 
 
 async def _routing(servers: list[VllmServer], tmp_path: Any,

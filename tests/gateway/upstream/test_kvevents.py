@@ -1,6 +1,6 @@
 """The KV event feed over real ZMQ sockets, against the simulator's publisher (vLLM's wire
 format): a subscriber that joins late catches up by replay, a restarted publisher (its count
-back at 0) drops the engine's index, and discovery reads ``/kv_event_sources``."""
+back at 0) drops the engine's index."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import zmq.asyncio
 
 from gateway.cache.blocks import prompt_keys
 from gateway.cache.index import PrefixIndex
+from gateway.cache.sources import Source
 from gateway.side.sim.events import EventPublisher
 from gateway.side.sim.prefix import PrefixCache
-from gateway.upstream.kvevents import EventFeed, Source, configured, discovered
+from gateway.upstream.kvevents import EventFeed
 from tests.waiting import eventually
 
 ENGINE = "http://engine:8000/v1"
@@ -91,21 +92,6 @@ async def test_a_publisher_counting_from_zero_again_drops_the_engines_index() ->
             assert index.matched(ENGINE, prompt_keys(old, 4)) == 0  # dropped
         finally:
             await second.aclose()
-
-
-def test_sources_come_from_the_engine_or_the_setting() -> None:
-    answer = {"0": {"publisher": "zmq", "endpoint": "tcp://*:5557",
-                    "replay_endpoint": "tcp://*:5558", "topic": "kv"},
-              "1": {"publisher": "zmq", "endpoint": "tcp://10.1.2.3:6000"},
-              "2": {"publisher": "null"}}  # fmt: skip
-    assert discovered(ENGINE, answer) == [
-        Source(ENGINE, "tcp://engine:5557", "tcp://engine:5558", b"kv"),
-        Source(ENGINE, "tcp://10.1.2.3:6000", None),
-    ]
-    assert discovered(ENGINE, None) == [] and discovered(ENGINE, {}) == []
-    assert configured(ENGINE, "auto") is None and configured(ENGINE, "") is None
-    assert configured(ENGINE, "off") == []
-    assert configured(ENGINE, "tcp://e:1;tcp://e:2") == [Source(ENGINE, "tcp://e:1", "tcp://e:2")]
 
 
 @pytest.mark.parametrize("frames", [[b"only"], [b"", b"\x00", b""], [b"", b"\x00" * 8, b"\xc1"]])

@@ -74,3 +74,36 @@ def test_only_upstream_errors_before_the_response_are_retryable() -> None:
 def test_programming_errors_are_not_swallowed() -> None:
     with pytest.raises(KeyError):
         translate(KeyError("bug"), started=True)
+
+
+@pytest.mark.parametrize("wire", [True, False])
+async def test_post_raw_gives_a_200s_bytes_and_none_otherwise(wire: bool) -> None:
+    """``post_raw`` (the router's ``/tokenize``), on the wire client and on httpx: the answer's
+    bytes as sent, ``None`` for another status or an engine that is not there, and the
+    engine's requests in flight counted back."""
+    from gateway.edge.servers import BackgroundServer
+    from gateway.settings import Settings
+    from gateway.upstream.pool import UpstreamPool, create_transport
+
+    async def engine(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        found = scope["path"] == "/tokenize"
+        await send({"type": "http.response.start", "status": 200 if found else 404,
+                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b'{"tokens": [1, 2]}'})
+
+    async with BackgroundServer(engine) as server:
+        settings = Settings(upstreams=(f"{server.url}/v1", "http://127.0.0.1:9/v1"),
+                            http_transport="wire" if wire else "httpx")  # fmt: skip
+        transport = create_transport(settings.upstream)
+        pool = UpstreamPool(transport, settings.upstream)
+        try:
+            there, gone = pool.upstreams
+            assert await pool.post_raw(there, "/tokenize", b"{}") == b'{"tokens": [1, 2]}'
+            assert await pool.post_raw(there, "/nothing", b"{}") is None
+            assert await pool.post_raw(gone, "/tokenize", b"{}") is None
+            assert there.in_flight == gone.in_flight == 0
+        finally:
+            pool.close()
+            await transport.aclose()

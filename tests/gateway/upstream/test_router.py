@@ -57,6 +57,7 @@ async def test_an_engine_slow_to_tokenize_costs_the_prefix_never_the_answer(
     import orjson
 
     from gateway.cache.events import BlocksStored
+    from gateway.cache.index import PrefixIndex
     from gateway.edge.servers import BackgroundServer
     from gateway.settings import Settings
     from gateway.upstream import router as router_module
@@ -78,6 +79,7 @@ async def test_an_engine_slow_to_tokenize_costs_the_prefix_never_the_answer(
         try:
             router = Router(settings.routing_section, pool)
             holder = pool.upstreams[0].base_url
+            router.index = PrefixIndex()  # as an engine's subscription makes it
             router.index.apply(holder, [BlocksStored((1,), None, (1, 2), 2, (None,))])
             body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]})
             async with asyncio.timeout(5):
