@@ -44,7 +44,12 @@ for. Warnings and errors in the gateway's log are counted and the first few prin
 status is 1 when the batch did not answer every line exactly once or the ratio missed its
 target.
 
-``python -m bench.batches [--lines 5000] [--interactive-concurrency 8] [--seconds 30]``
+``--split``: two replicas on the same PostgreSQL and Redis, the interactive load's with
+``BATCH_MAX_CONCURRENCY=0`` (the batch is made there) and one running the batch's lines, as
+``docs/batches.md`` advises for production: the interactive replica's event loop then runs no
+batch line.
+
+``python -m bench.batches [--lines 5000] [--interactive-concurrency 8] [--seconds 30] [--split]``
 """
 
 from __future__ import annotations
@@ -90,6 +95,7 @@ class Shape:
     interactive_max_tokens: int = 32
     batch_max_tokens: int = 32
     seed: int = 42
+    split: bool = False  # batch lines on a replica of their own (BATCH_MAX_CONCURRENCY=0 here)
     quiet_cores: float = 0.3  # before a phase: other processes below it for a second ...
     quiet_wait: float = 20.0  # ... waited for at most this long
 
@@ -409,9 +415,12 @@ def key_id(secret: str) -> str:
     return secret.split("-")[2]
 
 
-def start_gateway(work: Workdir, sim: ServerProcess, env: dict[str, str]) -> ServerProcess:
+def start_gateway(work: Workdir, sim: ServerProcess, env: dict[str, str],
+                  **more: str) -> ServerProcess:  # fmt: skip
+    """A gateway with its own spool file (replicas share the rest), ``more`` settings besides."""
     port = free_port()
     argv = [THINKGATE, "serve", "--upstream", sim.base_url, "--port", str(port), "--workers", "1"]
+    env = {**env, "THINKGATE_AUDIT_SPOOL_FILE": str(work.path / f"spool-{port}.log"), **more}
     server = work.spawn(f"thinkgate-{port}", argv, env, port, "/healthz")
     server.wait_ready()
     return server
@@ -517,11 +526,19 @@ class Stack:
     gateway: ServerProcess
     keys: dict[str, str]
     shape: Shape
+    runner: ServerProcess | None = None  # the replica running batch lines, when split
 
     @property
     def processes(self) -> dict[str, psutil.Process]:
-        return {"gateway": self.gateway.process, "engine": self.sim.process,
+        ours = {"gateway": self.gateway.process, "engine": self.sim.process,
                 "client": psutil.Process()}  # fmt: skip
+        if self.runner is not None:
+            ours["batch gateway"] = self.runner.process
+        return ours
+
+    @property
+    def gateways(self) -> list[ServerProcess]:
+        return [self.gateway] if self.runner is None else [self.gateway, self.runner]
 
 
 async def calm(stack: Stack) -> float:
@@ -580,7 +597,7 @@ async def measure(stack: Stack) -> Result:
         checked = None
         if batch["status"] in ENDED:
             checked = await check_output(client, url, batch_key, batch, shape.lines)
-        text = await metrics(client, stack.gateway)
+        text = "\n".join([await metrics(client, g) for g in stack.gateways])
         engine = (await client.get(f"{stack.sim.url}/metrics")).text
         _say("alone again, after the batch")
         phases["after"] = await phase(stack, "after", 3, await calm(stack))
@@ -612,15 +629,24 @@ async def run(shape: Shape, engine: Engine, store: str) -> Result:
             env = gateway_env(work, store, database)
             keys = create_keys(work, env)
             started.append(start_sim(work, engine))
-            started.append(start_gateway(work, started[0], env))
-            result = await measure(Stack(started[0], started[1], keys, shape))
+            if shape.split:  # interactive here, batch lines on the other replica only
+                started.append(start_gateway(work, started[0], env,
+                                             THINKGATE_BATCH_MAX_CONCURRENCY="0"))  # fmt: skip
+                started.append(start_gateway(work, started[0], env))
+            else:
+                started.append(start_gateway(work, started[0], env))
+            result = await measure(Stack(started[0], started[1], keys, shape,
+                                         started[2] if shape.split else None))  # fmt: skip
         finally:
             for server in reversed(started):
                 server.stop()
             if store == "postgres":
                 psql(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
         log = started[1].log
-        result.log_counts, result.log_first = log_problems(log)
+        for server in started[1:]:
+            counts, first = log_problems(server.log)
+            result.log_counts += counts
+            result.log_first += first
         for name, measured in result.phases.items():
             measured.gateway_ttft, measured.overhead = access_times(log, keys[name])
         return result
@@ -645,8 +671,15 @@ def _row(name: str, p: Phase) -> str:
             f"{_p(p.gateway_ttft, 0.5):.1f} / {_p(p.gateway_ttft, 0.99):.1f} | "
             f"{_p(p.overhead, 0.5):.1f} / {_p(p.overhead, 0.99):.1f} | "
             f"{p.admissions[1]:,.0f} of {p.admissions[0]:,.0f} | {load.refused} | "
-            f"{c['gateway']:.2f} / {c['engine']:.2f} / {c['client']:.2f} / {c['databases']:.2f} | "
+            f"{_gateways(c)} / {c['engine']:.2f} / {c['client']:.2f} / {c['databases']:.2f} | "
             f"{c['others']:.2f} ({p.others_before:.2f}) |")  # fmt: skip
+
+
+def _gateways(cores: dict[str, float]) -> str:
+    """The gateway's cores; with a batch replica, the interactive one's + the batch one's."""
+    if "batch gateway" in cores:
+        return f"{cores['gateway']:.2f} + {cores['batch gateway']:.2f}"
+    return f"{cores['gateway']:.2f}"
 
 
 def baseline(result: Result) -> list[float]:
@@ -669,9 +702,12 @@ def table(result: Result, shape: Shape, engine: Engine) -> str:
         f"KV cache {engine.kv_capacity_tokens:,} tokens. Interactive: "
         f"{shape.interactive_concurrency} closed-loop streams, ~{shape.prompt_tokens}-token "
         f"prompts, max_tokens {shape.interactive_max_tokens}, {shape.seconds:.0f} s a phase. "
-        f"Batch: {shape.lines:,} lines, max_tokens {shape.batch_max_tokens}. Cores busy: "
-        "gateway / engine / bench client / PostgreSQL and Redis; others: the rest of the "
-        "machine (in the second before the phase).",
+        f"Batch: {shape.lines:,} lines, max_tokens {shape.batch_max_tokens}. "
+        + ("Two replicas: the interactive load's (`BATCH_MAX_CONCURRENCY=0`, where the batch "
+           "is made) and one running the batch's lines. " if shape.split else
+           "One replica, taking the interactive load and running the batch's lines. ")
+        + "Cores busy: gateway / engine / bench client / PostgreSQL and Redis; others: the "
+        "rest of the machine (in the second before the phase).",
         "",
         "| interactive load | requests | req/s | TTFT p50 ms | TTFT p99 ms | TTFT max ms | "
         "gateway's TTFT p50 / p99 ms | gateway overhead p50 / p99 ms | KV admissions > 50 ms | "
@@ -718,12 +754,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft-ms", type=float, default=Engine.ttft_ms)
     parser.add_argument("--itl-ms", type=float, default=Engine.itl_ms)
     parser.add_argument("--store", choices=("postgres", "sqlite"), default="postgres")
+    parser.add_argument("--split", action="store_true",
+                        help="batch lines on a replica of their own (PostgreSQL only)")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.split and args.store != "postgres":
+        parser.error("--split needs --store postgres: replicas share the database")
     shape = Shape(lines=args.lines, interactive_concurrency=args.interactive_concurrency,
                   seconds=args.seconds, settle=args.settle, prompt_tokens=args.prompt_tokens,
                   interactive_max_tokens=args.interactive_max_tokens,
                   batch_max_tokens=args.batch_max_tokens, quiet_cores=args.quiet_cores,
-                  quiet_wait=args.quiet_wait)  # fmt: skip
+                  quiet_wait=args.quiet_wait, split=args.split)  # fmt: skip
     engine = Engine(args.ttft_ms, args.itl_ms, args.kv_capacity_tokens)
     result = asyncio.run(run(shape, engine, args.store))
     for line in result.log_first:

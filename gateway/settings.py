@@ -349,9 +349,12 @@ class Settings(BaseSettings):
     responses `failed` and records its cut streams as `replica_lost`."""
 
     # --- batches (docs/batches.md)
-    batch_max_concurrency: int = Field(64, ge=1)
+    batch_max_concurrency: int = Field(64, ge=0)
     """Batch lines one replica runs at once, at most; fewer while KV admission sheds them
-    (lines run at `sheddable` priority in the capacity interactive traffic leaves)."""
+    (lines run at `sheddable` priority in the capacity interactive traffic leaves). `0`: this
+    replica runs none (it still takes batches; replicas that run lines take them from the
+    shared queue within a second), so interactive replicas share no CPU with batch lines
+    (docs/batches.md)."""
     batch_max_active_per_tenant: int = Field(100, ge=1)
     """Batches one tenant may have in progress at once (429 beyond)."""
     batch_max_queued_lines_per_tenant: int = Field(200_000, ge=1)

@@ -91,7 +91,7 @@ class AppState:
                             refuse_unpriced=s.unpriced_models == "refuse")  # fmt: skip
         object.__setattr__(self, "pipeline", pipeline)
         lines = None
-        if self.batches is not None:
+        if self.batches is not None and s.batch_max_concurrency > 0:
             lines = BatchRunner(self.batches, _no_app, self.replica, s.batch_max_concurrency,
                                 self.metrics if self.instrument else None)  # fmt: skip
         object.__setattr__(self, "batch_runner", lines)

@@ -23,7 +23,12 @@ from gateway.db import create_engine
 from gateway.side.sim.app import SimConfig
 from tests.e2e.processes import run_cli
 from tests.e2e.test_batches import by_custom_id, chat_line, jsonl
-from tests.e2e.test_replica_faults import Cluster, ClusterFactory, cluster_factory  # noqa: F401
+from tests.e2e.test_replica_faults import (  # noqa: F401
+    Cluster,
+    ClusterFactory,
+    cluster_factory,
+    metric,
+)
 from tests.waiting import eventually
 
 pytestmark = [pytest.mark.xdist_group("private_postgres"), pytest.mark.timeout(150)]
@@ -148,3 +153,36 @@ async def test_a_killed_replicas_lines_are_taken_over_and_answered_once(
     assert total >= LINES
     code, out = await run_cli(cluster.env, "ledger", "verify", cwd=str(cluster.tmp))
     assert code == 0, out
+
+
+async def test_a_replica_with_no_batch_concurrency_takes_batches_and_runs_none_of_their_lines(
+    cluster_factory: ClusterFactory,  # noqa: F811
+) -> None:
+    """``BATCH_MAX_CONCURRENCY=0`` on the interactive replica: the batch made there is run by
+    the other (from the shared queue), every line once, none on the replica that took it."""
+    cluster = await cluster_factory(
+        sim=SimConfig(ttft_ms=5, itl_ms=1),
+        replicas=({"THINKGATE_BATCH_MAX_CONCURRENCY": "0"}, {}),
+    )  # fmt: skip
+    interactive, runner = cluster.gateways
+    questions = [chat_line(f"q{i}", f"Question {i}?") for i in range(12)]
+    key = cluster.keys["visible"]
+    async with openai.AsyncOpenAI(base_url=f"{interactive.url}/v1", api_key=key,
+                                  max_retries=0) as client:  # fmt: skip
+        uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(jsonl(questions))),
+                                             purpose="batch")  # fmt: skip
+        batch = await client.batches.create(input_file_id=uploaded.id,
+                                            endpoint="/v1/chat/completions",
+                                            completion_window="24h")  # fmt: skip
+
+        async def ended() -> Any:
+            found = await client.batches.retrieve(batch.id)
+            return found if found.status in ("completed", "failed", "expired") else None
+
+        done = await eventually(ended, within_s=30, every=0.1)
+        assert done.status == "completed" and done.request_counts.completed == 12, done
+        raw = (await client.files.content(done.output_file_id)).content  # type: ignore[arg-type]
+    assert sorted(by_custom_id(raw)) == sorted(f"q{i}" for i in range(12))
+    assert await metric(interactive.url, "thinkgate_batch_lines_done_total") == 0
+    assert await metric(runner.url, "thinkgate_batch_lines_done_total") == 12
+    assert len({row.owner for row in await line_rows(cluster)}) == 1

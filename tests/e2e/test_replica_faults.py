@@ -209,10 +209,12 @@ async def cluster_factory(
     private_postgres: PgServer, tmp_path: Path
 ) -> AsyncIterator[ClusterFactory]:
     """``await cluster_factory(sim=SimConfig(...), **env)``: a database, Redis, the simulator,
-    keys, and two replicas serving."""
+    keys, and two replicas serving (``replicas``: each one's own settings besides)."""
     async with AsyncExitStack() as exits:
 
-        async def factory(sim: SimConfig = PACED, **extra_env: str) -> Cluster:
+        async def factory(sim: SimConfig = PACED,
+                          replicas: tuple[dict[str, str], ...] = ({}, {}),
+                          **extra_env: str) -> Cluster:  # fmt: skip
             database_url = await exits.enter_async_context(database_in(private_postgres))
             port, proc = await exits.enter_async_context(redis_server(stable_port()))
             sim_app = create_sim_app(sim)
@@ -227,7 +229,7 @@ async def cluster_factory(
                    **extra_env}  # fmt: skip
             cluster = Cluster(tmp_path, private_postgres, database_url, port, proc, sim_app, tap,
                               f"{engine.url}/v1", env, keys, [], exits)  # fmt: skip
-            envs = [cluster.replica_env(i) for i in range(2)]
+            envs = [cluster.replica_env(i) | own for i, own in enumerate(replicas)]
             cluster.gateways = await exits.enter_async_context(running_gateways(envs))
             return cluster
 
