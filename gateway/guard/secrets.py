@@ -36,16 +36,18 @@ UUIDs for secrets).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import pkgutil
 import re
+from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
 
 import regex
 
-from gateway.guard.detectors import Detector, PatternError, rank_of, widths
+from gateway.guard.detectors import Detector, PatternError, Validator, rank_of, widths
 from gateway.guard.literals import starts
 
 CAP = 128  # the most characters an unbounded repeat may take
@@ -124,11 +126,22 @@ def secret_rules() -> dict[str, Detector]:
         for value in vars(loaded).values():
             if (isinstance(value, type) and issubclass(value, RegexBasedDetector)
                     and value.__module__ == loaded.__name__):  # fmt: skip
-                found[module.name] = _detector(module.name, value().denylist)
+                checks = getattr(value, "is_formally_valid", None)  # the JWT plugin's
+                found[module.name] = _detector(module.name, value().denylist, checks)
     return found
 
 
-def _detector(name: str, denylist: Any) -> Detector:
+def _formally(checks: Callable[[str], bool]) -> Validator:
+    """A plugin's own check of a match (JWT: each part base64url, the first two JSON) as the
+    scanner's validator: all of the candidate or none of it."""
+
+    def valid(text: str) -> int:
+        return len(text) if checks(text) else 0
+
+    return valid
+
+
+def _detector(name: str, denylist: Any, checks: Callable[[str], bool] | None = None) -> Detector:
     parts = []
     for compiled in denylist:
         flags = ("i" if compiled.flags & re.IGNORECASE else "") + (
@@ -142,6 +155,7 @@ def _detector(name: str, denylist: Any) -> Detector:
     except PatternError as exc:
         raise PatternError(f"secret rule {name} {exc}") from None
     literals, folded = starts(pattern)
-    return Detector("secret_key", LABEL, regex.compile(pattern), longest + ahead + 1,
+    made = Detector("secret_key", LABEL, regex.compile(pattern), longest + ahead + 1,
                     rank=rank_of("secret_key"), behind=behind, starts=literals,
                     starts_folded=folded)  # fmt: skip
+    return made if checks is None else dataclasses.replace(made, valid=_formally(checks))
