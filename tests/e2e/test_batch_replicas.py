@@ -107,7 +107,12 @@ async def test_a_killed_replicas_lines_are_taken_over_and_answered_once(
         done = sum(r.state == "done" for r in rows)
         return started if len(running) == 2 and with_intent == running and done >= 2 else None
 
-    started = await eventually(both_running_with_intents, within_s=30, every=0.05)
+    try:
+        started = await eventually(both_running_with_intents, within_s=60, every=0.05)
+    except TimeoutError:
+        rows = await line_rows(cluster)
+        raise AssertionError((Counter((r.state, r.owner) for r in rows),
+                              sorted(await intent_lines(cluster, batch.id)))) from None  # fmt: skip
     await doomed.kill_9()
     async with openai.AsyncOpenAI(base_url=f"{survivor.url}/v1", api_key=key,
                                   max_retries=0) as client:  # fmt: skip
