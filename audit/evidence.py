@@ -38,7 +38,6 @@ from typing import BinaryIO
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from rfc3161_client import decode_timestamp_response
 
 from audit.errors import AuditError
 from audit.note import Checkpoint, NoteError, NoteVerifier, parse_checkpoint
@@ -137,6 +136,8 @@ class Evidence:
         """The stamp's time (by the TSA's clock); ``EvidenceError`` if it stamps other bytes."""
         if self.stamp is None:
             return None
+        from rfc3161_client import decode_timestamp_response  # only for a bundle with a stamp
+
         info = decode_timestamp_response(self.stamp).tst_info
         if info.message_imprint.message != hashlib.sha256(self.body.encode()).digest():
             raise EvidenceError(f"the stored timestamp of checkpoint {self.checkpoint.size} "

@@ -19,18 +19,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from cryptography import x509
-from rfc3161_client import (
-    HashAlgorithm,
-    TimeStampRequest,
-    TimestampRequestBuilder,
-    VerificationError,
-    VerifierBuilder,
-    decode_timestamp_response,
-)
 
 from audit.errors import AuditError
+
+if TYPE_CHECKING:  # rfc3161-client is imported where a stamp is made or read: not without a TSA
+    from rfc3161_client import TimeStampRequest
 
 GRANTED = (0, 1)  # granted, grantedWithMods
 
@@ -40,6 +36,8 @@ class TimestampError(AuditError, ValueError):
 
 
 def request(body: str) -> TimeStampRequest:
+    from rfc3161_client import HashAlgorithm, TimestampRequestBuilder
+
     return (TimestampRequestBuilder().data(body.encode()).hash_algorithm(HashAlgorithm.SHA256)
             .nonce(nonce=True).build())  # fmt: skip
 
@@ -47,6 +45,8 @@ def request(body: str) -> TimeStampRequest:
 def accept(reply: bytes, sent: TimeStampRequest, body: str,
            roots: Sequence[x509.Certificate] = ()) -> bytes:  # fmt: skip
     """The reply to keep for ``body``, checked as the module docstring says."""
+    from rfc3161_client import decode_timestamp_response
+
     try:
         response = decode_timestamp_response(reply)
     except ValueError as exc:
@@ -66,6 +66,8 @@ def accept(reply: bytes, sent: TimeStampRequest, body: str,
 
 def verify(stored: bytes, body: str, roots: Sequence[x509.Certificate]) -> datetime:
     """The time ``stored`` stamps ``body`` at, its signature chaining to one of ``roots``."""
+    from rfc3161_client import VerificationError, VerifierBuilder, decode_timestamp_response
+
     try:
         response = decode_timestamp_response(stored)
     except ValueError as exc:

@@ -13,7 +13,7 @@ import gc
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import FastAPI
@@ -82,8 +82,10 @@ from gateway.telemetry.tracing import open_tracing
 from gateway.upstream.judge import GuardModels
 from gateway.upstream.pool import UpstreamPool, create_transport
 from gateway.upstream.router import Router
-from ratelimit.autopipe import AutoPipeline
 from ratelimit.limits import MemoryBackend, RateLimitBackend
+
+if TYPE_CHECKING:  # redis-py only where a client is made (REDIS_URL)
+    from ratelimit.autopipe import AutoPipeline
 
 log = logging.getLogger("thinkgate")
 

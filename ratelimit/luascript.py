@@ -13,13 +13,15 @@ import hashlib
 from collections.abc import Sequence
 from functools import cached_property
 from importlib import resources
+from typing import TYPE_CHECKING, TypeAlias
 
-from redis.asyncio import Redis
-from redis.exceptions import NoScriptError
+if TYPE_CHECKING:  # redis-py is imported where a client is made: not without REDIS_URL
+    from redis.asyncio import Redis
 
-from ratelimit.autopipe import AutoPipeline
+    from ratelimit.autopipe import AutoPipeline
 
-ScriptClient = Redis | AutoPipeline  # a plain client, or one that pipelines what comes together
+# a plain client, or one that pipelines what comes together
+ScriptClient: TypeAlias = "Redis | AutoPipeline"
 
 
 def lua_source(name: str) -> str:
@@ -45,6 +47,8 @@ class LuaScript:
         return hashlib.sha1(self.source.encode(), usedforsecurity=False).hexdigest()
 
     async def __call__(self, client: ScriptClient, keys: Sequence[str], *args: str | int) -> object:
+        from redis.exceptions import NoScriptError  # loaded with the client: a dict lookup
+
         try:
             return await client.evalsha(self.sha, len(keys), *keys, *args)
         except NoScriptError:

@@ -1,7 +1,9 @@
-"""Importing any module does nothing: no threads, files, output, sockets or loggers."""
+"""Importing any module does nothing: no threads, files, output, sockets or loggers; and the
+gateway's app imports only what every configuration uses."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +41,22 @@ def test_importing_every_module_has_no_side_effects(tmp_path: Path) -> None:
     assert result.stdout == ""
     assert int(result.stderr) > 20  # it really imported the packages
     assert list(tmp_path.iterdir()) == []
+
+
+# What a configuration may not use, imported where it does (the RSS each costs, measured):
+OPTIONAL = {
+    "redis": "REDIS_URL (~10 MB)",
+    "rfc3161_client": "a TSA (TSA_URL) or a stamp to read (~4 MB)",
+    "zmq": "an engine publishing KV events (~5 MB)",
+    "numpy": "an engine publishing KV events (~17 MB)",
+}
+
+
+def test_the_app_imports_no_optional_library(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    probe = ("import sys, gateway.app; "
+             f"print(sorted(m for m in {sorted(OPTIONAL)!r} if m in sys.modules))")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path,
+                            env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+                            capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    assert result.stdout.strip() == "[]", [OPTIONAL[m] for m in ast.literal_eval(result.stdout)]

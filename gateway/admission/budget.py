@@ -56,17 +56,16 @@ import secrets
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from gateway.admission.circuit import REDIS_ERRORS, Circuit
+from gateway.admission.circuit import Circuit, redis_errors
 from gateway.errors import InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable
 from gateway.settings import AdmissionSettings
 from gateway.telemetry.metrics import Metrics
 from gateway.upstream.engine import Upstream
 from ratelimit.aimd import AdmissionController, Tuning
-from ratelimit.autopipe import AutoPipeline
 from ratelimit.engine_metrics import EngineSnapshot, parse_engine_metrics
 from ratelimit.fairness import PRESSURE_THRESHOLD, RANK, Priority, queue_order
 from ratelimit.kvbudget import (
@@ -80,6 +79,9 @@ from ratelimit.kvbudget import (
     Rules,
     round_to_blocks,
 )
+
+if TYPE_CHECKING:  # redis-py only where a client is made (REDIS_URL)
+    from ratelimit.autopipe import AutoPipeline
 
 log = logging.getLogger("thinkgate")
 
@@ -426,7 +428,7 @@ def open_admission(
     store: Circuit[KVBudgetStore] = Circuit("KV budget", local, local, fail="open", errors=())
     if redis is not None:
         store = Circuit("KV budget", RedisKVBudgetStore(redis), local,
-                        fail=settings.ratelimit_fail, errors=REDIS_ERRORS)  # fmt: skip
+                        fail=settings.ratelimit_fail, errors=redis_errors())  # fmt: skip
     tuning = Tuning(target_utilization=settings.kv_target_utilization)
     weights = {name: p.weight for name, p in settings.tenants.items() if p.weight != 1}
     rules = Rules(weights=weights, waiting_ttl_s=5 * RECHECK_S)

@@ -25,17 +25,21 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, Literal, TypeVar
 
-from redis.exceptions import RedisError
-
 from gateway.errors import ServiceUnavailable
 
 log = logging.getLogger("thinkgate")
 
 B = TypeVar("B")
 
-# What a Redis that is away or hangs raises (redis-py's errors, sockets, timeouts).
-REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
 T = TypeVar("T")
+
+
+def redis_errors() -> tuple[type[BaseException], ...]:
+    """What a Redis that is away or hangs raises (redis-py's errors, sockets, timeouts); asked
+    where a Redis client is made, so a gateway without one never imports redis-py."""
+    from redis.exceptions import RedisError
+
+    return (RedisError, OSError, TimeoutError)
 
 
 class Circuit(Generic[B]):

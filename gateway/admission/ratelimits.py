@@ -29,16 +29,15 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from audit.record import Usage
-from gateway.admission.circuit import REDIS_ERRORS, Circuit
+from gateway.admission.circuit import Circuit, redis_errors
 from gateway.admission.limiter import Admission
 from gateway.admission.spending import SpendAsk
 from gateway.auth.keys import KeyInfo
 from gateway.errors import RateLimited, ServiceUnavailable
 from gateway.settings import AdmissionSettings
-from ratelimit.autopipe import AutoPipeline
 from ratelimit.limits import (
     Limits,
     MemoryBackend,
@@ -48,6 +47,9 @@ from ratelimit.limits import (
     Verdict,
     limited,
 )
+
+if TYPE_CHECKING:  # redis-py only where a client is made (REDIS_URL)
+    from ratelimit.autopipe import AutoPipeline
 
 
 class KeyLimiter:
@@ -155,6 +157,6 @@ def open_limiter(settings: AdmissionSettings, redis: AutoPipeline | None) -> Key
         return KeyLimiter(Circuit("rate limits", local, local, fail="open", errors=()), settings)
     circuit: Circuit[RateLimitBackend] = Circuit(
         "rate limits", RedisBackend(redis), MemoryBackend(), fail=settings.ratelimit_fail,
-        errors=REDIS_ERRORS,
+        errors=redis_errors(),
     )  # fmt: skip
     return KeyLimiter(circuit, settings)

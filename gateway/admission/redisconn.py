@@ -4,8 +4,12 @@ in one round trip, and so do the two at settlement."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gateway.settings import AdmissionSettings
-from ratelimit.autopipe import AutoPipeline
+
+if TYPE_CHECKING:
+    from ratelimit.autopipe import AutoPipeline
 
 
 def open_redis(settings: AdmissionSettings) -> AutoPipeline | None:
@@ -15,9 +19,11 @@ def open_redis(settings: AdmissionSettings) -> AutoPipeline | None:
     ``RATELIMIT_FAIL`` policy takes over."""
     if not settings.redis_url:
         return None
-    import redis.asyncio as redis
+    import redis.asyncio as redis  # only here: a gateway without Redis never imports redis-py
     from redis.asyncio.retry import Retry
     from redis.backoff import NoBackoff
+
+    from ratelimit.autopipe import AutoPipeline
 
     # One immediate retry (a pooled connection that died with a Redis restart reconnects),
     # not redis-py's default of ten with exponential backoff, which turns an outage into

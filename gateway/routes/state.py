@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import httpx
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -36,7 +37,9 @@ from gateway.telemetry.tracing import Tracing
 from gateway.upstream.judge import GuardModels
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.router import Router
-from ratelimit.autopipe import AutoPipeline
+
+if TYPE_CHECKING:  # redis-py only where a client is made (REDIS_URL)
+    from ratelimit.autopipe import AutoPipeline
 
 
 @dataclass(frozen=True, slots=True)

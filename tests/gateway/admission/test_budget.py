@@ -14,7 +14,7 @@ import pytest
 
 from gateway.admission import budget
 from gateway.admission.budget import Grant, KVAdmission, open_admission, priority_of
-from gateway.admission.circuit import REDIS_ERRORS, Circuit
+from gateway.admission.circuit import Circuit, redis_errors
 from gateway.edge.servers import BackgroundServer
 from gateway.errors import InvalidRequest, PermissionDenied, RateLimited
 from gateway.settings import Settings
@@ -299,7 +299,7 @@ async def granted_on_both() -> tuple[KVAdmission, FlakyStore, FlakyStore, Grant,
     clock = FakeClock()
     shared, local = FlakyStore(clock), FlakyStore(clock)
     store: Circuit[KVBudgetStore] = Circuit("KV budget", shared, local, fail="open",
-                                            errors=REDIS_ERRORS, clock=clock)  # fmt: skip
+                                            errors=redis_errors(), clock=clock)  # fmt: skip
     kv = KVAdmission(store, httpx.AsyncHTTPTransport(), 1000, Tuning(), 0.0)
     by_shared, _ = await kv.admit([ENGINE], "acme", "standard", 100)
     shared.down = True

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.admission.circuit import REDIS_ERRORS, Circuit
+from gateway.admission.circuit import Circuit, redis_errors
 from gateway.errors import ServiceUnavailable
 from tests.clock import FakeClock
 
@@ -42,7 +42,7 @@ def circuit(fail: Fail, clock: FakeClock) -> tuple[Circuit[Backend], Backend, Ba
     """A circuit over a fresh shared and local backend, and the ``on_change`` calls it made."""
     shared, local = Backend("shared"), Backend("local")
     changes: list[bool] = []
-    made = Circuit("rate limits", shared, local, fail=fail, errors=REDIS_ERRORS, retry_s=1.0,
+    made = Circuit("rate limits", shared, local, fail=fail, errors=redis_errors(), retry_s=1.0,
                    clock=clock)  # fmt: skip
     made.on_change = changes.append
     return made, shared, local, changes
@@ -166,7 +166,7 @@ async def test_an_error_outside_errors_propagates_and_is_no_outage(fail: Fail) -
 async def test_a_failing_local_backend_raises_its_own_error() -> None:
     """The in-process circuit (``shared is local``) has nothing to fall back to."""
     only = Backend("memory")
-    made = Circuit("KV budget", only, only, fail="open", errors=REDIS_ERRORS)
+    made = Circuit("KV budget", only, only, fail="open", errors=redis_errors())
     only.error = OSError("no memory")
     with pytest.raises(OSError, match="no memory"):
         await ask(made)

@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from audit.record import Usage
 from gateway.admission.budget import KVAdmission, open_admission
-from gateway.admission.circuit import REDIS_ERRORS, Circuit
+from gateway.admission.circuit import Circuit, redis_errors
 from gateway.admission.gate import Gate
 from gateway.admission.limiter import Admission, Limiter
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
@@ -51,10 +51,10 @@ async def make_gate(redis_at: tuple[str, str] | None) -> AsyncIterator[GateFacto
         clients.append(redis)
         limits: Circuit[RateLimitBackend] = Circuit(
             "rate limits", RedisBackend(redis, key_prefix=prefix), MemoryBackend(),
-            fail="closed", errors=REDIS_ERRORS)  # fmt: skip
+            fail="closed", errors=redis_errors())  # fmt: skip
         budget: Circuit[KVBudgetStore] = Circuit(
             "KV budget", RedisKVBudgetStore(redis, prefix=prefix), MemoryKVBudgetStore(),
-            fail="closed", errors=REDIS_ERRORS)  # fmt: skip
+            fail="closed", errors=redis_errors())  # fmt: skip
         return Gate(KeyLimiter(limits, settings), dataclasses.replace(kv, store=budget))
 
     try:

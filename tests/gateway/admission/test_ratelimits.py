@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.admission.circuit import REDIS_ERRORS, Circuit
+from gateway.admission.circuit import Circuit, redis_errors
 from gateway.admission.ratelimits import KeyLimiter, open_limiter
 from gateway.admission.redisconn import open_redis
 from gateway.auth.keys import KeyInfo
@@ -52,7 +52,7 @@ async def make_limiter(redis_at: tuple[str, str] | None) -> AsyncIterator[Limite
         clients.append(redis)
         circuit: Circuit[RateLimitBackend] = Circuit(
             "rate limits", RedisBackend(redis, key_prefix=prefix), MemoryBackend(),
-            fail="closed", errors=REDIS_ERRORS)  # fmt: skip
+            fail="closed", errors=redis_errors())  # fmt: skip
         return KeyLimiter(circuit, settings)
 
     try:
@@ -234,7 +234,7 @@ class FlakyBackend(Outage):
 async def test_a_refund_goes_to_the_backend_that_took_the_reservation() -> None:
     shared, local = FlakyBackend(), FlakyBackend()
     circuit: Circuit[RateLimitBackend] = Circuit(
-        "rate limits", shared, local, fail="open", errors=REDIS_ERRORS, clock=FakeClock()
+        "rate limits", shared, local, fail="open", errors=redis_errors(), clock=FakeClock()
     )
     limiter, caller = KeyLimiter(circuit, Settings()), key("acme", tpm=1000)
     by_shared = await limiter.admit(caller, 400)
@@ -253,7 +253,7 @@ async def test_a_refund_goes_to_the_backend_that_took_the_reservation() -> None:
 async def test_a_refund_the_reserving_backend_cannot_take_is_lost_not_misplaced() -> None:
     shared, local = FlakyBackend(), FlakyBackend()
     circuit: Circuit[RateLimitBackend] = Circuit(
-        "rate limits", shared, local, fail="open", errors=REDIS_ERRORS, clock=FakeClock()
+        "rate limits", shared, local, fail="open", errors=redis_errors(), clock=FakeClock()
     )
     limiter = KeyLimiter(circuit, Settings())
     admitted = await limiter.admit(key("acme", tpm=1000), 400)

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import event
 
 from audit.record import Usage
-from gateway.admission.circuit import REDIS_ERRORS, Circuit
+from gateway.admission.circuit import Circuit, redis_errors
 from gateway.admission.limiter import Admission
 from gateway.admission.ratelimits import KeyLimiter
 from gateway.admission.redisconn import open_redis
@@ -65,7 +65,7 @@ async def spending(redis_at: tuple[str, str] | None, tmp_path: Path) -> AsyncIte
     if redis is not None:
         backend = RedisBackend(redis, key_prefix=redis_at[1])  # type: ignore[index]
     circuit: Circuit[RateLimitBackend] = Circuit("rate limits", backend, MemoryBackend(),
-                                                 fail="closed", errors=REDIS_ERRORS)  # fmt: skip
+                                                 fail="closed", errors=redis_errors())  # fmt: skip
     clock = FakeClock(NOON)
     book = BudgetBook(engine, clock=FakeClock(0.0))
     spend = Spending(PRICES, book, circuit, clock=clock)
