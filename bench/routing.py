@@ -51,6 +51,7 @@ import httpx
 import orjson
 
 from bench.procs import THINKGATE, ServerProcess, Workdir, create_client_key, free_port
+from gateway.cache import one_blas_thread
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_VENV = ROOT / ".venv-bench"
@@ -338,6 +339,7 @@ def micro_route(tokens: int = 30_000, engines: int = 4, rounds: int = 200) -> li
     """CPU µs to route a prompt whose token ids are known (as the gateway holds them: read from
     ``/tokenize``'s answer into an array): its blocks' keys and every engine's cached prefix,
     each engine holding a different share of it; and the reading of that answer."""
+    one_blas_thread()  # as the gateway does before numpy's import
     import orjson
 
     from gateway.cache.blocks import prompt_keys, token_ids
@@ -388,6 +390,7 @@ def micro_consume(batches: int = 20_000, per_batch: int = 8) -> list[str]:
     """Events decoded and applied per second of CPU, as an engine publishes them: each step a
     batch of ``per_batch`` events, stores of new 16-token blocks chained on the last and
     removals of old ones."""
+    one_blas_thread()  # as the gateway does before numpy's import
     from gateway.cache.events import decode
     from gateway.cache.index import PrefixIndex
 

@@ -94,9 +94,7 @@ def prompt_keys(tokens: Sequence[int] | npt.NDArray[Any], block_size: int,
         return np.empty(0, dtype=np.uint64)
     ids = np.asarray(tokens[: count * block_size])
     ids = ids.view(np.uint64) if ids.dtype == np.int64 else ids.astype(np.uint64)
-    bodies = (ids.reshape(count, block_size) * _multipliers_array(block_size)).sum(
-        axis=1, dtype=np.uint64
-    )
+    bodies = ids.reshape(count, block_size) @ _multipliers_array(block_size)  # wraps mod 2**64
     bodies[0] ^= np.uint64(_extra(first_extra))
     bodies = _mix_array(bodies)
     up, down = _powers(1 << count.bit_length())
@@ -121,7 +119,8 @@ def stored_keys(parent: int, tokens: Sequence[int], block_size: int,
 
 def token_ids(answer: bytes) -> npt.NDArray[np.int64] | None:
     """The ``tokens`` of vLLM's ``/tokenize`` answer, read straight into an array (no Python
-    int per token: half the time of a JSON parse); ``None`` if it holds none or is not that."""
+    int per token: 30,000 ids in ~640 µs, where a JSON parse and the array made from its list
+    take ~1,060); ``None`` if it holds none or is not that."""
     found = _TOKENS.search(answer)
     if found is None:
         return None

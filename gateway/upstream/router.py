@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gateway.cache import one_blas_thread
 from gateway.cache.salt import cache_salt
 from gateway.cache.score import rank, rendezvous
 from gateway.cache.sources import Source, configured, discovered
@@ -208,6 +209,7 @@ class Router:
 
     def _subscribe(self, engine: str, sources: list[Source]) -> None:
         # pyzmq and numpy (the index's hashing) only once some engine publishes events
+        one_blas_thread()
         import zmq.asyncio
 
         from gateway.cache.index import PrefixIndex

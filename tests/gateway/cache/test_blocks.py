@@ -4,6 +4,10 @@ an array."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import orjson
 import pytest
@@ -135,3 +139,16 @@ def test_tokenizes_answer_with_spaces(answer: bytes) -> None:
 ])  # fmt: skip
 def test_an_answer_without_token_ids_gives_none(answer: bytes) -> None:
     assert token_ids(answer) is None
+
+
+def test_numpy_loaded_the_gateways_way_runs_on_the_calling_thread_alone() -> None:
+    """``one_blas_thread`` before numpy's import: no OpenBLAS worker spinning beside the event
+    loop (with one, the process spent twice the calling thread's CPU on the block keys)."""
+    probe = ("import os; from gateway.cache import one_blas_thread; one_blas_thread(); "
+             "from gateway.cache.blocks import prompt_keys; "
+             "[prompt_keys(list(range(30_000)), 16) for _ in range(50)]; "
+             "print(len(os.listdir('/proc/self/task')))")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           env=env, check=True, timeout=120)  # fmt: skip
+    assert shown.stdout.strip() == "1"
