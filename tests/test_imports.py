@@ -49,6 +49,9 @@ OPTIONAL = {
     "rfc3161_client": "a TSA (TSA_URL) or a stamp to read (~4 MB)",
     "zmq": "an engine publishing KV events (~5 MB)",
     "numpy": "an engine publishing KV events (~17 MB)",
+    "opentelemetry.sdk": "an OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT, ~3 MB)",
+    "phonenumbers": "a guardrail policy's phone detector, at its first candidate (~1 MB)",
+    "stdnum": "a guardrail policy's IBAN detector, at its first candidate (~1 MB)",
 }
 
 

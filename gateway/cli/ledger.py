@@ -9,13 +9,14 @@ database nor any secret. A progress bar (rich) is drawn on stderr when it is a t
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 import orjson
 
@@ -264,15 +265,31 @@ async def rotate_kek(settings: Settings) -> tuple[str, int]:
 
 
 @contextmanager
-def progress_bar(enabled: bool) -> Iterator[Progress]:
+def progress_bar(enabled: bool, out: TextIO | None = None) -> Iterator[Progress]:
+    """``ledger verify``'s progress on a terminal: one line on stderr, rewritten at most ten
+    times a second and erased at the end (no library: a progress library's import alone made
+    httpx load its own command-line client into every gateway process)."""
     if not enabled:
         yield lambda done, total: None
         return
-    from rich.progress import Progress as Bar
+    stream = sys.stderr if out is None else out
+    shown = -1.0
 
-    with Bar(transient=True) as bar:
-        task = bar.add_task("verifying", total=None)
-        yield lambda done, total: bar.update(task, completed=done, total=total)
+    def show(done: int, total: int) -> None:
+        nonlocal shown
+        now = time.monotonic()
+        if now - shown < 0.1 and done < total:
+            return
+        shown = now
+        share = f" ({done * 100 // total} %)" if total else ""
+        stream.write(f"\rverifying {done:,} of {total:,} records{share}\x1b[K")
+        stream.flush()
+
+    try:
+        yield show
+    finally:
+        stream.write("\r\x1b[K")
+        stream.flush()
 
 
 def load_policy(paths: list[Path], quorum: int | None) -> WitnessPolicy | None:

@@ -350,6 +350,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         "http": "httptools",
         "access_log": False,  # thinkgate.access replaces it (gateway/telemetry/logs.py)
         "server_header": False,  # no "server: uvicorn": nothing to fingerprint
+        "ws": "none",  # no WebSocket route: no WebSocket library loaded into each worker
         "limit_concurrency": settings.max_client_connections,
         "log_config": log_config(settings.logs),
     }

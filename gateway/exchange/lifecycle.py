@@ -38,10 +38,10 @@ from gateway.relay.rewrite import Rewriter
 from gateway.spend.prices import Prices
 from gateway.telemetry.logs import log_completion
 from gateway.telemetry.metrics import CompletedRequest, GapCounts, Metrics
-from gateway.telemetry.tracing import ExchangeSpan, Outcome
 
 if TYPE_CHECKING:
     from gateway.exchange.screening import ScreenPlan
+    from gateway.telemetry.spans import ExchangeSpan
 
 log = logging.getLogger("thinkgate")
 
@@ -234,6 +234,8 @@ class Exchange:
                 commit: tuple[float, float], refused: str | None) -> None:  # fmt: skip
         """End the request's spans with what its record says (never its text); ``refused``:
         the ledger refused the record (the request then failed)."""
+        from gateway.telemetry.spans import Outcome  # loaded with tracing (``span`` is its)
+
         span.ledger(*commit)
         if record.first_token_at is not None:
             span.event("gen_ai.first_token", record.first_token_at)

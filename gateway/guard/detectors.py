@@ -41,10 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import phonenumbers
 import regex
-from stdnum import iban as iso13616
-from stdnum.exceptions import ValidationError
 
 from gateway.guard.literals import starts
 
@@ -101,6 +98,9 @@ def iban(text: str) -> bool:
     python-stdnum's national checks (a bank code looked up in its list of a country's banks:
     a real account at a bank missing from that list, Presidio's ``BE68539007547034``, would
     go unredacted)."""
+    from stdnum import iban as iso13616  # loaded at the first candidate, not with the module
+    from stdnum.exceptions import ValidationError
+
     compact = text.replace(" ", "").replace("-", "")
     if not 15 <= len(compact) <= 34:
         return False
@@ -129,6 +129,8 @@ def phone_validator(*regions: str) -> Validator:
     regions = regions or ("US",)
 
     def number(text: str) -> bool:
+        import phonenumbers  # loaded at the first candidate, not with the module
+
         if sum(c.isdigit() for c in text) < 7:
             return False
         for region in (None,) if text.startswith("+") else regions:

@@ -19,7 +19,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import orjson
 from starlette.requests import Request
@@ -55,12 +55,14 @@ from gateway.spend.prices import Prices
 from gateway.telemetry.logs import log_refusal
 from gateway.telemetry.metrics import Metrics
 from gateway.telemetry.traceparent import parse_traceparent
-from gateway.telemetry.tracing import Tracing
 from gateway.upstream.engine import Upstream
 from gateway.upstream.judge import GuardModels
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.router import Router, session_of
 from ratelimit.fairness import Priority
+
+if TYPE_CHECKING:  # the OpenTelemetry SDK only where tracing is configured
+    from gateway.telemetry.spans import Tracing
 
 log = logging.getLogger("thinkgate")
 

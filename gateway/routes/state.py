@@ -33,12 +33,12 @@ from gateway.pipeline.steps import Pipeline
 from gateway.settings import Settings
 from gateway.spend.prices import Prices
 from gateway.telemetry.metrics import Metrics
-from gateway.telemetry.tracing import Tracing
 from gateway.upstream.judge import GuardModels
 from gateway.upstream.pool import UpstreamPool
 from gateway.upstream.router import Router
 
-if TYPE_CHECKING:  # redis-py only where a client is made (REDIS_URL)
+if TYPE_CHECKING:  # redis-py, the OpenTelemetry SDK: only where configured
+    from gateway.telemetry.spans import Tracing
     from ratelimit.autopipe import AutoPipeline
 
 

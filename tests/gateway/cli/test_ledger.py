@@ -489,3 +489,25 @@ def test_a_file_that_is_not_an_export_and_a_key_of_another_log_are_named(
     assert result.returncode == 1
     assert f"of the log {name!r}" in result.stderr and "'other.example/log'" in result.stderr
     assert "another log" in result.stderr
+
+
+def test_verifys_progress_is_one_line_rewritten_and_erased() -> None:
+    import io
+
+    from gateway.cli.ledger import progress_bar
+
+    out = io.StringIO()
+    with progress_bar(True, out) as progress:
+        progress(0, 10)
+        progress(5, 10)  # within a tenth of a second of the last: not drawn
+        progress(10, 10)  # the end is always drawn
+    drawn = out.getvalue()
+    assert drawn.split("\r")[1:] == [
+        "verifying 0 of 10 records (0 %)\x1b[K",
+        "verifying 10 of 10 records (100 %)\x1b[K",
+        "\x1b[K",
+    ]
+    quiet = io.StringIO()
+    with progress_bar(False, quiet) as progress:
+        progress(1, 2)
+    assert quiet.getvalue() == ""
