@@ -79,6 +79,12 @@ $(BENCH_ENV):
 # PostgreSQL + Redis (127.0.0.1), every endpoint, and two Rust gateways on the chat cells.
 # BEFORE=DIR also measures another source tree (e.g. a git worktree of the previous commit)
 # side by side. Updates bench/RESULTS.md.
+# The SLA table from vLLM's own load tool (bench/sla.py): vllm bench serve, from the vLLM
+# environment, against the simulator directly and through thinkgate (PostgreSQL and Redis).
+.PHONY: bench-sla
+bench-sla: $(VENV)/.installed-dev $(VLLM_VENV)/.installed
+	$(BIN)/python -m bench.sla
+
 .PHONY: bench-realistic
 bench-realistic: $(VENV)/.installed-dev $(BENCH_ENV)
 	$(BIN)/python -m bench.realistic --bench-venv $(BENCH_VENV) $(if $(BEFORE),--before $(BEFORE))

@@ -32,6 +32,7 @@ import time
 from typing import Literal, cast
 
 _TEXT_KEYS = (b'"content":"', b'"reasoning_content":"', b'"reasoning":"')
+_ANSWER_KEYS = (b'"content":"',)  # a chat chunk's answer text (reasoning has keys of its own)
 _COMPLETION_KEYS = (b'"text":"',)
 Api = Literal["chat", "responses", "messages", "completions"]
 _QUOTE = 0x22
@@ -49,7 +50,8 @@ class Recorder:
         self.requests = 0
         self.chunks = 0
         self.errors = 0
-        self.ttfts: list[float] = []
+        self.ttfts: list[float] = []  # to the first token: reasoning or answer
+        self.answer_ttfts: list[float] = []  # to the first answer token (after the reasoning)
         self.gaps: list[float] = []
         self.first_error: str | None = None
 
@@ -96,6 +98,7 @@ class Connection(asyncio.Protocol):
         self._failed = False
         self._sent_at = 0.0
         self._last_chunk = -1.0
+        self._answered = False
 
     # asyncio.Protocol
 
@@ -216,14 +219,17 @@ class Connection(asyncio.Protocol):
             self._saw_done = True
         elif event.startswith(b"event: error") or b'"error":' in event:
             self._fail(f"error event: {event[:300]!r}")
-        elif _carries_text(event, _COMPLETION_KEYS if self._api == "completions" else _TEXT_KEYS):
-            self._chunk(now)
+        elif self._api == "completions":
+            if _carries_text(event, _COMPLETION_KEYS):
+                self._chunk(now, answer=True)
+        elif _carries_text(event, _TEXT_KEYS):
+            self._chunk(now, answer=_carries_text(event, _ANSWER_KEYS))
 
     def _responses_event(self, event: bytes, now: float) -> None:
         if event.startswith((b"event: response.output_text.delta",
                              b"event: response.reasoning_text.delta")):  # fmt: skip
             if b'"delta":""' not in event:
-                self._chunk(now)
+                self._chunk(now, answer=event.startswith(b"event: response.output_text"))
         elif event.startswith((b"event: response.completed", b"event: response.incomplete")):
             self._saw_done = True
         elif event.startswith((b"event: error", b"event: response.failed")):
@@ -232,13 +238,13 @@ class Connection(asyncio.Protocol):
     def _messages_event(self, event: bytes, now: float) -> None:
         if event.startswith(b"event: content_block_delta"):
             if b'"signature_delta"' not in event:
-                self._chunk(now)
+                self._chunk(now, answer=b'"text_delta"' in event)
         elif event.startswith(b"event: message_stop"):
             self._saw_done = True
         elif event.startswith(b"event: error"):
             self._fail(f"error event: {event[:300]!r}")
 
-    def _chunk(self, now: float) -> None:
+    def _chunk(self, now: float, *, answer: bool) -> None:
         rec = self._rec
         if rec.recording:
             rec.chunks += 1
@@ -246,6 +252,9 @@ class Connection(asyncio.Protocol):
                 rec.ttfts.append(now - self._sent_at)
             elif self._last_chunk >= rec.window_start:
                 rec.gaps.append(now - self._last_chunk)
+            if answer and not self._answered:
+                rec.answer_ttfts.append(now - self._sent_at)
+        self._answered = self._answered or answer
         self._last_chunk = now
 
     def _fail(self, what: str) -> None:

@@ -8,7 +8,9 @@ Rules:
 
 - Each of the C workers owns one keep-alive connection and sends its next request as soon as
   the previous response ended (a closed connection is reopened).
-- TTFT: from writing the request to the socket read that carried its first chunk. Inter-chunk
+- TTFT: from writing the request to the socket read that carried its first chunk (a reasoning
+  model's first reasoning token); answer TTFT: to the read that carried its first answer text
+  (after the reasoning; ``-`` when no answer came). Inter-chunk
   gap: between the reads that carried consecutive chunks of one request (0 when one read
   carried both: the client saw them at the same moment).
 - End-to-end latency (e2e): from writing the request until its worker saw the response end.
@@ -75,6 +77,7 @@ class LoadResult:
     errors: int
     ttft: Percentiles
     gap: Percentiles
+    answer_ttft: Percentiles  # to the first answer token (``ttft``: the first token at all)
     e2e: Percentiles  # whole requests: written -> response ended
     first_error: str | None = None
 
@@ -128,6 +131,7 @@ async def run_load(spec: LoadSpec, meter: Meter | None = None) -> LoadResult:
         errors=rec.errors,
         ttft=Percentiles.of(rec.ttfts),
         gap=Percentiles.of(rec.gaps),
+        answer_ttft=Percentiles.of(rec.answer_ttfts),
         e2e=Percentiles.of(e2e),
         first_error=rec.first_error,
     )
@@ -138,17 +142,24 @@ def report(result: LoadResult) -> str:
     spec = result.spec
     header = (
         f"{'conc':>5} {'window s':>8} {'requests':>8} {'req/s':>8} {'chunks/s':>10} "
-        f"{'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'gap p50 ms':>11} {'gap p99 ms':>11} "
+        f"{'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'answer p50':>11} {'answer p99':>11} "
+        f"{'gap p50 ms':>11} {'gap p99 ms':>11} "
         f"{'e2e p50 ms':>11} {'e2e p99 ms':>11} {'errors':>6}"
     )
     row = (
         f"{spec.concurrency:>5} {result.elapsed_s:>8.2f} {result.requests:>8} "
         f"{result.requests_per_s:>8.1f} {result.chunks_per_s:>10.0f} "
         f"{_ms(result.ttft.p50):>12} {_ms(result.ttft.p99):>12} "
+        f"{_ms(result.answer_ttft.p50):>11} {_ms(result.answer_ttft.p99):>11} "
         f"{_ms(result.gap.p50):>11} {_ms(result.gap.p99):>11} "
         f"{_ms(result.e2e.p50):>11} {_ms(result.e2e.p99):>11} {result.errors:>6}"
     )
-    lines = [f"{spec.url}  model={spec.model}  max_tokens={spec.max_tokens}", header, row]
+    lines = [
+        f"{spec.url}  model={spec.model}  max_tokens={spec.max_tokens}  (TTFT: the first "
+        "token, reasoning or answer; answer: the first answer token)",
+        header,
+        row,
+    ]
     if result.first_error:
         lines.append(f"first error: {result.first_error}")
     return "\n".join(lines)

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bench.client import Connection, Recorder
 from bench.loadgen import LoadSpec, report, run_load
 from gateway.edge.servers import BackgroundServer
 from gateway.side.sim import SimConfig, create_sim_app
@@ -50,6 +51,39 @@ async def test_counts_requests_chunks_and_ordered_percentiles(sim_url: str) -> N
     assert 0.9 <= result.elapsed_s < 5.0
 
 
+async def test_a_reasoning_models_answer_comes_after_its_first_token(sim_url: str) -> None:
+    """``deepseek-r1-parsed`` streams reasoning (``reasoning_content``), then the answer: TTFT
+    is the first reasoning token, the answer's TTFT the first answer token, later."""
+    spec = LoadSpec(url=sim_url, api_key="unused", model="deepseek-r1-parsed", concurrency=2,
+                    duration_s=2.0, max_tokens=1000)  # fmt: skip
+    result = await run_load(spec)
+    assert result.errors == 0, result.first_error
+    assert result.answer_ttft.n > 0
+    assert result.answer_ttft.p50 > result.ttft.p50
+
+
+@pytest.mark.parametrize(("api", "reasoning", "answer"), [
+    ("chat", b'data: {"choices":[{"delta":{"reasoning_content":"hm"}}]}',
+     b'data: {"choices":[{"delta":{"content":"Hi"}}]}'),
+    ("responses", b'event: response.reasoning_text.delta\ndata: {"delta":"hm"}',
+     b'event: response.output_text.delta\ndata: {"delta":"Hi"}'),
+    ("messages", b'event: content_block_delta\ndata: {"delta":{"type":"thinking_delta",'
+                 b'"thinking":"hm"}}',
+     b'event: content_block_delta\ndata: {"delta":{"type":"text_delta","text":"Hi"}}'),
+])  # fmt: skip
+def test_each_apis_first_answer_event_is_told_from_its_reasoning(
+    api: str, reasoning: bytes, answer: bytes
+) -> None:
+    rec = Recorder()
+    rec.open_window()
+    conn = Connection(rec, api=api)  # type: ignore[arg-type]
+    body = b"\n\n".join([reasoning, reasoning, answer, answer]) + b"\n\n"
+    conn.data_received(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (len(body) + 1))
+    conn.data_received(body)
+    assert len(rec.ttfts) == 1 and len(rec.answer_ttfts) == 1 and rec.chunks == 4
+    assert rec.answer_ttfts[0] >= rec.ttfts[0]
+
+
 async def test_report_is_a_compact_table(sim_url: str) -> None:
     spec = LoadSpec(url=sim_url, api_key="", concurrency=2, duration_s=0.5, max_tokens=8)
 
@@ -58,6 +92,7 @@ async def test_report_is_a_compact_table(sim_url: str) -> None:
     lines = text.splitlines()
     assert len(lines) == 3
     assert "chunks/s" in lines[1] and "TTFT p50" in lines[1] and "e2e p99" in lines[1]
+    assert "answer p50" in lines[1] and "answer p99" in lines[1]
     assert lines[2].split()[0] == "2"
 
 

