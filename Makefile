@@ -74,17 +74,27 @@ $(BENCH_ENV):
 	$(BENCH_VENV)/bin/pip install -q tensorzero==$(TENSORZERO_PIN) vllm-router==$(VLLM_ROUTER_PIN)
 	touch $@
 
+# The SLA table from the field's load tools (bench/sla.py, about 10 minutes): vllm bench serve
+# (from the vLLM environment) and NVIDIA's AIPerf (an environment of its own, pinned as the Rust
+# gateways are) against the simulator directly and through thinkgate (PostgreSQL and Redis).
+LOADTOOLS_VENV ?= .venv-loadtools
+AIPERF_PIN := 0.13.0
+LOADTOOLS_ENV := $(LOADTOOLS_VENV)/.installed-aiperf-$(AIPERF_PIN)
+
+$(LOADTOOLS_ENV):
+	test -x $(LOADTOOLS_VENV)/bin/python || $(PYTHON) -m venv $(LOADTOOLS_VENV)
+	$(LOADTOOLS_VENV)/bin/pip install -q aiperf==$(AIPERF_PIN)
+	touch $@
+
+.PHONY: bench-sla
+bench-sla: $(VENV)/.installed-dev $(VLLM_VENV)/.installed $(LOADTOOLS_ENV)
+	$(BIN)/python -m bench.sla
+
 # What users run (about 25 minutes): a paced upstream writing one event per write, a bare
 # aiohttp relay as the baseline, thinkgate in the production configuration on SQLite and on
 # PostgreSQL + Redis (127.0.0.1), every endpoint, and two Rust gateways on the chat cells.
 # BEFORE=DIR also measures another source tree (e.g. a git worktree of the previous commit)
 # side by side. Updates bench/RESULTS.md.
-# The SLA table from vLLM's own load tool (bench/sla.py): vllm bench serve, from the vLLM
-# environment, against the simulator directly and through thinkgate (PostgreSQL and Redis).
-.PHONY: bench-sla
-bench-sla: $(VENV)/.installed-dev $(VLLM_VENV)/.installed
-	$(BIN)/python -m bench.sla
-
 .PHONY: bench-realistic
 bench-realistic: $(VENV)/.installed-dev $(BENCH_ENV)
 	$(BIN)/python -m bench.realistic --bench-venv $(BENCH_VENV) $(if $(BEFORE),--before $(BEFORE))

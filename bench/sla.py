@@ -48,6 +48,7 @@ from bench.realistic import POSTGRES, psql
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+LOAD_TOOLS = ROOT / ".venv-loadtools"  # AIPerf (and guidellm): make bench-sla installs them
 TINY_MODEL = ROOT / "tests" / "integration_vllm" / "tinymodel.py"
 MODEL = "deepseek-r1"
 REDIS_DB = "redis://127.0.0.1:6379/10"  # bench.batches' is 12, bench.realistic's 13
@@ -126,6 +127,46 @@ def bench_args(shape: Shape, base_url: str, tokenizer: Path, out: Path, *,
     return [*args, "--request-rate", "inf", "--max-concurrency", str(concurrency)]
 
 
+def aiperf_args(shape: Shape, url: str, tokenizer: Path, out: Path, key: str) -> list[str]:
+    """AIPerf's ``profile`` for the SLA run: the same load, its own client and clock."""
+    return ["profile", "-m", MODEL, "--url", url, "--endpoint-type", "chat", "--streaming",
+            "--tokenizer", str(tokenizer), "--prompt-input-tokens-mean", str(shape.input_len),
+            "--prompt-output-tokens-mean", str(shape.output_len), "--random-range-ratio", "0.5",
+            "--request-rate", f"{shape.request_rate:g}",
+            "--concurrency", str(shape.max_concurrency),
+            "--request-count", str(shape.num_prompts), "--random-seed", str(shape.seed),
+            "--extra-inputs", "ignore_eos:true",
+            "--goodput", f"time_to_first_token:{TTFT_MS:g} inter_token_latency:{TPOT_MS:g}",
+            "--api-key", key, "--output-artifact-dir", str(out), "--ui-type", "none"]  # fmt: skip
+
+
+def read_aiperf(target: str, export: dict[str, Any]) -> Measured:
+    """AIPerf's ``profile_export_aiperf.json``: its metrics by name, each with percentiles.
+    Its ITL is per token after the first, as vLLM's TPOT; its TTFT skips empty first chunks
+    (the role), its TTFO is the first answer token."""
+
+    def pair(metric: str) -> tuple[float, float]:
+        found = export[metric]
+        return (float(found["p50"]), float(found["p99"]))
+
+    counts = export.get("request_count", {})
+    goodput = export.get("goodput", {})
+    return Measured(f"{target} (AIPerf)", None, int(counts.get("avg", 0)),
+                    int(export.get("error_request_count", {}).get("avg", 0)),
+                    float(export["request_throughput"]["avg"]),
+                    float(goodput.get("avg", 0.0)), pair("time_to_first_token"),
+                    pair("inter_token_latency"), pair("inter_token_latency"))  # fmt: skip
+
+
+def run_aiperf(args: list[str], out: Path) -> dict[str, Any]:
+    done = subprocess.run([str(LOAD_TOOLS / "bin" / "aiperf"), *args], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    found = sorted(out.rglob("profile_export_aiperf.json"))
+    if done.returncode != 0 or not found:
+        raise RuntimeError(f"aiperf failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(found[0].read_text())  # type: ignore[no-any-return]
+
+
 def run_bench(args: list[str], out: Path, key: str) -> dict[str, Any]:
     env = {**os.environ, "OPENAI_API_KEY": key}
     done = subprocess.run([str(VLLM_PYTHON), "-c", RUNNER, *args], env=env,
@@ -183,6 +224,12 @@ def run(shape: Shape) -> list[Measured]:
             started.append(start_sim(work, shape.ttft_ms, shape.itl_ms))
             started.append(start_gateway(work, started[0], env))
             targets = {"direct": started[0].url, "thinkgate": started[1].url}
+            if (LOAD_TOOLS / "bin" / "aiperf").exists():
+                for target, url in targets.items():
+                    out = work.path / f"aiperf-{target}"
+                    _say(f"aiperf profile: {target}, the SLA run")
+                    export = run_aiperf(aiperf_args(shape, url, words, out, key), out)
+                    measured.append(read_aiperf(target, export))
             for concurrency in (None, *shape.concurrencies):
                 for target, url in targets.items():
                     out = work.path / f"{target}-{concurrency or 'sla'}.json"
@@ -225,16 +272,17 @@ def table(shape: Shape, measured: Sequence[Measured]) -> str:
                      f"{m.goodput:.2f} | {m.ttft[0]:.1f} / {m.ttft[1]:.1f} | "
                      f"{m.tpot[0]:.2f} / {m.tpot[1]:.2f} | {m.itl[0]:.2f} / {m.itl[1]:.2f} | "
                      f"{'yes' if m.passes else 'no'} |")  # fmt: skip
-    if {"direct", "thinkgate"} <= set(sla):
-        added_ttft = sla["thinkgate"].ttft[1] - sla["direct"].ttft[1]
-        added_tpot = sla["thinkgate"].tpot[1] - sla["direct"].tpot[1]
-        added_itl = sla["thinkgate"].itl[1] - sla["direct"].itl[1]
-        lines += ["", "| added by the gateway at p99 | ms | bound | within |", "|---|---|---|---|",
-                  f"| TTFT | {added_ttft:+.2f} | {ADDED_TTFT_MS:g} | "
-                  f"{'yes' if added_ttft <= ADDED_TTFT_MS else 'no'} |",
-                  f"| TPOT | {added_tpot:+.2f} | {ADDED_TPOT_MS:g} | "
-                  f"{'yes' if added_tpot <= ADDED_TPOT_MS else 'no'} |",
-                  f"| ITL | {added_itl:+.2f} | | |"]  # fmt: skip
+    lines += ["", "| added by the gateway at p99 | ms | bound | within |", "|---|---|---|---|"]
+    for tool in ("", " (AIPerf)"):
+        direct, gateway = sla.get(f"direct{tool}"), sla.get(f"thinkgate{tool}")
+        if direct is None or gateway is None:
+            continue
+        for name, added, bound in (("TTFT", gateway.ttft[1] - direct.ttft[1], ADDED_TTFT_MS),
+                                   ("TPOT", gateway.tpot[1] - direct.tpot[1], ADDED_TPOT_MS),
+                                   ("ITL", gateway.itl[1] - direct.itl[1], None)):  # fmt: skip
+            within = "" if bound is None else "yes" if added <= bound else "no"
+            lines.append(f"| {name}{tool} | {added:+.2f} | {'' if bound is None else f'{bound:g}'}"
+                         f" | {within} |")  # fmt: skip
     sweep = [m for m in measured if m.concurrency is not None]
     if sweep:
         lines += ["", "| concurrency | direct goodput req/s | thinkgate goodput req/s | "

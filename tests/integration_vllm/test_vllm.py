@@ -472,7 +472,14 @@ async def test_reasoning_carried_across_turns_reaches_real_vllm(
     async with gateway.sdk("hidden") as client:
         first = await client.responses.create(input=[question], **asked)
         trace = [r for r in gateway.sink.records if r.endpoint == "responses"][-1].reasoning[0]
-        assert trace and trace[:20] not in first.model_dump_json()
+        assert trace
+        # the hidden key sees no reasoning text: no item carries it, and the trace is nowhere
+        # in the response (checked when it is long enough to mean something: the random
+        # weights may reason one replacement character that the answer's noise holds too)
+        assert all(not item.content and not item.summary
+                   for item in first.output if item.type == "reasoning")  # fmt: skip
+        if len(trace) >= 8:
+            assert trace[:20] not in first.model_dump_json()
         follow: Any = [question]
         if carry == "encrypted":
             assert first.output[0].type == "reasoning" and first.output[0].encrypted_content
