@@ -1,5 +1,6 @@
-"""The SLA table operators of such clusters use, from the field's own load tool: ``vllm bench
-serve`` pointed at the engine directly and at thinkgate in front of it, in one run.
+"""The SLA table operators of such clusters use, from the field's own load tools: ``vllm bench
+serve`` and NVIDIA's AIPerf pointed at the engine directly and at thinkgate in front of it, in
+one run.
 
 One simulated engine (``thinkgate sim``, ``--ttft-ms`` to the first token, ``--itl-ms`` a token
 after, answering ``deepseek-r1`` with reasoning then an answer) and one thinkgate in front of it
@@ -15,6 +16,9 @@ here) sends the same seeded prompts to each:
   output token after the first). Reported per target: TTFT, TPOT and ITL p50 / p99, goodput,
   whether the p99s pass; then what the gateway adds (thinkgate − direct) against the issue's
   bounds: TTFT p99 ≤ 5 ms, TPOT p99 ≤ 1 ms.
+- **The same SLA run from AIPerf** (``aiperf profile``, from ``.venv-loadtools``, which
+  ``make bench-sla`` installs; skipped when it is not there): the same lengths, rate and
+  concurrency, its own client and clock, the token counts the server's usage reports.
 - **Goodput by concurrency**: closed loop (``--request-rate inf``) at each of
   ``--concurrencies`` (1 to 256), four requests per client (at least ``--sweep-prompts``):
   requests per second meeting both thresholds, direct and through the gateway.
@@ -23,8 +27,10 @@ What ``vllm bench serve`` calls TTFT (its ``openai-chat`` backend): the first SS
 ``choices``, whatever its delta holds. vLLM's first chunk (and so thinkgate's) is the role with
 empty content, sent once the first token is out: for a reasoning model that is the first
 reasoning token's time, not the first answer token's. Its TPOT counts the output tokens the
-usage reports, reasoning included. ``thinkgate bench`` reports both: TTFT (the first token,
-reasoning or answer) and the answer's (the first answer token).
+usage reports, reasoning included. AIPerf's TTFT skips chunks without text (the role) and so is
+also the first reasoning token; its TTFO (time to first output token) is the first answer
+token. ``thinkgate bench`` reports both: TTFT (the first token, reasoning or answer) and the
+answer's (the first answer token).
 
 ``python -m bench.sla [--num-prompts 1000] [--request-rate 16] [--max-concurrency 64]``
 (``make bench-sla``).
@@ -135,7 +141,7 @@ def aiperf_args(shape: Shape, url: str, tokenizer: Path, out: Path, key: str) ->
             "--request-rate", f"{shape.request_rate:g}",
             "--concurrency", str(shape.max_concurrency),
             "--request-count", str(shape.num_prompts), "--random-seed", str(shape.seed),
-            "--extra-inputs", "ignore_eos:true",
+            "--extra-inputs", "ignore_eos:true", "--use-server-token-count",
             "--goodput", f"time_to_first_token:{TTFT_MS:g} inter_token_latency:{TPOT_MS:g}",
             "--api-key", key, "--output-artifact-dir", str(out), "--ui-type", "none"]  # fmt: skip
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.sla import Measured, Shape, bench_args, table
+from bench.sla import Measured, Shape, aiperf_args, bench_args, read_aiperf, table
 
 
 def result(ttft: tuple[float, float], tpot: tuple[float, float]) -> dict[str, Any]:
@@ -48,3 +48,22 @@ def test_the_table_says_what_the_gateway_adds_against_its_bounds() -> None:
     same = result((61.0, 66.0), (20.2, 20.3))
     swept = [Measured.read(target, 4, same) for target in ("direct", "thinkgate")]
     assert "| 4 | 15.10 | 15.10 | 66.0 | 66.0 | 20.30 | 20.30 |" in table(Shape(), swept)
+
+
+def test_aiperfs_export_is_read_with_its_own_metric_names() -> None:
+    def stats(p50: float, p99: float) -> dict[str, Any]:
+        return {"unit": "ms", "avg": p50, "p50": p50, "p99": p99}
+
+    export = {"time_to_first_token": stats(62.0, 70.0), "inter_token_latency": stats(20.1, 20.6),
+              "request_count": {"unit": "requests", "avg": 1000.0},
+              "request_throughput": {"unit": "requests/sec", "avg": 15.2},
+              "goodput": {"unit": "requests/sec", "avg": 15.0}}  # fmt: skip
+    got = read_aiperf("thinkgate", export)
+    assert (got.target, got.completed, got.failed, got.request_rate, got.goodput) == (
+        "thinkgate (AIPerf)", 1000, 0, 15.2, 15.0)  # fmt: skip
+    assert got.ttft == (62.0, 70.0) and got.tpot == (20.1, 20.6) and got.passes
+    args = aiperf_args(Shape(), "http://gw", Path("/tok"), Path("/out"), "sk-x")
+    assert args[args.index("--request-rate") + 1] == "16"
+    assert args[args.index("--concurrency") + 1] == "64"
+    assert args[args.index("--goodput") + 1] == "time_to_first_token:250 inter_token_latency:40"
+    assert "--use-server-token-count" in args and "--streaming" in args
