@@ -36,6 +36,16 @@ pytestmark = [pytest.mark.xdist_group("private_postgres"), pytest.mark.timeout(1
 LINES = 40
 
 
+async def made_batch(client: openai.AsyncOpenAI, count: int) -> Any:
+    """A chat batch of ``count`` lines (custom ids ``q0``, ``q1`` ...), uploaded and made."""
+    questions = [chat_line(f"q{i}", f"Question {i}?") for i in range(count)]
+    uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(jsonl(questions))),
+                                         purpose="batch")  # fmt: skip
+    return await client.batches.create(input_file_id=uploaded.id,
+                                       endpoint="/v1/chat/completions",
+                                       completion_window="24h")  # fmt: skip
+
+
 async def line_rows(cluster: Cluster) -> list[Any]:
     engine = create_engine(cluster.database_url)
     try:
@@ -90,14 +100,9 @@ async def test_a_killed_replicas_lines_are_taken_over_and_answered_once(
     )  # fmt: skip
     doomed, survivor = cluster.gateways
     key = cluster.keys["visible"]
-    questions = [chat_line(f"q{i}", f"Question {i}?") for i in range(LINES)]
     async with openai.AsyncOpenAI(base_url=f"{doomed.url}/v1", api_key=key,
                                   max_retries=0) as client:  # fmt: skip
-        uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(jsonl(questions))),
-                                             purpose="batch")  # fmt: skip
-        batch = await client.batches.create(input_file_id=uploaded.id,
-                                            endpoint="/v1/chat/completions",
-                                            completion_window="24h")  # fmt: skip
+        batch = await made_batch(client, LINES)
 
     async def both_running_with_intents() -> set[str] | None:
         """The lines whose exchange has its durable intent, once every replica runs one."""
@@ -170,15 +175,10 @@ async def test_a_replica_with_no_batch_concurrency_takes_batches_and_runs_none_o
         replicas=({"THINKGATE_BATCH_MAX_CONCURRENCY": "0"}, {}),
     )  # fmt: skip
     interactive, runner = cluster.gateways
-    questions = [chat_line(f"q{i}", f"Question {i}?") for i in range(12)]
     key = cluster.keys["visible"]
     async with openai.AsyncOpenAI(base_url=f"{interactive.url}/v1", api_key=key,
                                   max_retries=0) as client:  # fmt: skip
-        uploaded = await client.files.create(file=("in.jsonl", io.BytesIO(jsonl(questions))),
-                                             purpose="batch")  # fmt: skip
-        batch = await client.batches.create(input_file_id=uploaded.id,
-                                            endpoint="/v1/chat/completions",
-                                            completion_window="24h")  # fmt: skip
+        batch = await made_batch(client, 12)
 
         async def ended() -> Any:
             found = await client.batches.retrieve(batch.id)
