@@ -45,9 +45,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.keywrap import InvalidUnwrap, aes_key_unwrap, aes_key_wrap
 
 from audit.errors import AuditError
@@ -124,10 +122,19 @@ def record_key(dek: bytes, salt: bytes | None = None) -> RecordKey:
     _check_size("data key", dek, KEY_SIZE)
     salt = os.urandom(SALT_SIZE) if salt is None else salt
     _check_size("salt", salt, SALT_SIZE)
-    hkdf = HKDF(algorithm=hashes.SHA256(), length=2 * KEY_SIZE, salt=salt, info=_RECORD_INFO)
-    okm = hkdf.derive(dek)
+    okm = hkdf_sha256(dek, salt, _RECORD_INFO)
     commitment = hmac.digest(okm[KEY_SIZE:], _COMMITMENT_LABEL, "sha256")
     return RecordKey(salt, commitment, okm[:KEY_SIZE])
+
+
+def hkdf_sha256(ikm: bytes, salt: bytes, info: bytes) -> bytes:
+    """RFC 5869's HKDF-SHA256, 64 bytes of output (two blocks). Written out over ``hmac.digest``
+    because it runs twice per exchange (intent and record): cryptography's ``HKDF`` object
+    costs 9.6 µs a derivation here, this 5 µs; a test holds the two equal, with RFC 5869's
+    vectors."""
+    prk = hmac.digest(salt, ikm, "sha256")
+    first = hmac.digest(prk, info + b"\x01", "sha256")
+    return first + hmac.digest(prk, first + info + b"\x02", "sha256")
 
 
 def seal(key: RecordKey, plaintext: bytes, header: bytes) -> bytes:

@@ -18,7 +18,9 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.keywrap import aes_key_wrap
 from hypothesis import given
 from hypothesis import strategies as st
@@ -35,6 +37,7 @@ from audit.crypto import (
     seal,
     unseal,
 )
+from audit.crypto import hkdf_sha256 as crypto_hkdf
 
 OPAQUE = "The record could not be decrypted."
 INFO = b"thinkgate/ledger/record/v1"
@@ -91,6 +94,13 @@ def test_record_key_is_hkdf_sha256_of_the_data_key() -> None:
     assert key.commitment == hmac.digest(okm[32:], LABEL, "sha256")
     sealed = seal(key, BODY, HEADER)
     assert AESGCM(okm[:32]).decrypt(sealed[:12], sealed[12:], HEADER) == BODY
+
+
+@given(st.binary(min_size=32, max_size=32), st.binary(min_size=32, max_size=32),
+       st.binary(max_size=64))  # fmt: skip
+def test_the_written_out_hkdf_is_cryptographys(ikm: bytes, salt: bytes, info: bytes) -> None:
+    expected = HKDF(algorithm=hashes.SHA256(), length=64, salt=salt, info=info).derive(ikm)
+    assert crypto_hkdf(ikm, salt, info) == expected == hkdf_sha256(ikm, salt, info, 64)
 
 
 def test_sizes_and_fresh_randomness() -> None:
