@@ -75,9 +75,7 @@ class LedgerSink:
         """Seal and queue the exchange's write-ahead intent (``audit.intents``): ``record``
         is the exchange as it stands before its first token. Raises what ``submit`` would
         when its key cannot be had; ``None`` when the ledger fails open and failed."""
-        facts = record_facts(record, self._capture, self._prices)
-        facts = dataclasses.replace(facts, status="started", created_at=record.started_at,
-                                    ended_at=None)  # fmt: skip
+        facts = record_facts(record, self._capture, self._prices, intent=True)
         body = captured(Body(messages=record.messages, params=record.params), self._capture)
         try:
             try:
@@ -150,9 +148,11 @@ class LedgerSink:
             await self.ledger.append(unencodable, Body(), replaces=replaces)
 
 
-def record_facts(record: CompletionRecord, capture: Any, prices: Prices | None = None) -> Facts:
+def record_facts(record: CompletionRecord, capture: Any, prices: Prices | None = None,
+                 intent: bool = False) -> Facts:  # fmt: skip
     """The record's header facts; with ``prices``, its cost (a model they do not price, served
-    under ``UNPRICED_MODELS=allow``, has none)."""
+    under ``UNPRICED_MODELS=allow``, has none). ``intent``: those of the exchange's write-ahead
+    intent (status ``started``, made when it started, not ended)."""
     amount = None if prices is None else prices.cost(record.model, record.usage)
     cost = None if amount is None or prices is None else {
         "amount": f"{amount:f}", "currency": prices.currency, "prices": prices.digest}  # fmt: skip
@@ -161,14 +161,14 @@ def record_facts(record: CompletionRecord, capture: Any, prices: Prices | None =
         tenant=record.tenant,
         key_id=record.key_id,
         request_id=record.request_id,
-        created_at=record.ended_at,
+        created_at=record.started_at if intent else record.ended_at,
         model=record.model,
-        status=record.status,
+        status="started" if intent else record.status,
         upstream=record.upstream,
         stream=record.stream,
         started_at=record.started_at,
         first_token_at=record.first_token_at,
-        ended_at=record.ended_at,
+        ended_at=None if intent else record.ended_at,
         usage=record.usage,
         finish_reasons=record.finish_reasons,
         error_code=record.error_code,
