@@ -14,6 +14,9 @@ How (per rule, i.e. per detector of a policy):
   earlier partial one, so one search per rule and delta finds the hold when no complete match
   follows (the common case), and the positions before a complete match near the end are asked
   one by one.
+- A shared search comes first, exact (what every rule finds is unchanged): the prefilter
+  (``gateway.guard.prefilter``) resumes each rule whose matches start with a literal at that
+  literal's next occurrence, or decides it to the end when there is none.
 - A complete match is decided once the characters that could change it are present: the
   built-ins' ``settle`` after its end (their closing look-ahead), a file's own regex
   ``window`` from its start (a greedy pattern could still grow), or the channel ends. A
@@ -39,7 +42,7 @@ longest window.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import regex
 
@@ -57,18 +60,21 @@ class Finding:
     text: str
 
 
-@dataclass(slots=True)
-class _RuleState:
-    detector: Detector
-    pos: int = 0  # where this rule's scan resumes (everything before it is decided)
-    hold: int = 0  # where its first undecided match starts (or the end of the text)
-    decided: list[Finding] = field(default_factory=list)  # valid matches not yet merged
-
-
 class ChannelScanner:
+    """The rules' states are parallel lists by rule index (``_pos``, ``_hold``, ``_decided``):
+    a piece of prose costs a few searches and list-wide ``min``/``any``, not attribute reads
+    per rule (with the maintained secret rules a policy has some thirty)."""
+
     def __init__(self, rules: Sequence[Detector]) -> None:
-        self._rules = [_RuleState(d) for d in rules]
+        self._detectors = list(rules)
+        count = len(self._detectors)
+        self._pos = [0] * count  # where each rule's scan resumes (everything before: decided)
+        self._hold = [0] * count  # where its first undecided match starts (or the end)
+        self._decided: list[list[Finding]] = [[] for _ in range(count)]  # not yet merged
+        self._ranks = [d.rank for d in rules]
         self._gate = Prefilter(rules)
+        gated = set(self._gate.rules)
+        self._alone = [i for i in range(count) if i not in gated]
         self._context = max([CONTEXT, *(d.behind for d in rules)])
         self._buf = ""
         self._base = 0  # the channel offset of _buf[0]
@@ -90,41 +96,40 @@ class ChannelScanner:
             raise ValueError("the channel is closed")
         self._buf += text
         self.closed = final
-        skip = self._gated(final) if self._gate.rules else ()
-        for index, rule in enumerate(self._rules):
-            if index not in skip:
-                self._scan(index, rule, final)
-        hold = min((r.hold for r in self._rules), default=self.end)
-        findings = self._merge(hold) if any(r.decided for r in self._rules) else []
+        if self._gate.rules:
+            for index in self._gated(final):
+                self._scan(index, final)
+        for index in self._alone:
+            self._scan(index, final)
+        hold = min(self._hold) if self._hold else self.end
+        findings = self._merge(hold) if any(self._decided) else []
         self._released = max(hold, self._covered) if not final else self.end
         return self._released, findings
 
-    def _gated(self, final: bool) -> set[int]:
-        """The rules the shared prefilter (``gateway.guard.prefilter``) resumes at their first
-        literal, and those it finds none for (returned: nothing to scan, all decided)."""
-        base, end = self._base, self.end
-        since = {i: self._rules[i].pos - base for i in self._gate.rules}
-        first = self._gate.first(self._buf, since, final)
-        none = set()
-        for i in self._gate.rules:
-            rule = self._rules[i]
-            if i in first:
-                rule.pos = first[i] + base
+    def _gated(self, final: bool) -> list[int]:
+        """The shared prefilter (``gateway.guard.prefilter``) resumes each gated rule at its
+        first literal (returned: those to scan) or, finding none, decides it to the end."""
+        base, end, pos, hold = self._base, self.end, self._pos, self._hold
+        rules = self._gate.rules
+        first = self._gate.first(self._buf, {i: pos[i] - base for i in rules}, final)
+        for i in rules:
+            at = first.get(i)
+            if at is None:
+                hold[i] = pos[i] = end
             else:
-                rule.hold = rule.pos = end
-                none.add(i)
-        return none
+                pos[i] = at + base
+        return list(first)
 
     def drop_before(self, offset: int) -> None:
         """Forget the text before ``offset`` (already sent on), keeping look-behind context."""
-        keep_from = min([offset, *(r.pos for r in self._rules)]) - self._context
+        keep_from = min(offset, min(self._pos, default=offset)) - self._context
         if keep_from > self._base:
             self._buf = self._buf[keep_from - self._base :]
             self._base = keep_from
 
-    def _scan(self, index: int, rule: _RuleState, final: bool) -> None:
-        end, base, buf = self.end, self._base, self._buf
-        detector = rule.detector
+    def _scan(self, index: int, final: bool) -> None:
+        end, base, buf, pos = self.end, self._base, self._buf, self._pos
+        detector = self._detectors[index]
         pattern = detector.pattern
         # a match attempt reads at most ``window`` characters: only the last ``window``
         # positions can still run into the end of the text
@@ -132,26 +137,27 @@ class ChannelScanner:
         while True:
             # ``regex`` prefers a complete match anywhere to a partial one: a partial answer
             # means no complete match starts from here on, and it is the leftmost partial
-            m = pattern.search(buf, rule.pos - base, partial=not final)
+            m = pattern.search(buf, pos[index] - base, partial=not final)
             if m is None:
-                rule.hold = rule.pos = end
+                self._hold[index] = pos[index] = end
                 return
             start = m.start() + base
             if m.partial:
-                rule.hold = rule.pos = min(start, end)
+                self._hold[index] = pos[index] = min(start, end)
                 return
             stop = m.end() + base
             if not final:
-                early = self._partial(pattern, max(rule.pos, limit), start)
+                early = self._partial(pattern, max(pos[index], limit), start)
                 if early is not None or _undecided(detector, start, stop, end):
-                    rule.hold = rule.pos = start if early is None else early
+                    self._hold[index] = pos[index] = start if early is None else early
                     return
             size = detector.valid(m.group())
             if size:
-                rule.pos = stop
-                rule.decided.append(Finding(start, start + size, index, m.group()[:size]))
+                pos[index] = stop
+                self._decided[index].append(Finding(start, start + size, index,
+                                                    m.group()[:size]))  # fmt: skip
             else:  # not a value: a match may still start inside it ("+0 (415) 555-0198")
-                rule.pos = start + 1
+                pos[index] = start + 1
 
     def _partial(self, pattern: regex.Pattern[str], low: int, high: int) -> int | None:
         """The first position in ``[low, high)``, before a complete match at ``high``, where
@@ -168,13 +174,13 @@ class ChannelScanner:
 
     def _merge(self, hold: int) -> list[Finding]:
         ready: list[Finding] = []
-        for rule in self._rules:
+        for decided in self._decided:
             keep = 0
-            while keep < len(rule.decided) and rule.decided[keep].start < hold:
+            while keep < len(decided) and decided[keep].start < hold:
                 keep += 1
-            ready += rule.decided[:keep]
-            del rule.decided[:keep]
-        ranks = [r.detector.rank for r in self._rules]
+            ready += decided[:keep]
+            del decided[:keep]
+        ranks = self._ranks
         ready.sort(key=lambda f: (f.start, ranks[f.rule], f.start - f.end, f.rule))
         kept = []
         for finding in ready:

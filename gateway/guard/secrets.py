@@ -12,7 +12,7 @@ rules, Hugging Face tokens among them, which the built-in shapes add).
 (``github_token``, ``aws``, ``basic_auth`` ...). A policy names them all (``secret_rules``) or
 some (``{secret_key: {rules: [github_token, aws, builtin]}}``, ``builtin`` being the shapes
 of ``secret_key``). They are not part of ``secret_key`` itself: scanning prose one token at a
-time, the 23 rules cost 1.6 times what the six built-ins cost (2.7 times without the scanner's
+time, the 23 rules add 1.5 times what the six built-ins cost (3 times without the scanner's
 shared prefilter, ``gateway.guard.prefilter``, which skips the 17 rules whose matches start
 with a literal while none is in sight: ``starts``); measured 2026-12-05, docs/guardrails.md.
 Each plugin's ``denylist`` patterns become one alternation, then:
