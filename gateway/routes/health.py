@@ -109,5 +109,7 @@ async def _redis_ready(state: AppState) -> str:
 
 def add_routes(app: FastAPI) -> None:
     app.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
+    # vLLM's liveness path: tools made for vLLM (guidellm) probe it before their load
+    app.add_api_route("/health", healthz, methods=["GET"], include_in_schema=False)
     app.add_api_route("/readyz", readyz, methods=["GET"], include_in_schema=False)
     app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)

@@ -150,6 +150,8 @@ async def test_admin_api_rejects_bad_specs(stack: Stack) -> None:
 async def test_health_readiness_and_metrics(stack: Stack) -> None:
     async with httpx.AsyncClient() as client:
         assert (await client.get(f"{stack.root}/healthz")).json() == {"status": "ok"}
+        vllms = await client.get(f"{stack.root}/health")  # what guidellm probes first
+        assert vllms.status_code == 200 and vllms.json() == {"status": "ok"}
         ready = await client.get(f"{stack.root}/readyz")
         assert ready.status_code == 200
         assert ready.json()["checks"] == {"upstream": "ok", "database": "ok", "ledger": "ok"}
