@@ -74,20 +74,29 @@ $(BENCH_ENV):
 	$(BENCH_VENV)/bin/pip install -q tensorzero==$(TENSORZERO_PIN) vllm-router==$(VLLM_ROUTER_PIN)
 	touch $@
 
-# The SLA table from the field's load tools (bench/sla.py, about 10 minutes): vllm bench serve
-# (from the vLLM environment) and NVIDIA's AIPerf (an environment of its own, pinned as the Rust
-# gateways are) against the simulator directly and through thinkgate (PostgreSQL and Redis).
+# The SLA table from the field's load tools (bench/sla.py, about 12 minutes): vllm bench serve
+# (from the vLLM environment), NVIDIA's AIPerf and vLLM's guidellm (each an environment of its
+# own, pinned as the Rust gateways are: their dependencies conflict) against the simulator
+# directly and through thinkgate (PostgreSQL and Redis).
 LOADTOOLS_VENV ?= .venv-loadtools
 AIPERF_PIN := 0.13.0
 LOADTOOLS_ENV := $(LOADTOOLS_VENV)/.installed-aiperf-$(AIPERF_PIN)
+GUIDELLM_VENV ?= .venv-guidellm
+GUIDELLM_PIN := 0.8.1
+GUIDELLM_ENV := $(GUIDELLM_VENV)/.installed-guidellm-$(GUIDELLM_PIN)
 
 $(LOADTOOLS_ENV):
 	test -x $(LOADTOOLS_VENV)/bin/python || $(PYTHON) -m venv $(LOADTOOLS_VENV)
 	$(LOADTOOLS_VENV)/bin/pip install -q aiperf==$(AIPERF_PIN)
 	touch $@
 
+$(GUIDELLM_ENV):
+	test -x $(GUIDELLM_VENV)/bin/python || $(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/pip install -q guidellm==$(GUIDELLM_PIN)
+	touch $@
+
 .PHONY: bench-sla
-bench-sla: $(VENV)/.installed-dev $(VLLM_VENV)/.installed $(LOADTOOLS_ENV)
+bench-sla: $(VENV)/.installed-dev $(VLLM_VENV)/.installed $(LOADTOOLS_ENV) $(GUIDELLM_ENV)
 	$(BIN)/python -m bench.sla
 
 # What users run (about 25 minutes): a paced upstream writing one event per write, a bare

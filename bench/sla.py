@@ -19,6 +19,16 @@ here) sends the same seeded prompts to each:
 - **The same SLA run from AIPerf** (``aiperf profile``, from ``.venv-loadtools``, which
   ``make bench-sla`` installs; skipped when it is not there): the same lengths, rate and
   concurrency, its own client and clock, the token counts the server's usage reports.
+- **The same SLA run from guidellm** (vLLM's own load tool, ``guidellm run``, from
+  ``.venv-guidellm``; skipped when it is not there): Poisson arrivals at the same rate capped
+  at the same concurrency, synthetic prompts of the same mean lengths (a normal spread of
+  29 % of the mean, the standard deviation of vLLM's ±50 % uniform range, cut at ±50 %); its
+  TPOT and ITL are per token after the first, its TTFT the first chunk with reasoning or answer
+  text, its TTFOT the first with answer text.
+- **thinkgate bench beside them**: ``thinkgate bench``'s load generator (``bench.loadgen``,
+  closed loop, ``--compare-concurrency`` clients for ``--compare-s``) against both targets;
+  what the gateway adds to its TTFT and ITL p99 set beside what ``vllm bench serve`` measures
+  in the same closed loop (the sweep's run at that concurrency), as a ratio.
 - **Goodput by concurrency**: closed loop (``--request-rate inf``) at each of
   ``--concurrencies`` (1 to 256), four requests per client (at least ``--sweep-prompts``):
   requests per second meeting both thresholds, direct and through the gateway.
@@ -39,6 +49,7 @@ answer's (the first answer token).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -54,7 +65,8 @@ from bench.realistic import POSTGRES, psql
 
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-LOAD_TOOLS = ROOT / ".venv-loadtools"  # AIPerf (and guidellm): make bench-sla installs them
+LOAD_TOOLS = ROOT / ".venv-loadtools"  # AIPerf: make bench-sla installs it
+GUIDELLM = ROOT / ".venv-guidellm"  # guidellm, in an environment of its own (make bench-sla)
 TINY_MODEL = ROOT / "tests" / "integration_vllm" / "tinymodel.py"
 MODEL = "deepseek-r1"
 REDIS_DB = "redis://127.0.0.1:6379/10"  # bench.batches' is 12, bench.realistic's 13
@@ -81,6 +93,8 @@ class Shape:
     ttft_ms: float = 60.0  # the simulated engine's
     itl_ms: float = 20.0
     seed: int = 42
+    compare_concurrency: int = 16  # where thinkgate bench's own figures are set beside them
+    compare_s: float = 30.0  # thinkgate bench's window there
 
 
 @dataclass(frozen=True)
@@ -164,6 +178,76 @@ def read_aiperf(target: str, export: dict[str, Any]) -> Measured:
                     pair("inter_token_latency"), pair("inter_token_latency"))  # fmt: skip
 
 
+def guidellm_args(shape: Shape, url: str, tokenizer: Path, out: Path, key: str) -> list[str]:
+    """guidellm's ``run`` for the SLA run: the same load, its own client and clock."""
+    prompt = _spread("prompt_tokens", shape.input_len)
+    output = _spread("output_tokens", shape.output_len)
+    return ["run", "--backend", f"kind=openai_http,target={url},model={MODEL},api_key={key}",
+            "--profile", f"kind=poisson,rate={shape.request_rate:g},"
+            f"max_concurrency={shape.max_concurrency}",
+            "--constraint", f"kind=max_requests,count={shape.num_prompts}",
+            "--data", f"kind=synthetic_text,{prompt},{output}",
+            "--tokenizer", f"kind=huggingface_auto,model={tokenizer}",
+            "--seed", f"kind=static,value={shape.seed}",
+            "--output", f"kind=json,path={out}", "--disable-console"]  # fmt: skip
+
+
+def _spread(name: str, mean: int) -> str:
+    """A length around ``mean`` as vLLM's random dataset draws it (uniform within ±50 %): the
+    same standard deviation (29 % of the mean), cut at ±50 %."""
+    return (f"{name}={mean},{name}_stdev={round(mean * 0.29)},{name}_min={mean // 2},"
+            f"{name}_max={mean * 3 // 2}")  # fmt: skip
+
+
+def read_guidellm(target: str, report: dict[str, Any]) -> Measured:
+    """guidellm's JSON report: one benchmark, each metric's statistics over the successful
+    requests (``p50``/``p99`` among its percentiles). Its ITL is vLLM's TPOT (per token after
+    the first; its own TPOT counts the first token's wait too); goodput and the rate are
+    counted from its requests (their SLA, and the first start to the last end)."""
+    benchmark = report["benchmarks"][0]
+    metrics, requests = benchmark["metrics"], benchmark["requests"]["successful"]
+
+    def pair(metric: str) -> tuple[float, float]:
+        found = metrics[metric]["successful"]["percentiles"]
+        return (float(found["p50"]), float(found["p99"]))
+
+    totals = metrics["request_totals"]
+    span = (max((r["request_end_time"] for r in requests), default=1.0)
+            - min((r["request_start_time"] for r in requests), default=0.0)) or 1.0  # fmt: skip
+    good = sum(1 for r in requests if (r["time_to_first_token_ms"] or 0) < TTFT_MS
+               and (r["inter_token_latency_ms"] or 0) < TPOT_MS)  # fmt: skip
+    itl = pair("inter_token_latency_ms")
+    return Measured(f"{target} (guidellm)", None, int(totals["successful"]),
+                    int(totals["errored"]) + int(totals["incomplete"]), len(requests) / span,
+                    good / span, pair("time_to_first_token_ms"), itl, itl)  # fmt: skip
+
+
+def run_guidellm(args: list[str], out: Path) -> dict[str, Any]:
+    done = subprocess.run([str(GUIDELLM / "bin" / "guidellm"), *args], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"guidellm failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
+def run_loadgen(shape: Shape, target: str, url: str, key: str) -> Measured:
+    """``thinkgate bench``'s own load (``bench.loadgen``) closed loop at the compared
+    concurrency; its gap between chunks is the ITL, and also stands for TPOT."""
+    from bench.loadgen import LoadSpec, run_load
+
+    spec = LoadSpec(url=f"{url}/v1", api_key=key, model=MODEL,
+                    concurrency=shape.compare_concurrency, duration_s=shape.compare_s,
+                    max_tokens=shape.output_len, warmup_s=2.0)  # fmt: skip
+    done = asyncio.run(run_load(spec))
+
+    def ms(p: Any) -> tuple[float, float]:
+        return (p.p50 * 1000, p.p99 * 1000)
+
+    return Measured(f"{target} (thinkgate bench)", shape.compare_concurrency, done.requests,
+                    done.errors, done.requests_per_s, 0.0, ms(done.ttft), ms(done.gap),
+                    ms(done.gap))  # fmt: skip
+
+
 def run_aiperf(args: list[str], out: Path) -> dict[str, Any]:
     done = subprocess.run([str(LOAD_TOOLS / "bin" / "aiperf"), *args], capture_output=True,
                           text=True, check=False)  # fmt: skip
@@ -236,6 +320,12 @@ def run(shape: Shape) -> list[Measured]:
                     _say(f"aiperf profile: {target}, the SLA run")
                     export = run_aiperf(aiperf_args(shape, url, words, out, key), out)
                     measured.append(read_aiperf(target, export))
+            if (GUIDELLM / "bin" / "guidellm").exists():
+                for target, url in targets.items():
+                    out = work.path / f"guidellm-{target}.json"
+                    _say(f"guidellm run: {target}, the SLA run")
+                    report = run_guidellm(guidellm_args(shape, url, words, out, key), out)
+                    measured.append(read_guidellm(target, report))
             for concurrency in (None, *shape.concurrencies):
                 for target, url in targets.items():
                     out = work.path / f"{target}-{concurrency or 'sla'}.json"
@@ -246,6 +336,9 @@ def run(shape: Shape) -> list[Measured]:
                     )
                     measured.append(Measured.read(target, concurrency,
                                                   run_bench(args, out, key)))  # fmt: skip
+            for target, url in targets.items():
+                _say(f"thinkgate bench: {target}, c = {shape.compare_concurrency}")
+                measured.append(run_loadgen(shape, target, url, key))
         finally:
             for server in reversed(started):
                 server.stop()
@@ -279,7 +372,7 @@ def table(shape: Shape, measured: Sequence[Measured]) -> str:
                      f"{m.tpot[0]:.2f} / {m.tpot[1]:.2f} | {m.itl[0]:.2f} / {m.itl[1]:.2f} | "
                      f"{'yes' if m.passes else 'no'} |")  # fmt: skip
     lines += ["", "| added by the gateway at p99 | ms | bound | within |", "|---|---|---|---|"]
-    for tool in ("", " (AIPerf)"):
+    for tool in ("", " (AIPerf)", " (guidellm)"):
         direct, gateway = sla.get(f"direct{tool}"), sla.get(f"thinkgate{tool}")
         if direct is None or gateway is None:
             continue
@@ -289,7 +382,8 @@ def table(shape: Shape, measured: Sequence[Measured]) -> str:
             within = "" if bound is None else "yes" if added <= bound else "no"
             lines.append(f"| {name}{tool} | {added:+.2f} | {'' if bound is None else f'{bound:g}'}"
                          f" | {within} |")  # fmt: skip
-    sweep = [m for m in measured if m.concurrency is not None]
+    lines += compared(shape, measured)
+    sweep = [m for m in measured if m.concurrency is not None and "(" not in m.target]
     if sweep:
         lines += ["", "| concurrency | direct goodput req/s | thinkgate goodput req/s | "
                   "direct TTFT p99 ms | thinkgate TTFT p99 ms | direct TPOT p99 ms | "
@@ -304,6 +398,30 @@ def table(shape: Shape, measured: Sequence[Measured]) -> str:
     return "\n".join(lines)
 
 
+def compared(shape: Shape, measured: Sequence[Measured]) -> list[str]:
+    """What the gateway adds at p99 by ``vllm bench serve`` and by ``thinkgate bench`` in the
+    same closed loop (``compare_concurrency`` clients), and their ratio."""
+    c = shape.compare_concurrency
+    at = {m.target: m for m in measured if m.concurrency == c}
+    tools = {
+        "vllm bench serve": ("direct", "thinkgate"),
+        "thinkgate bench": ("direct (thinkgate bench)", "thinkgate (thinkgate bench)"),
+    }
+    added: dict[str, tuple[float, float]] = {}
+    for tool, (d, t) in tools.items():
+        if d in at and t in at:
+            added[tool] = (at[t].ttft[1] - at[d].ttft[1], at[t].itl[1] - at[d].itl[1])
+    if len(added) < 2:
+        return []
+    vllm, ours = added["vllm bench serve"], added["thinkgate bench"]
+    lines = ["", f"| added at p99, closed loop c = {c} | vllm bench serve ms | thinkgate bench ms "
+             "| ratio |", "|---|---|---|---|"]  # fmt: skip
+    for name, a, b in (("TTFT", vllm[0], ours[0]), ("ITL", vllm[1], ours[1])):
+        ratio = f"{a / b:.2f}" if b else "n/a"
+        lines.append(f"| {name} | {a:+.2f} | {b:+.2f} | {ratio} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-prompts", type=int, default=Shape.num_prompts)
@@ -315,12 +433,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-prompts", type=int, default=Shape.sweep_prompts)
     parser.add_argument("--ttft-ms", type=float, default=Shape.ttft_ms)
     parser.add_argument("--itl-ms", type=float, default=Shape.itl_ms)
+    parser.add_argument("--compare-concurrency", type=int, default=Shape.compare_concurrency)
+    parser.add_argument("--compare-s", type=float, default=Shape.compare_s)
     args = parser.parse_args(argv)
     if not VLLM_PYTHON.exists():
         parser.error(f"no vLLM environment at {VLLM_PYTHON.relative_to(ROOT)}: make vllm")
     shape = Shape(args.num_prompts, args.request_rate, args.max_concurrency, args.input_len,
                   args.output_len, tuple(args.concurrencies), args.sweep_prompts, args.ttft_ms,
-                  args.itl_ms)  # fmt: skip
+                  args.itl_ms, compare_concurrency=args.compare_concurrency,
+                  compare_s=args.compare_s)  # fmt: skip
     measured = run(shape)
     print(table(shape, measured))
     sla = {m.target: m for m in measured if m.concurrency is None}

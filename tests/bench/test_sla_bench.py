@@ -7,7 +7,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.sla import Measured, Shape, aiperf_args, bench_args, read_aiperf, table
+from bench.sla import (
+    Measured,
+    Shape,
+    aiperf_args,
+    bench_args,
+    compared,
+    guidellm_args,
+    read_aiperf,
+    read_guidellm,
+    table,
+)
 
 
 def result(ttft: tuple[float, float], tpot: tuple[float, float]) -> dict[str, Any]:
@@ -67,3 +77,49 @@ def test_aiperfs_export_is_read_with_its_own_metric_names() -> None:
     assert args[args.index("--concurrency") + 1] == "64"
     assert args[args.index("--goodput") + 1] == "time_to_first_token:250 inter_token_latency:40"
     assert "--use-server-token-count" in args and "--streaming" in args
+
+
+def test_guidellms_report_is_read_with_its_itl_as_tpot_and_its_requests_counted() -> None:
+    def stats(p50: float, p99: float) -> dict[str, Any]:
+        return {"successful": {"median": p50, "percentiles": {"p50": p50, "p99": p99}}}
+
+    def request(start: float, ttft: float, itl: float) -> dict[str, Any]:
+        return {"request_start_time": start, "request_end_time": start + 1.0,
+                "time_to_first_token_ms": ttft, "inter_token_latency_ms": itl}  # fmt: skip
+
+    requests = [request(100.0, 62.0, 20.0), request(101.0, 300.0, 20.0),
+                request(102.0, 63.0, 20.5), request(103.0, 64.0, 41.0)]  # fmt: skip
+    report = {"benchmarks": [{"duration": 1.0, "requests": {"successful": requests}, "metrics": {
+        "request_totals": {"successful": 4, "errored": 1, "incomplete": 0, "total": 5},
+        "time_to_first_token_ms": stats(63.5, 300.0),
+        "time_per_output_token_ms": stats(22.4, 25.0),  # counts the first token's wait: unused
+        "inter_token_latency_ms": stats(20.2, 41.0)}}]}  # fmt: skip
+    got = read_guidellm("direct", report)
+    assert (got.target, got.completed, got.failed) == ("direct (guidellm)", 4, 1)
+    assert got.ttft == (63.5, 300.0) and got.tpot == got.itl == (20.2, 41.0)
+    assert got.request_rate == 1.0 and got.goodput == 0.5  # 4 and 2 in 4 s (100 to 104)
+    assert not got.passes
+    args = guidellm_args(Shape(), "http://gw", Path("/tok"), Path("/out/g.json"), "sk-x")
+    assert args[args.index("--profile") + 1] == "kind=poisson,rate=16,max_concurrency=64"
+    assert args[args.index("--constraint") + 1] == "kind=max_requests,count=1000"
+    data = args[args.index("--data") + 1]
+    assert "prompt_tokens=256,prompt_tokens_stdev=74,prompt_tokens_min=128" in data
+    assert "output_tokens=128,output_tokens_stdev=37,output_tokens_min=64" in data
+    assert args[args.index("--output") + 1] == "kind=json,path=/out/g.json"
+    assert "api_key=sk-x" in args[args.index("--backend") + 1]
+
+
+def test_thinkgate_benchs_added_latency_is_set_beside_vllm_bench_serves() -> None:
+    def at(target: str, ttft99: float, itl99: float) -> Measured:
+        return Measured(target, 16, 100, 0, 10.0, 0.0, (60.0, ttft99), (20.0, itl99),
+                        (20.0, itl99))  # fmt: skip
+
+    measured = [at("direct", 70.0, 21.0), at("thinkgate", 73.0, 21.5),
+                at("direct (thinkgate bench)", 69.0, 21.2),
+                at("thinkgate (thinkgate bench)", 71.5, 21.6),
+                Measured("thinkgate", 64, 1, 0, 1.0, 0.0, (9.0, 99.0), (9.0, 99.0),
+                         (9.0, 99.0))]  # fmt: skip
+    lines = compared(Shape(), measured)
+    assert "| TTFT | +3.00 | +2.50 | 1.20 |" in lines
+    assert "| ITL | +0.50 | +0.40 | 1.25 |" in lines
+    assert compared(Shape(), measured[:2]) == []  # thinkgate bench did not run
