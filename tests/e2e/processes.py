@@ -22,30 +22,64 @@ from tests.waiting import eventually
 @contextlib.asynccontextmanager
 async def running_gateway(env: dict[str, str]) -> AsyncIterator[Gateway]:
     """A gateway process, started and accepting connections; killed (SIGKILL) on exit if still
-    alive."""
-    port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
-        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    alive. ``free_port`` only finds a port free: another test's server may take it before the
+    gateway binds it (uvicorn binds after "Application startup complete"), so a gateway that
+    exits for want of its port is started again on another, up to ``START_ATTEMPTS`` times."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        port = free_port()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
+            env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stderr is not None
+        said: list[bytes] = []  # its stderr, for the reason it exited
+        drain: asyncio.Task[None] | None = None
+        try:
+            if not await _started(proc, said):
+                if _port_taken(said) and attempt < START_ATTEMPTS:
+                    continue
+                raise AssertionError(f"the gateway exited during start-up: {_last(said)}")
+            drain = asyncio.create_task(_drain(proc.stderr, said))  # the pipe must not fill
+            gateway = Gateway(proc, f"http://127.0.0.1:{port}")
+            try:
+                await until_listening(gateway)
+            except AssertionError:
+                await proc.wait()
+                await drain
+                if _port_taken(said) and attempt < START_ATTEMPTS:
+                    continue
+                raise AssertionError(f"the gateway exited: {_last(said)}") from None
+            yield gateway
+            return
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+            if drain is not None:
+                await drain
+
+
+START_ATTEMPTS = 3
+
+
+async def _started(proc: asyncio.subprocess.Process, said: list[bytes]) -> bool:
+    """Whether uvicorn reported that the app started (within 30 s) before the process ended."""
     assert proc.stderr is not None
-    drain: asyncio.Task[None] | None = None
-    try:
-        while True:  # wait, with a deadline, until uvicorn reports that the app started
-            line = await asyncio.wait_for(proc.stderr.readline(), timeout=30)
-            assert line, "the gateway exited during start-up"
-            if b"Application startup complete" in line:
-                break
-        drain = asyncio.create_task(_drain(proc.stderr))  # its pipe must never fill up
-        gateway = Gateway(proc, f"http://127.0.0.1:{port}")
-        await until_listening(gateway)
-        yield gateway
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
-        if drain is not None:
-            await drain
+    while line := await asyncio.wait_for(proc.stderr.readline(), timeout=30):
+        said.append(line)
+        if b"Application startup complete" in line:
+            return True
+    return False
+
+
+def _port_taken(said: list[bytes]) -> bool:
+    """thinkgate's own check at start ("it is already in use") or uvicorn's bind after it
+    ("address already in use") found the port taken."""
+    return any(b"already in use" in line.lower() for line in said)
+
+
+def _last(said: list[bytes]) -> str:
+    return b"".join(said[-5:]).decode(errors="replace")
 
 
 @dataclass(frozen=True)
@@ -58,9 +92,11 @@ class Gateway:
         await self.proc.wait()
 
 
-async def _drain(stream: asyncio.StreamReader) -> None:
-    while await stream.readline():
-        pass
+async def _drain(stream: asyncio.StreamReader, said: list[bytes]) -> None:
+    """Read ``stream`` to its end, keeping its last lines in ``said``."""
+    while line := await stream.readline():
+        said.append(line)
+        del said[:-20]
 
 
 def gateway_env(settings: Settings, files: dict[str, Any]) -> dict[str, str]:
