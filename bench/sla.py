@@ -266,6 +266,21 @@ def run_bench(args: list[str], out: Path, key: str) -> dict[str, Any]:
     return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
+def _aiperf(shape: Shape, target: str, url: str, words: Path, key: str, work: Path) -> Measured:
+    out = work / f"aiperf-{target}"
+    return read_aiperf(target, run_aiperf(aiperf_args(shape, url, words, out, key), out))
+
+
+def _guidellm(shape: Shape, target: str, url: str, words: Path, key: str, work: Path) -> Measured:
+    out = work / f"guidellm-{target}.json"
+    return read_guidellm(target, run_guidellm(guidellm_args(shape, url, words, out, key), out))
+
+
+# The SLA run's other tools, each skipped when its environment is not installed
+SLA_TOOLS = ((LOAD_TOOLS / "bin" / "aiperf", "aiperf profile", _aiperf),
+             (GUIDELLM / "bin" / "guidellm", "guidellm run", _guidellm))  # fmt: skip
+
+
 # -- the processes --------------------------------------------------------------------------
 
 
@@ -314,18 +329,10 @@ def run(shape: Shape) -> list[Measured]:
             started.append(start_sim(work, shape.ttft_ms, shape.itl_ms))
             started.append(start_gateway(work, started[0], env))
             targets = {"direct": started[0].url, "thinkgate": started[1].url}
-            if (LOAD_TOOLS / "bin" / "aiperf").exists():
-                for target, url in targets.items():
-                    out = work.path / f"aiperf-{target}"
-                    _say(f"aiperf profile: {target}, the SLA run")
-                    export = run_aiperf(aiperf_args(shape, url, words, out, key), out)
-                    measured.append(read_aiperf(target, export))
-            if (GUIDELLM / "bin" / "guidellm").exists():
-                for target, url in targets.items():
-                    out = work.path / f"guidellm-{target}.json"
-                    _say(f"guidellm run: {target}, the SLA run")
-                    report = run_guidellm(guidellm_args(shape, url, words, out, key), out)
-                    measured.append(read_guidellm(target, report))
+            for binary, name, measure in SLA_TOOLS:  # those installed
+                for target, url in targets.items() if binary.exists() else ():
+                    _say(f"{name}: {target}, the SLA run")
+                    measured.append(measure(shape, target, url, words, key, work.path))
             for concurrency in (None, *shape.concurrencies):
                 for target, url in targets.items():
                     out = work.path / f"{target}-{concurrency or 'sla'}.json"
