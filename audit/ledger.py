@@ -43,7 +43,7 @@ from audit.record import (
     parse_header,
 )
 from audit.sequencer import Sequencer
-from audit.spool import Spool
+from audit.spool import claim
 from audit.writer import LedgerWriter, Mode, WriterEvent, WriterStats
 
 log = logging.getLogger("thinkgate.ledger")
@@ -254,7 +254,7 @@ class Ledger(LedgerReader):
         keys = DataKeys(engine, provider, wall=wall)  # ``wall``: whose day a record's key is
         sequencer = Sequencer(engine, signer, origin, keys,
                               sign_each_commit=not checkpoint_interval_s)  # fmt: skip
-        spool = Spool(spool_path)
+        spool = claim(spool_path)  # this process's own file (several workers share a path)
         writer_id = new_writer_id()
         writer = LedgerWriter(
             sequencer, spool, keys, mode=mode, max_batch=max_batch, retry_s=retry_s,

@@ -19,12 +19,22 @@ Rules:
 
 The file is created with mode 0600. This module does blocking file I/O; the async writer calls
 it in a worker thread.
+
+Several processes on one spool path (``serve --workers N``, replicas sharing a volume) must not
+share the file: one's ``clear`` would drop the other's unacknowledged records. ``claim`` gives
+each process a file of its own: the path itself, or ``<stem>.N<suffix>``, the first it can
+hold an exclusive ``flock`` on, held for the process's life (the kernel lets go when it dies).
+At claim, a process also adopts every other slot no live process holds: their records (a dead
+worker's) are appended to its own spool, fsync'd, then the slot is emptied. A crash between the
+two replays some records twice, which the store skips, as for ``clear``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import fcntl
 import hashlib
 import os
 from collections.abc import Sequence
@@ -57,10 +67,24 @@ def decode_line(line: bytes) -> bytes | None:
     return payload if _checksum(payload) == checksum else None
 
 
+SLOTS = 256  # spool files per path: more processes than that on one volume is a mistake
+
+
+class SpoolBusy(AuditError):
+    """Every slot of the spool path is held by a live process."""
+
+
 class Spool:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._pending = self._recover()
+        self._held: int | None = None  # the flock'd descriptor of a claimed slot
+
+    def release(self) -> None:
+        """Let go of a claimed slot (the process is stopping); its records stay in the file."""
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
 
     def __len__(self) -> int:
         """Records waiting for the database."""
@@ -126,6 +150,58 @@ class Spool:
                 f.flush()
                 os.fsync(f.fileno())
         return len(self.read())
+
+
+def claim(path: Path) -> Spool:
+    """This process's spool under ``path`` (above), with any dead process's records adopted."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for slot in range(SLOTS):
+        candidate = slot_path(path, slot)
+        held = _hold(candidate)
+        if held is None:
+            continue
+        spool = Spool(candidate)
+        spool._held = held
+        _adopt(spool, path)
+        return spool
+    raise SpoolBusy(f"all {SLOTS} spool files of {path.name} are held by live processes")
+
+
+def slot_path(path: Path, slot: int) -> Path:
+    return path if slot == 0 else path.with_name(f"{path.stem}.{slot}{path.suffix}")
+
+
+def _adopt(mine: Spool, path: Path) -> None:
+    for slot in range(SLOTS):
+        other = slot_path(path, slot)
+        if other == mine.path or not other.exists():
+            continue
+        held = _hold(other)
+        if held is None:  # a live process's
+            continue
+        try:
+            orphan = Spool(other)
+            records = orphan.read()
+            if records:
+                mine.append(records)
+                orphan.clear()
+        finally:
+            os.close(held)
+
+
+def _hold(path: Path) -> int | None:
+    """An open descriptor of ``path`` holding its exclusive flock, or None if another has it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+    return fd
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -144,6 +144,7 @@ class LedgerWriter:
         await self._task
         self._task = None
         await self._sequencer.aclose()
+        self._spool.release()
 
     async def submit(self, item: Sealed | Intent) -> None:
         await (await self.enqueue(item))

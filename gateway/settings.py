@@ -455,7 +455,7 @@ class Settings(BaseSettings):
     `thinkgate/<12 hex digits of its signing key's SHA-256>`."""
     audit_spool_file: Path = Path("./var/ledger-spool.log")
     """Where sealed records wait while the database is away (append-only, fsync'd,
-    checksummed)."""
+    checksummed); each worker process holds a file of its own beside it (`<stem>.N<suffix>`)."""
     audit_batch_max: int = Field(1024, ge=1, le=10_000)
     """The most records per group commit."""
     checkpoint_interval_ms: int = Field(0, ge=0)

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from gateway.cli import preflight, records, spend
+from gateway.cli import preflight, records, spend, workers
 from gateway.settings import Settings
 
 _DESCRIPTION = (
@@ -83,7 +83,12 @@ def _serve_parsers(sub: Any) -> None:
     serve.add_argument("--port", type=int, default=None, help="port (PORT: 8080)")
     serve.add_argument("--upstream", action="append", default=None, metavar="URL",
                        help="an engine's OpenAI base URL, repeatable (UPSTREAMS)")  # fmt: skip
-    serve.add_argument("--workers", type=int, default=1, help="worker processes")
+    serve.add_argument(
+        "--workers",
+        type=workers.parse,
+        default=workers.AUTO,
+        help="worker processes, or auto: one per usable CPU (with REDIS_URL)",
+    )
     serve.add_argument("--demo", action="store_true", help="built-in simulator, demo keys")
     serve.set_defaults(func=cmd_serve)
 
@@ -317,7 +322,7 @@ def _serve_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from gateway.telemetry.logs import lean_records, log_config
+    from gateway.telemetry.logs import lean_records
 
     overrides = _serve_overrides(args)
     settings = Settings(**overrides)
@@ -325,7 +330,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if refused:
         return refused
     if args.demo:
-        if args.workers != 1:
+        if args.workers not in (1, workers.AUTO):
             print("--demo runs one worker (the simulator lives in it)", file=sys.stderr)
             return 2
         from gateway.cli.demo import prepare_demo
@@ -343,18 +348,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                        lambda: preflight.check_keys(settings))  # fmt: skip
     if refused:
         return refused
-    run: dict[str, Any] = {
-        "host": settings.host,
-        "port": settings.port,
-        "loop": "uvloop",
-        "http": "httptools",
-        "access_log": False,  # thinkgate.access replaces it (gateway/telemetry/logs.py)
-        "server_header": False,  # no "server: uvicorn": nothing to fingerprint
-        "ws": "none",  # no WebSocket route: no WebSocket library loaded into each worker
-        "limit_concurrency": settings.max_client_connections,
-        "log_config": log_config(settings.logs),
-    }
-    if args.workers == 1:
+    run = _uvicorn_options(settings)
+    count = _worker_count(args, settings)
+    if count == 1:
         from gateway.app import create_app
 
         lean_records()
@@ -370,8 +366,41 @@ def cmd_serve(args: argparse.Namespace) -> int:
         )
     with _metrics_directory(settings.prometheus_multiproc_dir) as directory:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
-        uvicorn.run("gateway.cli.main:app_from_env", factory=True, workers=args.workers, **run)
+        uvicorn.run("gateway.cli.main:app_from_env", factory=True, workers=count, **run)
     return 0
+
+
+def _uvicorn_options(settings: Settings) -> dict[str, Any]:
+    from gateway.telemetry.logs import log_config
+
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "access_log": False,  # thinkgate.access replaces it (gateway/telemetry/logs.py)
+        "server_header": False,  # no "server: uvicorn": nothing to fingerprint
+        "ws": "none",  # no WebSocket route: no WebSocket library loaded into each worker
+        "limit_concurrency": settings.max_client_connections,
+        "log_config": log_config(settings.logs),
+    }
+
+
+def _worker_count(args: argparse.Namespace, settings: Settings) -> int:
+    """``--workers``, ``auto`` resolved (gateway/cli/workers.py), logged in the serving
+    process's own log format (``run["log_config"]``, which uvicorn applies again)."""
+    import logging.config
+
+    from gateway.telemetry.logs import log_config
+
+    chosen = workers.resolve(args.workers, demo=args.demo, shared_limits=bool(settings.redis_url),
+                             cpus=workers.usable_cpus())  # fmt: skip
+    logging.config.dictConfig(log_config(settings.logs))
+    log = logging.getLogger("thinkgate")
+    log.info(chosen.reason)
+    if chosen.warning:
+        log.warning(chosen.warning)
+    return chosen.count
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from audit.merkle import ProofError
 from audit.note import NoteError
 from audit.record import RecordFormatError
 from audit.retention import HoldNotFound, RecordsNotInForce, ShredBlocked
-from audit.spool import SpoolCorrupt
+from audit.spool import SpoolBusy, SpoolCorrupt
 from audit.tiles import EntryTooLarge, TileError
 from audit.timestamps import TimestampError
 from audit.verify import LedgerCorrupt
@@ -44,6 +44,7 @@ TRANSLATIONS: dict[type[AuditError], _Make] = {
     WriterUnavailable: lambda _e, _p: LedgerUnavailable("The audit ledger cannot store records."),
     DatabaseError: lambda _e, _p: LedgerUnavailable("The audit ledger's database is unavailable."),
     SpoolCorrupt: lambda _e, _p: LedgerUnavailable("The audit ledger cannot store records."),
+    SpoolBusy: lambda _e, _p: LedgerUnavailable("The audit ledger cannot store records."),
     KeyFileError: lambda _e, _p: LedgerUnavailable("The audit ledger's keys are unavailable."),
     KeysUnavailable: lambda _e, _p: LedgerUnavailable("The audit ledger's keys are unavailable."),
     DecryptionError: lambda _e, _p: LedgerIntegrityError("The record could not be decrypted."),

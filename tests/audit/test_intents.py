@@ -202,8 +202,10 @@ async def test_a_spooled_intent_of_a_killed_replica_is_recovered_after_its_spool
 
 
 def _kill(opened: Harness, ledger: Ledger) -> None:
-    """As ``kill -9`` leaves it: the writer stops where it is, nothing is flushed or closed."""
+    """As ``kill -9`` leaves it: the writer stops where it is, nothing is flushed or closed;
+    the kernel lets go of the process's spool lock."""
     ledger._writer._task.cancel()  # type: ignore[union-attr]
+    ledger._writer._spool.release()
     opened._ledgers.remove(ledger)
 
 

@@ -73,6 +73,7 @@ async def test_a_crash_between_commit_and_checkpoint_is_covered_at_the_next_star
     await asyncio.gather(writer._task, return_exceptions=True)
     writer._task = None  # so the teardown's aclose does not publish
     await writer._sequencer.aclose()  # its connection goes with the process
+    writer._spool.release()  # and its spool's lock
     assert size_of(await first.checkpoint()) == 0
     second = await ledger_factory.open(database_url, checkpoint_interval_s=NEVER_S)
 

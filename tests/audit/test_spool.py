@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import stat
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.spool import Spool, SpoolCorrupt, decode_line, encode_line
+from audit.spool import Spool, SpoolCorrupt, claim, decode_line, encode_line, slot_path
 
 PAYLOADS = [b"first", b"", b"line\nbreak\r\n", bytes(range(256)), b"\n", b"last"]
 
@@ -240,3 +243,70 @@ def test_truncation_at_any_offset_reopens_to_a_prefix(payloads: list[bytes]) -> 
             assert kept == payloads[: whole[:offset].count(b"\n")]
             spool.append([b"after"])
             assert Spool(path).read() == [*kept, b"after"]
+
+
+# --- one file per process (claim) -------------------------------------------------------------
+
+
+def test_processes_on_one_path_each_claim_a_file_and_clear_only_their_own(path: Path) -> None:
+    first, second = claim(path), claim(path)
+    try:
+        assert first.path == path and second.path == slot_path(path, 1)
+        first.append([b"first's"])
+        second.append([b"second's"])
+        first.clear()  # after its records reached the database
+        assert second.read() == [b"second's"] and len(second) == 1
+        third = claim(path)  # neither takes nor adopts a live process's file
+        assert third.path == slot_path(path, 2) and third.read() == []
+        assert second.read() == [b"second's"]
+        third.release()
+    finally:
+        first.release()
+        second.release()
+
+
+def test_a_dead_processs_records_are_adopted_by_the_next_claim(path: Path) -> None:
+    """A worker killed with records spooled: the next process to start takes them over."""
+    live = claim(path)  # slot 0, held by this (live) process throughout
+    live.append([b"live"])
+    script = (
+        "import os, signal, sys; from pathlib import Path; from audit.spool import claim\n"
+        "spool = claim(Path(sys.argv[1])); spool.append([b'a', b'b'])\n"
+        "print(spool.path, flush=True); os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    died = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True,
+                          text=True, cwd=Path(__file__).parents[2])  # fmt: skip
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    orphan = Path(died.stdout.strip())
+    assert orphan == slot_path(path, 1) and Spool(orphan).read() == [b"a", b"b"]
+    heir = claim(path)
+    try:
+        assert heir.path == orphan  # the first free slot: the dead one's own
+        assert heir.read() == [b"a", b"b"]  # its own file: replayed as a predecessor's
+        assert live.read() == [b"live"]  # a live process's records are never taken
+    finally:
+        heir.release()
+        live.release()
+
+
+def test_a_claim_adopts_records_left_in_a_higher_slot(path: Path) -> None:
+    """Fewer workers than before: slot 2's records (nobody holds it) move to the claimant."""
+    Spool(slot_path(path, 2)).append([b"left", b"behind"])
+    spool = claim(path)
+    try:
+        assert spool.path == path
+        assert spool.read() == [b"left", b"behind"] and len(spool) == 2
+        assert Spool(slot_path(path, 2)).read() == []
+    finally:
+        spool.release()
+
+
+def test_a_released_slot_is_claimed_again_with_its_records(path: Path) -> None:
+    spool = claim(path)
+    spool.append([b"kept"])
+    spool.release()
+    again = claim(path)
+    try:
+        assert again.path == path and again.read() == [b"kept"]
+    finally:
+        again.release()

@@ -28,7 +28,9 @@ async def running_gateway(env: dict[str, str]) -> AsyncIterator[Gateway]:
     for attempt in range(1, START_ATTEMPTS + 1):
         port = free_port()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
+            # one process per replica, as a pod with one CPU runs: a SIGKILL (a replica lost)
+            # must take the whole replica, which a supervisor's SIGKILL leaves its workers
+            sys.executable, "-m", "gateway.cli", "serve", "--port", str(port), "--workers", "1",
             env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         assert proc.stderr is not None

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.types import Receive, Scope, Send
 
 from gateway.auth.keys import split_key
+from gateway.cli import workers
 from gateway.cli.keys import open_store
 from gateway.edge.servers import BackgroundServer
 from gateway.ledger.sink import ensure_keys
@@ -571,13 +572,16 @@ class Workers:
 
 
 @contextlib.asynccontextmanager
-async def serving_workers(env: dict[str, str], workers: int) -> AsyncIterator[Workers]:
-    """``thinkgate serve --workers N`` in its own process group, once every worker started;
-    stopped with SIGTERM (uvicorn stops its workers), the group killed if anything is left."""
+async def serving_workers(
+    env: dict[str, str], workers: int, asked: str | None = None
+) -> AsyncIterator[Workers]:
+    """``thinkgate serve --workers ASKED`` (``workers`` by default) in its own process group,
+    once ``workers`` workers started; stopped with SIGTERM (uvicorn stops its workers), the
+    group killed if anything is left."""
     port = free_port()
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
-        "--workers", str(workers), env=env, start_new_session=True,
+        "--workers", asked or str(workers), env=env, start_new_session=True,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert proc.stderr is not None
@@ -588,7 +592,7 @@ async def serving_workers(env: dict[str, str], workers: int) -> AsyncIterator[Wo
         return sum("Application startup complete" in line for line in lines)
 
     try:
-        await eventually(lambda: started() == workers or reader.done(), within_s=60)
+        await eventually(lambda: started() >= workers or reader.done(), within_s=60)
         assert started() == workers, "\n".join(lines[-20:])
         yield Workers(f"http://127.0.0.1:{port}", lines)
     finally:
@@ -638,6 +642,7 @@ async def test_workers_add_their_metrics_up_and_log_one_json_line_per_request(
 
             await eventually(lambda: len(access_lines()) >= count, within_s=10)
         assert len(access_lines()) == count  # and no more by the end
+
         logged = [orjson.loads(line) for line in access_lines()]
         assert sorted(a["request_id"] for a in logged) == sorted(
             r.headers["x-request-id"] for r in replies
@@ -650,6 +655,40 @@ async def test_workers_add_their_metrics_up_and_log_one_json_line_per_request(
     assert multiprocess_files(tmp_path) == []  # the CLI's own directory is gone at exit
     writers = await ledger_writers(postgres_url)
     assert len(writers) == 2  # both workers served, and their figures were added up
+
+
+@pytest.mark.parametrize("redis", [True, False], ids=["with-redis", "without-redis"])
+async def test_auto_runs_a_worker_per_usable_cpu_only_where_limits_are_shared(
+    tmp_path: Path, redis_url: str, redis: bool
+) -> None:
+    """``--workers auto`` (the default): one worker per CPU this process may use when Redis
+    holds the limits; one without it, where each worker would allow the whole limit."""
+    files = ledger_files(tmp_path)
+    async with BackgroundServer(create_sim_app(SimConfig(ttft_ms=0, itl_ms=0))) as sim:
+        database = f"sqlite+aiosqlite:///{tmp_path / 'g.db'}"
+        settings = Settings(upstreams=(f"{sim.url}/v1",), redis_url=redis_url if redis else "",
+                            database_url=database, **files)  # fmt: skip
+        ensure_keys(settings.ledger, create=True)
+        key = (await make_keys(settings))["visible"]
+        env = {k: v for k, v in gateway_env(settings, files).items()
+               if k != "PROMETHEUS_MULTIPROC_DIR"}  # fmt: skip
+        env["TMPDIR"] = str(tmp_path)
+        if redis:
+            env["THINKGATE_REDIS_URL"] = redis_url
+        expected = workers.usable_cpus() if redis else 1
+        async with serving_workers(env, expected, asked="auto") as gateway:
+            reply = await ask(f"{gateway.url}/v1", key, stream=False, max_tokens=8)
+            assert reply.status == 200, reply.text
+            said = [orjson.loads(line)["msg"] for line in gateway.stderr if "worker" in line
+                    and '"logger":"thinkgate"' in line]  # fmt: skip
+        started = sum("Application startup complete" in line for line in gateway.stderr)
+        assert started == expected
+        if redis:
+            assert said == [f"{expected} worker{'s' * (expected > 1)} (auto: "
+                            f"{expected} usable CPU{'s' * (expected > 1)})"]  # fmt: skip
+        else:
+            assert said == ["1 worker (auto: without REDIS_URL, rate limits and "
+                            "budgets are kept per process)"]  # fmt: skip
 
 
 def multiprocess_files(directory: Path) -> list[Path]:
