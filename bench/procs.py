@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -169,6 +170,30 @@ def start_pump(work: Workdir, upstream: ServerProcess) -> ServerProcess:
     server = work.spawn("pump", argv, env, port, upstream.health_path)
     server.wait_ready()
     return server
+
+
+@contextlib.contextmanager
+def pinned(
+    client: psutil.Process, servers: list[psutil.Process]
+) -> Iterator[tuple[set[int], set[int]]]:
+    """``taskset`` for a run: the load generator (``client``) alone on the last CPU it may use,
+    the servers and their children (a supervisor's workers) on the others; every affinity
+    restored after. Yields (client CPUs, server CPUs). With one CPU nothing is pinned."""
+    cpus = sorted(client.cpu_affinity() or [])
+    everyone = [client, *servers, *(c for p in servers for c in p.children(recursive=True))]
+    before = {p.pid: p.cpu_affinity() for p in everyone}
+    if len(cpus) < 2:
+        yield set(cpus), set(cpus)
+        return
+    mine, theirs = {cpus[-1]}, set(cpus[:-1])
+    try:
+        for process in everyone:
+            process.cpu_affinity(sorted(mine if process is client else theirs))
+        yield mine, theirs
+    finally:
+        for process in everyone:
+            with contextlib.suppress(psutil.Error):
+                process.cpu_affinity(before[process.pid])
 
 
 class CpuMeter:

@@ -44,7 +44,7 @@ import psutil
 from bench.cells import LoadPlan, drive
 from bench.client import Api
 from bench.loadgen import LoadResult
-from bench.procs import CpuMeter, ServerProcess, Workdir, free_port
+from bench.procs import CpuMeter, ServerProcess, Workdir, free_port, pinned
 from bench.rust_gateways import BENCH_VENV, PACKAGES, plan
 from bench.rust_gateways import start as start_rust
 from bench.sections import cpu_model, revision, write_section
@@ -67,6 +67,8 @@ class CellSpec:
     api: Api = "chat"
     per_request: bool = False  # the figure is CPU per request, not per chunk
     systems: tuple[str, ...] = ()  # () = every system
+    # the load generator alone on a CPU of its own, the servers on the others (``procs.pinned``)
+    pin: bool = False
 
 
 # The Rust gateways (bench.rust_gateways) speak chat only: they take part in the chat cells
@@ -86,7 +88,9 @@ CELLS = (
     CellSpec("c=32, 10 ms", "bench-paced", 32),
     CellSpec("c=128, 10 ms", "bench-paced", 128),
     CellSpec("c=32, 3-chunk answers", "bench-short", 32, per_request=True),
-    CellSpec("c=256, 10 ms, 2 workers", "bench-paced", 256, systems=("direct", TWO_WORKERS)),
+    CellSpec(
+        "c=256, 10 ms, 2 workers", "bench-paced", 256, systems=("direct", TWO_WORKERS), pin=True
+    ),
     CellSpec("c=32, 10 ms, pii policy", "bench-paced", 32, systems=("thinkgate", PII)),
     CellSpec(CHAT_PER_REQUEST, "bench-paced", 32, per_request=True, systems=ENDPOINT_SYSTEMS),
     CellSpec(
@@ -244,7 +248,16 @@ def start_systems(work: Workdir, upstream: ServerProcess, args: argparse.Namespa
     return systems
 
 
-def measure(
+def measure(cell: CellSpec, system: System, round_: int, duration: float, warmup: float,
+            upstream: ServerProcess) -> Measured:  # fmt: skip
+    if not cell.pin:
+        return _measure(cell, system, round_, duration, warmup)
+    servers = [upstream.process] + ([system.server.process] if system.server else [])
+    with pinned(psutil.Process(), servers):
+        return _measure(cell, system, round_, duration, warmup)
+
+
+def _measure(
     cell: CellSpec, system: System, round_: int, duration: float, warmup: float
 ) -> Measured:
     processes = {"client": psutil.Process()}
@@ -370,7 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     shift = round_ % len(chosen)
                     for system in chosen[shift:] + chosen[:shift]:
                         quiet(upstream)
-                        run = measure(cell, system, round_, args.duration, args.warmup)
+                        run = measure(cell, system, round_, args.duration, args.warmup,
+                                      upstream)  # fmt: skip
                         runs.append(run)
                         print(f"round {round_} {cell.name:28} {system.name:22} "
                               f"{run.load.chunks_per_s:9,.0f} chunks/s "
