@@ -64,14 +64,19 @@ bench: $(VENV)/.installed-dev
 BENCH_VENV ?= .venv-bench
 TENSORZERO_PIN := 2026.6.0
 VLLM_ROUTER_PIN := 0.1.17
-BENCH_ENV := $(BENCH_VENV)/.installed-tensorzero-$(TENSORZERO_PIN)-vllm-router-$(VLLM_ROUTER_PIN)
+# Granian, the Rust HTTP server bench.frontdoors serves its relay with (RSGI), and what that
+# relay imports (bench/relay_doors.py), at the project's lock's versions.
+GRANIAN_PIN := 2.8.7
+DOORS_DEPS := granian==$(GRANIAN_PIN) aiohttp==3.14.5 httptools==0.9.0 uvloop==0.23.0
+BENCH_ENV := $(BENCH_VENV)/.installed-tensorzero-$(TENSORZERO_PIN)-vllm-router-$(VLLM_ROUTER_PIN)-granian-$(GRANIAN_PIN)
 
 .PHONY: bench-env
 bench-env: $(BENCH_ENV)
 
 $(BENCH_ENV):
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/pip install -q tensorzero==$(TENSORZERO_PIN) vllm-router==$(VLLM_ROUTER_PIN)
+	$(BENCH_VENV)/bin/pip install -q tensorzero==$(TENSORZERO_PIN) vllm-router==$(VLLM_ROUTER_PIN) \
+		$(DOORS_DEPS)
 	touch $@
 
 # The SLA table from the field's load tools (bench/sla.py, about 12 minutes): vllm bench serve
@@ -107,6 +112,12 @@ bench-sla: $(VENV)/.installed-dev $(VLLM_VENV)/.installed $(LOADTOOLS_ENV) $(GUI
 .PHONY: bench-realistic
 bench-realistic: $(VENV)/.installed-dev $(BENCH_ENV)
 	$(BIN)/python -m bench.realistic --bench-venv $(BENCH_VENV) $(if $(BEFORE),--before $(BEFORE))
+
+# One relay behind three front doors (uvicorn's ASGI, Granian's RSGI, an asyncio protocol of
+# its own): what leaving ASGI could save (issue 44). Prints a table.
+.PHONY: bench-frontdoors
+bench-frontdoors: $(VENV)/.installed-dev $(BENCH_ENV)
+	$(BIN)/python -m bench.frontdoors --bench-venv $(BENCH_VENV)
 
 # The ledger: append throughput, strict vs async, proofs and verify at 1,000,000 records
 # (about 15 minutes; PostgreSQL from THINKGATE_TEST_DATABASE_URL). Updates bench/RESULTS.md.
