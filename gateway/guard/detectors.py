@@ -36,6 +36,7 @@ Built-ins (``BUILTIN``):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from typing import Any
 
 import regex
 
-from gateway.guard.literals import starts
+from gateway.guard.literals import first_chars, starts
 
 # How much of a candidate is the value: its length, a shorter prefix (a phone number with a
 # stray group of digits after it), or 0 (not one).
@@ -77,6 +78,15 @@ class Detector:
     # (``gateway.guard.prefilter``; ``()``: none known), compared ignoring case when folded.
     starts: tuple[str, ...] = ()
     starts_folded: bool = False
+    # The ASCII characters every match starts with, when few (``literals.first_chars``; ``""``:
+    # unknown), for the scanner's first-character gate (``gateway.guard.prefilter``).
+    first: str = ""
+    # A character every complete match holds (an email's ``@``), and, for ASCII text without
+    # it, an ``re`` pattern that finds where a partial match starts (searched from the rule's
+    # position; none: no partial match). The scanner then answers without the rule's own
+    # partial-mode search (``ChannelScanner._scan``).
+    needs: str = ""
+    tail: re.Pattern[str] | None = None
 
 
 def luhn(text: str) -> bool:
@@ -148,8 +158,9 @@ def phone_validator(*regions: str) -> Validator:
 # a domain label: letters (any script) and digits, dashes inside; the top-level label is
 # letters, or punycode (xn--...)
 _LABEL = r"[^\W_](?:[^\W_]|-){0,62}(?<!-)"
+_LOCAL_PART = r"(?<![\w.%+-])[\w.%+-]{1,64}"
 _EMAIL = (
-    r"(?<![\w.%+-])[\w.%+-]{1,64}@" + _LABEL + r"(?:\." + _LABEL + r"){0,3}"
+    _LOCAL_PART + "@" + _LABEL + r"(?:\." + _LABEL + r"){0,3}"
     r"\.(?:[^\W\d_]{2,24}|xn--[A-Za-z0-9]{1,59})(?![\w-]|\.[^\W_])"
 )
 # never from a digit inside a run of them (``is415-555-0132``: not ``555-0132``, a valid German
@@ -259,7 +270,7 @@ def _builtin(name: str, label: str, pattern: str, valid: Validator) -> Detector:
     window = longest + max(ahead, LOOKAHEAD)
     literals, folded = starts(pattern)  # secret keys' prefixes; the others start too widely
     return Detector(name, label, regex.compile(pattern), window, valid, LOOKAHEAD, rank, behind,
-                    literals, folded)  # fmt: skip
+                    literals, folded, first_chars(pattern))  # fmt: skip
 
 
 def builtin(name: str, *, regions: tuple[str, ...] = ("US",), bare: bool = False) -> Detector:
@@ -274,7 +285,11 @@ def builtin(name: str, *, regions: tuple[str, ...] = ("US",), bare: bool = False
 
 
 BUILTIN: dict[str, Detector] = {
-    "email": _builtin("email", "[EMAIL]", _EMAIL, _always),
+    "email": dataclasses.replace(
+        _builtin("email", "[EMAIL]", _EMAIL, _always),
+        needs="@",
+        tail=re.compile(_LOCAL_PART + r"\Z"),  # a local part that reaches the end
+    ),
     "phone": _builtin("phone", "[PHONE]", _PHONE, phone_validator("US")),
     "credit_card": _builtin("credit_card", "[CREDIT_CARD]", _CARD, _whole(luhn)),
     "iban": _builtin("iban", "[IBAN]", _IBAN, _longest(iban)),
@@ -304,4 +319,4 @@ def custom(pattern: str, *, label: str = "[REDACTED]", max_length: int = 256) ->
     # decided once the longest match and its look-ahead could be present
     literals, folded = starts(pattern)
     return Detector("regex", label, compiled, max_length + ahead + 1, behind=behind,
-                    starts=literals, starts_folded=folded)  # fmt: skip
+                    starts=literals, starts_folded=folded, first=first_chars(pattern))  # fmt: skip

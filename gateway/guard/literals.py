@@ -79,3 +79,83 @@ def _chars(members: Any) -> list[str] | None:
         else:
             return None
     return found
+
+
+def first_chars(pattern: str) -> str:
+    """The ASCII characters a match of ``pattern`` can start with, when they are few enough to
+    gate on (``""``: any, or too many to tell). A match may also start with any non-ASCII
+    character: the gate counts those always (``re``'s and ``regex``'s Unicode tables need not
+    agree on what ``\\d`` holds beyond ASCII)."""
+    parsed = re._parser.parse(pattern)  # type: ignore[attr-defined]
+    folded = bool(parsed.state.flags & re.IGNORECASE)
+    try:
+        chars, nullable = _first(list(parsed), folded)
+    except _Unknown:
+        return ""
+    if nullable or not chars or len(chars) > _MOST_FIRST:
+        return ""
+    return "".join(sorted(chars))
+
+
+_MOST_FIRST = 40  # more first characters than this: prose hits them too often to gate on
+
+
+def _first(items: list[Any], folded: bool) -> tuple[set[str], bool]:
+    """The ASCII characters ``items`` (a parsed sequence) can start with, and whether they can
+    match the empty string (then what follows them can start the match too)."""
+    found: set[str] = set()
+    for op, arg in items:
+        chars, empty = _item(op, arg, folded)
+        found |= chars
+        if not empty:
+            return found, False
+    return found, True
+
+
+def _item(op: Any, arg: Any, folded: bool) -> tuple[set[str], bool]:
+    """One parsed item's start characters, and whether it can match the empty string."""
+    c = re._constants  # type: ignore[attr-defined]
+    if op in (c.ASSERT, c.ASSERT_NOT, c.AT):  # zero-width
+        return set(), True
+    if op == c.LITERAL:
+        return _cased(chr(arg), folded), False
+    if op == c.IN:
+        return _class(arg, folded), False
+    if op == c.BRANCH:
+        found: set[str] = set()
+        nullable = False
+        for alternative in arg[1]:
+            chars, empty = _first(list(alternative), folded)
+            found |= chars
+            nullable = nullable or empty
+        return found, nullable
+    if op == c.SUBPATTERN:
+        return _first(list(arg[3]), folded or bool(arg[1] & re.IGNORECASE))
+    if op in (c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", None)):
+        chars, empty = _first(list(arg[2]), folded)
+        return chars, empty or arg[0] == 0
+    raise _Unknown  # a back-reference, ``.``, anything else: too wide to tell
+
+
+def _cased(char: str, folded: bool) -> set[str]:
+    if not char.isascii():
+        return set()  # counted always
+    return {char.lower(), char.upper()} if folded else {char}
+
+
+def _class(members: Any, folded: bool) -> set[str]:
+    c = re._constants  # type: ignore[attr-defined]
+    found: set[str] = set()
+    for op, arg in members:
+        if op == c.NEGATE:
+            raise _Unknown
+        if op == c.LITERAL:
+            found |= _cased(chr(arg), folded)
+        elif op == c.RANGE:
+            for code in range(arg[0], min(arg[1], 127) + 1):
+                found |= _cased(chr(code), folded)
+        elif op == c.CATEGORY and arg == c.CATEGORY_DIGIT:
+            found |= set("0123456789")
+        else:
+            raise _Unknown  # \w, \s and the like: too wide
+    return found

@@ -16,7 +16,9 @@ How (per rule, i.e. per detector of a policy):
   one by one.
 - A shared search comes first, exact (what every rule finds is unchanged): the prefilter
   (``gateway.guard.prefilter``) resumes each rule whose matches start with a literal at that
-  literal's next occurrence, or decides it to the end when there is none.
+  literal's next occurrence, or decides it to the end when there is none; its first-character
+  gate does the same for rules whose matches start with a few ASCII characters (digits,
+  capitals) or a non-ASCII one.
 - A complete match is decided once the characters that could change it are present: the
   built-ins' ``settle`` after its end (their closing look-ahead), a file's own regex
   ``window`` from its start (a greedy pattern could still grow), or the channel ends. A
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 import regex
 
 from gateway.guard.detectors import Detector
-from gateway.guard.prefilter import Prefilter
+from gateway.guard.prefilter import FirstChars, Prefilter
 
 CONTEXT = 32  # characters kept before a rule's position, at least: the rules' look-behinds
 
@@ -73,7 +75,8 @@ class ChannelScanner:
         self._decided: list[list[Finding]] = [[] for _ in range(count)]  # not yet merged
         self._ranks = [d.rank for d in rules]
         self._gate = Prefilter(rules)
-        gated = set(self._gate.rules)
+        self._chars = FirstChars(rules, exclude=self._gate.rules)
+        gated = {*self._gate.rules, *self._chars.rules}
         self._alone = [i for i in range(count) if i not in gated]
         self._context = max([CONTEXT, *(d.behind for d in rules)])
         self._buf = ""
@@ -99,6 +102,9 @@ class ChannelScanner:
         if self._gate.rules:
             for index in self._gated(final):
                 self._scan(index, final)
+        if self._chars.rules:
+            for index in self._started():
+                self._scan(index, final)
         for index in self._alone:
             self._scan(index, final)
         hold = min(self._hold) if self._hold else self.end
@@ -120,6 +126,24 @@ class ChannelScanner:
                 pos[i] = at + base
         return list(first)
 
+    def _started(self) -> list[int]:
+        """The first-character gate (``prefilter.FirstChars``) likewise: each of its rules
+        resumes at its first possible start character, or is decided to the end."""
+        base, end, pos, hold = self._base, self.end, self._pos, self._hold
+        rules = self._chars.rules
+        if not self._chars.any(self._buf, min([pos[i] for i in rules]) - base):
+            for i in rules:  # prose: the common case, one search
+                hold[i] = pos[i] = end
+            return []
+        first = self._chars.first(self._buf, {i: pos[i] - base for i in rules})
+        for i in rules:
+            at = first.get(i)
+            if at is None:
+                hold[i] = pos[i] = end
+            else:
+                pos[i] = at + base
+        return list(first)
+
     def drop_before(self, offset: int) -> None:
         """Forget the text before ``offset`` (already sent on), keeping look-behind context."""
         keep_from = min(offset, min(self._pos, default=offset)) - self._context
@@ -130,6 +154,8 @@ class ChannelScanner:
     def _scan(self, index: int, final: bool) -> None:
         end, base, buf, pos = self.end, self._base, self._buf, self._pos
         detector = self._detectors[index]
+        if detector.needs and self._without_needed(detector, index, final):
+            return
         pattern = detector.pattern
         # a match attempt reads at most ``window`` characters: only the last ``window``
         # positions can still run into the end of the text
@@ -158,6 +184,24 @@ class ChannelScanner:
                                                     m.group()[:size]))  # fmt: skip
             else:  # not a value: a match may still start inside it ("+0 (415) 555-0198")
                 pos[index] = start + 1
+
+    def _without_needed(self, detector: Detector, index: int, final: bool) -> bool:
+        """Decide a rule whose every complete match holds ``detector.needs`` when the text from
+        its position has none: no complete match starts there; at the end, nothing is held,
+        and before it, ASCII text is held where ``detector.tail`` says a partial match starts.
+        ``False``: the rule's own search must answer."""
+        at = self._pos[index] - self._base
+        rest = self._buf[at:]
+        if detector.needs in rest:
+            return False
+        if final:
+            self._hold[index] = self._pos[index] = self.end
+            return True
+        if detector.tail is None or not rest.isascii():
+            return False
+        m = detector.tail.search(self._buf, at)
+        self._hold[index] = self._pos[index] = self.end if m is None else m.start() + self._base
+        return True
 
     def _partial(self, pattern: regex.Pattern[str], low: int, high: int) -> int | None:
         """The first position in ``[low, high)``, before a complete match at ``high``, where

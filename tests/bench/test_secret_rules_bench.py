@@ -1,5 +1,5 @@
 """``bench.secret_rules`` measures what it says: the four rule sets differ only as named (the
-rule set added or not, the prefilter on or off), and a round scans every token."""
+rule set added or not, the scanner's gates on or off), and a round scans every token."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ def test_the_rule_sets_differ_only_as_named() -> None:
     assert len(sets["built-ins"]) == len(BUILTIN)
     assert len(sets["built-ins + secret_rules"]) == len(BUILTIN) + len(secret_rules())
     assert any(rule.starts for rule in sets["built-ins + secret_rules"])
-    assert not any(rule.starts for rule in sets["built-ins + secret_rules, prefilter off"])
-    on, off = sets["built-ins + secret_rules"], sets["built-ins + secret_rules, prefilter off"]
+    assert any(rule.first for rule in sets["built-ins"]) and any(r.needs for r in sets["built-ins"])
+    off = sets["built-ins + secret_rules, gates off"]
+    assert not any(rule.starts or rule.first or rule.needs for rule in off)
+    on = sets["built-ins + secret_rules"]
     assert [r.pattern for r in on] == [r.pattern for r in off]
 
 

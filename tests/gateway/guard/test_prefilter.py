@@ -11,11 +11,12 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.guard.detectors import Detector
-from gateway.guard.literals import starts
-from gateway.guard.prefilter import Prefilter
+from gateway.guard.detectors import BUILTIN, Detector, builtin
+from gateway.guard.literals import first_chars, starts
+from gateway.guard.prefilter import FirstChars, Prefilter
 from gateway.guard.scanner import ChannelScanner
 from gateway.guard.secrets import secret_rules
+from tests.gateway.guard.test_scanner import PLANTED as PLANTED_BUILTIN
 from tests.gateway.guard.test_scanner import chunked
 from tests.gateway.guard.test_secrets import CASES
 
@@ -89,7 +90,7 @@ def test_the_prefilter_changes_nothing_a_rule_finds(parts: list[str], cuts: list
 
 
 def test_the_built_in_secret_shapes_and_a_files_regex_are_gated_too() -> None:
-    from gateway.guard.detectors import BUILTIN, custom
+    from gateway.guard.detectors import custom
 
     assert {"AKI", "ghp", "hf_", "eyJ"} <= set(BUILTIN["secret_key"].starts)
     assert BUILTIN["email"].starts == ()  # a local part may start with any word character
@@ -97,3 +98,96 @@ def test_the_built_in_secret_shapes_and_a_files_regex_are_gated_too() -> None:
     folded = custom("(?i)acme-[0-9]{6}")
     assert (folded.starts, folded.starts_folded) == (("acm",), True)  # a global flag counts
     assert [f[3] for f in scan([folded], ["id ACME-123456 ok"])] == ["ACME-123456"]
+
+
+# -- the first-character gate ------------------------------------------------------------------
+
+
+def test_the_first_characters_a_match_can_start_with() -> None:
+    assert first_chars(r"(?<!\w)\(?\d{3}") == "(0123456789"  # an optional group: and after it
+    assert first_chars(r"(?:x|)[A-C]") == "ABCx"  # an alternative may be empty
+    assert first_chars(r"(?i:ab)\d") == "Aa"
+    assert first_chars(r"(?:\+\d)?[1-3]") == "+123"
+    assert first_chars(r"\w+@") == ""  # too wide to gate on
+    assert first_chars(r"[^a]b") == ""  # a negated class
+    assert first_chars(r"a?") == ""  # may match nothing
+    assert first_chars(r"(a)\1") == "a"
+    assert first_chars(r"(a)?\1b") == ""  # a back-reference may come first: unknown
+
+
+def without_first(detectors: list[Detector]) -> list[Detector]:
+    return [dataclasses.replace(d, first="") for d in detectors]
+
+
+GATED_RULES = [*BUILTIN.values(), builtin("us_ssn", bare=True),
+               builtin("phone", regions=("US", "GB", "JP"))]  # fmt: skip
+# digits of other scripts (\d holds them), capitals, the characters phone numbers start with
+NEAR_STARTS = "ab XY 019٣１-.@_+()\n#é"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from([v for vs in PLANTED_BUILTIN.values() for v in vs]),
+                          st.text(NEAR_STARTS, max_size=10)), max_size=6),
+       st.lists(st.integers(0, 10_000), max_size=20))  # fmt: skip
+def test_the_first_character_gate_changes_nothing_a_rule_finds(
+    parts: list[str], cuts: list[int]
+) -> None:
+    text = " ".join(parts)
+    assert any(d.first for d in GATED_RULES)
+    expected = scan(without_first(GATED_RULES), [text])
+    assert scan(GATED_RULES, [text]) == expected
+    assert scan(GATED_RULES, chunked(text, cuts)) == expected
+    assert scan(GATED_RULES, list(text)) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(NEAR_STARTS + "ssn:", max_size=40))
+def test_no_match_or_partial_match_starts_outside_the_first_characters(text: str) -> None:
+    for detector in GATED_RULES:
+        if not detector.first:
+            continue
+        for at in range(len(text) + 1):
+            m = detector.pattern.match(text, at, partial=True)
+            if m is not None and at < len(text):
+                assert not text[at].isascii() or text[at] in detector.first, (detector.name, at)
+
+
+def test_prose_is_decided_by_the_gate_alone() -> None:
+    rules = [BUILTIN[n] for n in ("phone", "credit_card", "iban", "us_ssn")]
+    gate = FirstChars(rules)
+    assert gate.rules == [0, 1, 2, 3]
+    assert gate.first("we think it over", {0: 0, 1: 0, 2: 0, 3: 0}) == {}
+    assert gate.first("call 5 Then", {0: 0, 1: 0, 2: 0, 3: 0}) == {0: 5, 1: 5, 2: 7, 3: 5}
+    assert gate.first("x ٣ y", {0: 0, 1: 0, 2: 3, 3: 0}) == {0: 2, 1: 2, 3: 2}
+    assert FirstChars([BUILTIN["secret_key"], BUILTIN["email"]]).rules == []  # lowercase, wide
+
+
+# -- a rule decided without its search: an email needs its "@" --------------------------------
+
+EMAILISH = "ab.x+_-%@ é\n0Z"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(PLANTED_BUILTIN["email"]),
+                          st.text(EMAILISH, max_size=70)), max_size=5),
+       st.lists(st.integers(0, 10_000), max_size=20))  # fmt: skip
+def test_the_needed_character_shortcut_changes_nothing_an_email_finds(
+    parts: list[str], cuts: list[int]
+) -> None:
+    email = BUILTIN["email"]
+    assert email.needs == "@" and email.tail is not None
+    rules = [email, BUILTIN["phone"]]
+    expected = scan(
+        [dataclasses.replace(email, needs="", tail=None), rules[1]], [text := " ".join(parts)]
+    )
+    assert scan(rules, [text]) == expected
+    assert scan(rules, chunked(text, cuts)) == expected
+    assert scan(rules, list(text)) == expected
+
+
+def test_a_word_that_may_become_an_email_is_held_and_one_too_long_is_not() -> None:
+    scanner = ChannelScanner([BUILTIN["email"]])
+    assert scanner.feed("write to jane")[0] == len("write to ")  # "jane" may be a local part
+    assert scanner.feed(" now ")[0] == len("write to jane now ")
+    long_run = ChannelScanner([BUILTIN["email"]])
+    assert long_run.feed("x" * 65)[0] == 65  # past 64 characters no local part ends here
