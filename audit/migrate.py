@@ -4,14 +4,21 @@ A ``Schema`` names an Alembic script directory, its own version table, its newes
 an advisory-lock id. The ledger's is ``LEDGER`` (``audit/migrations``); the gateway's key store
 has its own (``gateway.db``), so each is versioned apart and either can be upgraded alone.
 
-Safe to call at every start and from several replicas at once on PostgreSQL: the upgrade runs
-under a transaction-scoped advisory lock, so one replica migrates and the others then find the
-schema current. A schema already at its head is recognised with one query and Alembic is not
-even imported: a gateway process would otherwise carry Alembic and Mako in memory for good.
+Safe to call at every start and from several processes at once: on PostgreSQL the upgrade runs
+under a transaction-scoped advisory lock, on a SQLite file under an exclusive ``flock`` of
+``<database>.migrate.lock`` beside it (``serve --workers N`` starts its workers together), so
+one process migrates and the others then find the schema current. A schema already at its
+head is recognised with one query and Alembic is not even imported: a gateway process would
+otherwise carry Alembic and Mako in memory for good.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
+import os
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -54,8 +61,25 @@ class Schema:
         command.upgrade(self.config(connection), "head")
 
     async def upgrade(self, engine: AsyncEngine) -> None:
-        async with engine.begin() as conn:
+        async with _sqlite_lock(engine), engine.begin() as conn:
             await conn.run_sync(self._upgrade)
+
+
+@contextlib.asynccontextmanager
+async def _sqlite_lock(engine: AsyncEngine) -> AsyncIterator[None]:
+    """Held across an upgrade of a SQLite file database: SQLite's own locks do not cover
+    Alembic's DDL (no transaction is begun for it), and two processes creating the same
+    tables at once fail. Nothing for another database or an in-memory one."""
+    path = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not path or path == ":memory:" or path.startswith("file:"):
+        yield
+        return
+    fd = os.open(f"{path}.migrate.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # lets go of the lock
 
 
 LEDGER = Schema("audit:migrations", "ledger_alembic_version", "0004", 0x7467_6C65_6467_6D31)

@@ -67,3 +67,38 @@ async def test_a_key_table_made_before_migrations_is_kept_and_stamped(tmp_path: 
         assert await conn.run_sync(GATEWAY.current) == GATEWAY.head
         assert await conn.run_sync(lambda c: inspect(c).has_table("gateway_alembic_version"))
     await engine.dispose()
+
+
+def test_processes_starting_together_on_a_fresh_sqlite_file_all_migrate(tmp_path: Path) -> None:
+    """``serve --workers N`` starts its workers at once: each upgrades the same new file."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'together.db'}"
+    started = [subprocess.Popen([sys.executable, "-c", PROBE, url], cwd=ROOT, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+               for _ in range(6)]  # fmt: skip
+    outcomes = [(p.wait(timeout=60), p.stderr.read() if p.stderr else "") for p in started]
+    for p in started:
+        for stream in (p.stdout, p.stderr):
+            if stream is not None:
+                stream.close()
+    assert [code for code, _ in outcomes] == [0] * 6, [err[-500:] for _, err in outcomes]
+
+
+async def test_a_sqlite_upgrade_waits_for_the_file_lock(tmp_path: Path) -> None:
+    import asyncio
+    import fcntl
+    import os
+
+    from gateway.db import create_engine
+
+    database = tmp_path / "locked.db"
+    fd = os.open(f"{database}.migrate.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process migrating
+    engine = create_engine(f"sqlite+aiosqlite:///{database}")
+    try:
+        upgrading = asyncio.create_task(migrate.upgrade(engine))
+        done, _ = await asyncio.wait({upgrading}, timeout=0.5)
+        assert not done  # it waits for the lock
+        os.close(fd)
+        await asyncio.wait_for(upgrading, timeout=30)
+    finally:
+        await engine.dispose()

@@ -56,6 +56,14 @@ def log_origin(directory: Path) -> str:
     return default_origin(load_signing_key(directory / "signing-key.pem"))
 
 
+def spool_cannot_take(spool: Path) -> None:
+    """Make the spool file refuse every write: its path becomes a directory. The gateway holds
+    the file it claimed at start (``audit.spool.claim``), so the file is unlinked first; its
+    next append opens the path, now a directory, and fails."""
+    spool.unlink(missing_ok=True)
+    spool.mkdir()
+
+
 def ledger_files(directory: Path) -> dict[str, Path]:
     """Settings that keep a test's ledger keys and spool in its own directory; the gateway
     start creates nothing (outside demo mode): ``ensure_keys(settings.ledger, create=True)``."""

@@ -31,7 +31,7 @@ from gateway.auth.keys import split_key
 from gateway.cli.keys import open_store
 from gateway.settings import Settings
 from gateway.side.sim.app import SimConfig
-from tests.e2e.conftest import Stack, log_origin
+from tests.e2e.conftest import Stack, log_origin, spool_cannot_take
 from tests.openai_errors import assert_openai_error
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Why is the sky blue?"}]
@@ -649,7 +649,7 @@ async def test_audit_fail_closed_refuses_what_cannot_be_recorded(
     # cannot be made); a spool path that becomes a directory later fails at write time.
     stack = await stack_factory(audit_fail="closed")
     await post_chat(stack)
-    (tmp_path / "spool.log").mkdir()
+    spool_cannot_take(tmp_path / "spool.log")
     async with ledger_table_gone(tmp_path):
         lost = await post_chat(stack, stream=True)
         assert lost.status_code == 200  # the stream had begun; it ends with an error event
@@ -679,7 +679,7 @@ async def test_a_refused_stream_is_not_an_unhandled_server_error(
     handled, so it must not also escape to the server as an unhandled exception."""
     stack = await stack_factory(audit_fail="closed")
     await post_chat(stack)
-    (tmp_path / "spool.log").mkdir()
+    spool_cannot_take(tmp_path / "spool.log")
     async with ledger_table_gone(tmp_path):
         lost = await post_chat(stack, stream=True)
     assert b"ledger_unavailable" in lost.content
@@ -692,7 +692,7 @@ async def test_audit_fail_open_serves_and_loses_the_record(
 ) -> None:
     stack = await stack_factory(audit_fail="open")
     await post_chat(stack)
-    (tmp_path / "spool.log").mkdir()
+    spool_cannot_take(tmp_path / "spool.log")
     async with ledger_table_gone(tmp_path):
         served = [await post_chat(stack, stream=True), await post_chat(stack)]
     assert served[0].text.endswith("data: [DONE]\n\n") and b"event: error" not in served[0].content

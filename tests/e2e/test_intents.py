@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from gateway.side.sim.app import SimConfig
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import Stack, spool_cannot_take
 from tests.e2e.test_audit_api import (
     MESSAGES,
     assert_error,
@@ -73,7 +73,7 @@ async def test_a_stream_whose_intent_cannot_be_stored_is_refused_before_any_byte
 ) -> None:
     stack: Stack = await stack_factory(audit_fail="closed", sim=SimConfig(ttft_ms=50, itl_ms=50))
     assert (await post_chat(stack)).status_code == 200
-    (tmp_path / "spool.log").mkdir()  # the spool cannot take anything
+    spool_cannot_take(tmp_path / "spool.log")  # the spool cannot take anything
     with raw_sql(tmp_path) as conn:  # off the loop: the gateway shares it
         await asyncio.to_thread(
             conn.execute, "ALTER TABLE ledger_intents RENAME TO ledger_intents_away"
