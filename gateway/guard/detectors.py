@@ -44,7 +44,7 @@ from typing import Any
 
 import regex
 
-from gateway.guard.literals import first_chars, starts
+from gateway.guard.literals import first_chars, never_after_alnum, starts
 
 # How much of a candidate is the value: its length, a shorter prefix (a phone number with a
 # stray group of digits after it), or 0 (not one).
@@ -81,6 +81,9 @@ class Detector:
     # The ASCII characters every match starts with, when few (``literals.first_chars``; ``""``:
     # unknown), for the scanner's first-character gate (``gateway.guard.prefilter``).
     first: str = ""
+    # Whether a match may start right after an ASCII letter or digit (``False``: a leading
+    # look-behind refuses them, ``literals.never_after_alnum``), for the same gate.
+    after_alnum: bool = True
     # A character every complete match holds (an email's ``@``), and, for ASCII text without
     # it, an ``re`` pattern that finds where a partial match starts (searched from the rule's
     # position; none: no partial match). The scanner then answers without the rule's own
@@ -270,7 +273,8 @@ def _builtin(name: str, label: str, pattern: str, valid: Validator) -> Detector:
     window = longest + max(ahead, LOOKAHEAD)
     literals, folded = starts(pattern)  # secret keys' prefixes; the others start too widely
     return Detector(name, label, regex.compile(pattern), window, valid, LOOKAHEAD, rank, behind,
-                    literals, folded, first_chars(pattern))  # fmt: skip
+                    literals, folded, first_chars(pattern),
+                    not never_after_alnum(pattern))  # fmt: skip
 
 
 def builtin(name: str, *, regions: tuple[str, ...] = ("US",), bare: bool = False) -> Detector:
@@ -319,4 +323,5 @@ def custom(pattern: str, *, label: str = "[REDACTED]", max_length: int = 256) ->
     # decided once the longest match and its look-ahead could be present
     literals, folded = starts(pattern)
     return Detector("regex", label, compiled, max_length + ahead + 1, behind=behind,
-                    starts=literals, starts_folded=folded, first=first_chars(pattern))  # fmt: skip
+                    starts=literals, starts_folded=folded, first=first_chars(pattern),
+                    after_alnum=not never_after_alnum(pattern))  # fmt: skip

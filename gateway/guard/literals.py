@@ -11,6 +11,7 @@ one of the literals found, or none are given (too short to say much, or too many
 from __future__ import annotations
 
 import re
+import string
 from typing import Any
 
 MIN_START = 2  # a literal shorter than this says too little to be worth a prefilter
@@ -159,3 +160,47 @@ def _class(members: Any, folded: bool) -> set[str]:
         else:
             raise _Unknown  # \w, \s and the like: too wide
     return found
+
+
+def never_after_alnum(pattern: str) -> bool:
+    """Whether no match of ``pattern`` can start right after an ASCII letter or digit: every
+    way into it passes a look-behind that refuses them first (``(?<![\\w+])`` of the phone
+    numbers, ``(?<![A-Za-z0-9-])`` of IBANs), before it consumes anything."""
+    parsed = re._parser.parse(pattern)  # type: ignore[attr-defined]
+    return _guarded(list(parsed))
+
+
+def _guarded(items: list[Any]) -> bool:
+    c = re._constants  # type: ignore[attr-defined]
+    for index, (op, arg) in enumerate(items):
+        if op == c.ASSERT_NOT and arg[0] == -1 and _refuses_alnum(list(arg[1])):
+            return True
+        if op in (c.ASSERT, c.ASSERT_NOT, c.AT):  # another zero-width item: look further
+            continue
+        rest = items[index + 1 :]
+        if op == c.BRANCH:
+            return all(_guarded(list(alternative) + rest) for alternative in arg[1])
+        if op == c.SUBPATTERN:
+            return _guarded(list(arg[3]) + rest)
+        return False
+    return False
+
+
+def _refuses_alnum(items: list[Any]) -> bool:
+    """A look-behind's body that is one class holding every ASCII letter and digit."""
+    c = re._constants  # type: ignore[attr-defined]
+    if len(items) != 1 or items[0][0] != c.IN:
+        return False
+    held: set[str] = set()
+    for op, arg in items[0][1]:
+        if op == c.NEGATE:
+            return False
+        if op == c.CATEGORY and arg == c.CATEGORY_WORD:
+            return True
+        if op == c.CATEGORY and arg == c.CATEGORY_DIGIT:
+            held |= set("0123456789")
+        elif op == c.RANGE:
+            held |= {chr(x) for x in range(arg[0], min(arg[1], 127) + 1)}
+        elif op == c.LITERAL:
+            held.add(chr(arg))
+    return set(string.ascii_letters + string.digits) <= held

@@ -21,6 +21,7 @@ rule.
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -82,8 +83,17 @@ class FirstChars:
         for i in self.rules:
             for ch in detectors[i].first:
                 self._owners.setdefault(ch, []).append(i)
-        chars = "".join(re.escape(ch) for ch in sorted(self._owners))
-        self._pattern = re.compile(f"[{chars}]|[^\\x00-\\x7f]")
+        # rules whose look-behind refuses an ASCII letter or digit before their start: their
+        # start characters count only after anything else (" 42", not "thought42")
+        self._strict = {i for i in self.rules if not detectors[i].after_alnum}
+        strict = {ch for i in self._strict for ch in detectors[i].first}
+        loose = {ch for i in self.rules if i not in self._strict for ch in detectors[i].first}
+        alternatives = [r"[^\x00-\x7f]"]
+        if strict:
+            alternatives.insert(0, f"(?<![A-Za-z0-9])[{_class(strict)}]")
+        if loose:
+            alternatives.insert(0, f"[{_class(loose)}]")
+        self._pattern = re.compile("|".join(alternatives))
 
     def any(self, buf: str, low: int) -> bool:
         """Whether any of the rules' start characters occurs in ``buf`` at or after ``low``."""
@@ -94,15 +104,23 @@ class FirstChars:
         absent has none."""
         found: dict[int, int] = {}
         wanted = len(self.rules)
-        owners, every = self._owners, self.rules
+        owners, every, strict = self._owners, self.rules, self._strict
         for m in self._pattern.finditer(buf, min(since.values())):
             at = m.start()
+            after = at > 0 and buf[at - 1] in _ALNUM
             for rule in owners.get(buf[at], every):  # a non-ASCII character: every rule
-                if rule not in found and at >= since[rule]:
+                if rule not in found and at >= since[rule] and not (after and rule in strict):
                     found[rule] = at
             if len(found) == wanted:
                 break
         return found
+
+
+_ALNUM = frozenset(string.ascii_letters + string.digits)
+
+
+def _class(chars: Iterable[str]) -> str:
+    return "".join(re.escape(ch) for ch in sorted(chars))
 
 
 def _note(found: dict[int, int], since: dict[int, int], rules: Iterable[int], at: int) -> None:

@@ -48,7 +48,7 @@ from typing import Any
 import regex
 
 from gateway.guard.detectors import Detector, PatternError, Validator, rank_of, widths
-from gateway.guard.literals import first_chars, starts
+from gateway.guard.literals import first_chars, never_after_alnum, starts
 
 CAP = 128  # the most characters an unbounded repeat may take
 GROUP_CAP = 4  # the most times an unbounded repeat of a group may repeat it
@@ -157,5 +157,6 @@ def _detector(name: str, denylist: Any, checks: Callable[[str], bool] | None = N
     literals, folded = starts(pattern)
     made = Detector("secret_key", LABEL, regex.compile(pattern), longest + ahead + 1,
                     rank=rank_of("secret_key"), behind=behind, starts=literals,
-                    starts_folded=folded, first=first_chars(pattern))  # fmt: skip
+                    starts_folded=folded, first=first_chars(pattern),
+                    after_alnum=not never_after_alnum(pattern))  # fmt: skip
     return made if checks is None else dataclasses.replace(made, valid=_formally(checks))

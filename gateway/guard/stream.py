@@ -78,6 +78,11 @@ class ChoiceGuard:
             return ("", "") if lane.closed else (text, text)
         released, findings = lane.scanner.feed(text, final)
         lane.closed = final
+        if not findings:  # the common case: what is decided goes as it came
+            tail = lane.scanner.text(lane.sent, released) if released > lane.sent else ""
+            lane.sent = max(released, lane.sent)
+            lane.scanner.drop_before(lane.sent)
+            return tail, tail
         client: list[str] = []
         kept: list[str] = []
         cursor = lane.sent

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.guard.detectors import BUILTIN, Detector, builtin
-from gateway.guard.literals import first_chars, starts
+from gateway.guard.literals import first_chars, never_after_alnum, starts
 from gateway.guard.prefilter import FirstChars, Prefilter
 from gateway.guard.scanner import ChannelScanner
 from gateway.guard.secrets import secret_rules
@@ -103,6 +103,15 @@ def test_the_built_in_secret_shapes_and_a_files_regex_are_gated_too() -> None:
 # -- the first-character gate ------------------------------------------------------------------
 
 
+def test_which_patterns_never_start_right_after_a_letter_or_digit() -> None:
+    assert never_after_alnum(r"(?<![\w+])\d") and never_after_alnum(r"(?<![A-Za-z0-9-])X")
+    assert never_after_alnum(r"(?=\d)(?:(?<!\w)1|(?<![0-9a-zA-Z])2)")  # every way in
+    assert not never_after_alnum(r"(?<![a-z])\d")  # capitals and digits may come before
+    assert not never_after_alnum(r"(?<!\w)1|2")  # one alternative unguarded
+    assert not never_after_alnum(r"\d(?<!\w)")  # after it consumed something: too late
+    assert not never_after_alnum(r"(?<![^\w])\d")  # a negated class
+
+
 def test_the_first_characters_a_match_can_start_with() -> None:
     assert first_chars(r"(?<!\w)\(?\d{3}") == "(0123456789"  # an optional group: and after it
     assert first_chars(r"(?:x|)[A-C]") == "ABCx"  # an alternative may be empty
@@ -116,13 +125,13 @@ def test_the_first_characters_a_match_can_start_with() -> None:
 
 
 def without_first(detectors: list[Detector]) -> list[Detector]:
-    return [dataclasses.replace(d, first="") for d in detectors]
+    return [dataclasses.replace(d, first="", after_alnum=True) for d in detectors]
 
 
 GATED_RULES = [*BUILTIN.values(), builtin("us_ssn", bare=True),
                builtin("phone", regions=("US", "GB", "JP"))]  # fmt: skip
 # digits of other scripts (\d holds them), capitals, the characters phone numbers start with
-NEAR_STARTS = "ab XY 019٣１-.@_+()\n#é"
+NEAR_STARTS = "ab XY 019٣１-.@_+()\n#é"  # letters before digits too: "thought4"
 
 
 @settings(max_examples=300, deadline=None)
@@ -157,6 +166,9 @@ def test_prose_is_decided_by_the_gate_alone() -> None:
     gate = FirstChars(rules)
     assert gate.rules == [0, 1, 2, 3]
     assert gate.first("we think it over", {0: 0, 1: 0, 2: 0, 3: 0}) == {}
+    # a digit or capital right after a letter or digit starts none of them (their look-behinds)
+    assert gate.first(" thought4 iPhone", {0: 0, 1: 0, 2: 0, 3: 0}) == {}
+    assert not gate.any(" thought4 iPhone", 0) and gate.any(" thought 4", 0)
     assert gate.first("call 5 Then", {0: 0, 1: 0, 2: 0, 3: 0}) == {0: 5, 1: 5, 2: 7, 3: 5}
     assert gate.first("x ٣ y", {0: 0, 1: 0, 2: 3, 3: 0}) == {0: 2, 1: 2, 3: 2}
     assert FirstChars([BUILTIN["secret_key"], BUILTIN["email"]]).rules == []  # lowercase, wide
