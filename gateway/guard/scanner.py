@@ -43,6 +43,7 @@ longest window.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,17 +69,17 @@ class ChannelScanner:
     per rule (with the maintained secret rules a policy has some thirty)."""
 
     def __init__(self, rules: Sequence[Detector]) -> None:
-        self._detectors = list(rules)
+        plan = _plan(tuple(rules))  # a scanner per channel per choice: built once per rule set
+        self._detectors = plan.detectors
         count = len(self._detectors)
         self._pos = [0] * count  # where each rule's scan resumes (everything before: decided)
         self._hold = [0] * count  # where its first undecided match starts (or the end)
         self._decided: list[list[Finding]] = [[] for _ in range(count)]  # not yet merged
-        self._ranks = [d.rank for d in rules]
-        self._gate = Prefilter(rules)
-        self._chars = FirstChars(rules, exclude=self._gate.rules)
-        gated = {*self._gate.rules, *self._chars.rules}
-        self._alone = [i for i in range(count) if i not in gated]
-        self._context = max([CONTEXT, *(d.behind for d in rules)])
+        self._ranks = plan.ranks
+        self._gate = plan.gate
+        self._chars = plan.chars
+        self._alone = plan.alone
+        self._context = plan.context
         self._buf = ""
         self._base = 0  # the channel offset of _buf[0]
         self._released = 0
@@ -235,6 +236,28 @@ class ChannelScanner:
             kept.append(finding)
             self._covered = finding.end
         return kept
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a scanner derives from its rules alone, shared by every scanner of those rules."""
+
+    detectors: tuple[Detector, ...]
+    ranks: tuple[int, ...]
+    gate: Prefilter
+    chars: FirstChars
+    alone: tuple[int, ...]  # the rules neither gate decides
+    context: int
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(rules: tuple[Detector, ...]) -> _Plan:
+    gate = Prefilter(rules)
+    chars = FirstChars(rules, exclude=gate.rules)
+    gated = {*gate.rules, *chars.rules}
+    alone = tuple(i for i in range(len(rules)) if i not in gated)
+    context = max([CONTEXT, *(d.behind for d in rules)])
+    return _Plan(rules, tuple(d.rank for d in rules), gate, chars, alone, context)
 
 
 def _undecided(detector: Detector, start: int, stop: int, end: int) -> bool:
