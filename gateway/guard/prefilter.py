@@ -47,6 +47,19 @@ class Prefilter:
             if owners:
                 self._searches.append(_Search.of(owners, folded))
 
+    def any(self, buf: str, low: int, final: bool) -> bool:
+        """Whether any literal occurs in ``buf`` at or after ``low`` (or, more text to come,
+        starts in its last characters): one search per text in the common case of none."""
+        for search in self._searches:
+            if search.pattern.search(buf, low) is not None:
+                return True
+            if final:
+                continue
+            for at in range(max(low, len(buf) - search.longest + 1), len(buf)):
+                if (buf[at:].lower() if search.folded else buf[at:]) in search.started:
+                    return True
+        return False
+
     def first(self, buf: str, since: dict[int, int], final: bool) -> dict[int, int]:
         """Each gated rule's first literal occurrence in ``buf`` at or after the offset
         ``since`` gives it; a rule absent has none."""

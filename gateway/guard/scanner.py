@@ -118,6 +118,10 @@ class ChannelScanner:
         first literal (returned: those to scan) or, finding none, decides it to the end."""
         base, end, pos, hold = self._base, self.end, self._pos, self._hold
         rules = self._gate.rules
+        if not self._gate.any(self._buf, min([pos[i] for i in rules]) - base, final):
+            for i in rules:  # prose: no literal in sight
+                hold[i] = pos[i] = end
+            return []
         first = self._gate.first(self._buf, {i: pos[i] - base for i in rules}, final)
         for i in rules:
             at = first.get(i)

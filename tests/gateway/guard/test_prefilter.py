@@ -203,3 +203,11 @@ def test_a_word_that_may_become_an_email_is_held_and_one_too_long_is_not() -> No
     assert scanner.feed(" now ")[0] == len("write to jane now ")
     long_run = ChannelScanner([BUILTIN["email"]])
     assert long_run.feed("x" * 65)[0] == 65  # past 64 characters no local part ends here
+
+
+def test_the_literal_gate_says_at_once_when_no_literal_is_in_sight() -> None:
+    gate = Prefilter([rule(r"AKIA[0-9]{4}"), rule(r"ghp_[a-z]{4}"), rule(r"(?i:xoxb)-\d")])
+    assert not gate.any("plain words here ", 0, final=False)
+    assert gate.any("words then gh", 0, final=False)  # "gh" may become ghp_
+    assert not gate.any("words then gh", 0, final=True)  # ... not once the text has ended
+    assert gate.any("a XOXB-1", 0, final=True) and not gate.any("AKIA1234 b", 2, final=True)
