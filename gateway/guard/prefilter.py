@@ -108,11 +108,12 @@ class FirstChars:
             alternatives.insert(0, f"[{_class(loose)}]")
         self._pattern = re.compile("|".join(alternatives))
 
-    def any(self, buf: str, low: int) -> bool:
-        """Whether any of the rules' start characters occurs in ``buf`` at or after ``low``."""
+    def any(self, buf: str, low: int, final: bool = False) -> bool:
+        """Whether any of the rules' start characters occurs in ``buf`` at or after ``low``
+        (``final``: as for the literals; a single character cannot be cut by the end)."""
         return self._pattern.search(buf, low) is not None
 
-    def first(self, buf: str, since: dict[int, int]) -> dict[int, int]:
+    def first(self, buf: str, since: dict[int, int], final: bool = False) -> dict[int, int]:
         """Each rule's first start character in ``buf`` at or after ``since[rule]``; a rule
         absent has none."""
         found: dict[int, int] = {}

@@ -101,10 +101,10 @@ class ChannelScanner:
         self._buf += text
         self.closed = final
         if self._gate.rules:
-            for index in self._gated(final):
+            for index in self._through(self._gate, final):
                 self._scan(index, final)
         if self._chars.rules:
-            for index in self._started():
+            for index in self._through(self._chars, final):
                 self._scan(index, final)
         for index in self._alone:
             self._scan(index, final)
@@ -113,34 +113,17 @@ class ChannelScanner:
         self._released = max(hold, self._covered) if not final else self.end
         return self._released, findings
 
-    def _gated(self, final: bool) -> list[int]:
-        """The shared prefilter (``gateway.guard.prefilter``) resumes each gated rule at its
-        first literal (returned: those to scan) or, finding none, decides it to the end."""
+    def _through(self, gate: Prefilter | FirstChars, final: bool) -> list[int]:
+        """A gate (``gateway.guard.prefilter``: the literals, the first characters) resumes
+        each of its rules where a match of it could first start (returned: those to scan) or,
+        finding none, decides it to the end."""
         base, end, pos, hold = self._base, self.end, self._pos, self._hold
-        rules = self._gate.rules
-        if not self._gate.any(self._buf, min([pos[i] for i in rules]) - base, final):
-            for i in rules:  # prose: no literal in sight
-                hold[i] = pos[i] = end
-            return []
-        first = self._gate.first(self._buf, {i: pos[i] - base for i in rules}, final)
-        for i in rules:
-            at = first.get(i)
-            if at is None:
-                hold[i] = pos[i] = end
-            else:
-                pos[i] = at + base
-        return list(first)
-
-    def _started(self) -> list[int]:
-        """The first-character gate (``prefilter.FirstChars``) likewise: each of its rules
-        resumes at its first possible start character, or is decided to the end."""
-        base, end, pos, hold = self._base, self.end, self._pos, self._hold
-        rules = self._chars.rules
-        if not self._chars.any(self._buf, min([pos[i] for i in rules]) - base):
+        rules = gate.rules
+        if not gate.any(self._buf, min([pos[i] for i in rules]) - base, final):
             for i in rules:  # prose: the common case, one search
                 hold[i] = pos[i] = end
             return []
-        first = self._chars.first(self._buf, {i: pos[i] - base for i in rules})
+        first = gate.first(self._buf, {i: pos[i] - base for i in rules}, final)
         for i in rules:
             at = first.get(i)
             if at is None:

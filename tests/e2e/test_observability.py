@@ -677,6 +677,7 @@ async def test_auto_runs_a_worker_per_usable_cpu_only_where_limits_are_shared(
             env["THINKGATE_REDIS_URL"] = redis_url
         expected = workers.usable_cpus() if redis else 1
         async with serving_workers(env, expected, asked="auto") as gateway:
+            await answering(gateway.url)  # one process binds after its start-up is complete
             reply = await ask(f"{gateway.url}/v1", key, stream=False, max_tokens=8)
             assert reply.status == 200, reply.text
             said = [orjson.loads(line)["msg"] for line in gateway.stderr if "worker" in line
@@ -689,6 +690,18 @@ async def test_auto_runs_a_worker_per_usable_cpu_only_where_limits_are_shared(
         else:
             assert said == ["1 worker (auto: without REDIS_URL, rate limits and "
                             "budgets are kept per process)"]  # fmt: skip
+
+
+async def answering(url: str) -> None:
+    async with httpx.AsyncClient(timeout=2) as client:
+
+        async def healthy() -> bool:
+            try:
+                return (await client.get(f"{url}/healthz")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        await eventually(healthy, within_s=30)
 
 
 def multiprocess_files(directory: Path) -> list[Path]:

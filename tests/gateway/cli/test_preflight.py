@@ -63,7 +63,8 @@ def test_one_home_directory_holds_every_file_and_serve_finds_them(
     monkeypatch.setenv("THINKGATE_HOME", str(home / "state"))
     assert main(["ledger", "init"]) == 0
     assert sorted(p.name for p in (home / "state").iterdir()) == [
-        "ledger-keys.json", "signing-key.pem", "thinkgate.db"]  # fmt: skip
+        "ledger-keys.json", "signing-key.pem", "thinkgate.db",
+        "thinkgate.db.migrate.lock"]  # the database's migrations' lock  # fmt: skip
     assert not (home / "var").exists()
     preflight.check_keys(Settings())  # what serve checks: found, from any working directory
     monkeypatch.chdir(home.parent)
