@@ -160,9 +160,13 @@ def claim(path: Path) -> Spool:
         held = _hold(candidate)
         if held is None:
             continue
-        spool = Spool(candidate)
+        try:
+            spool = Spool(candidate)
+            _adopt(spool, path)
+        except BaseException:  # a damaged spool: the process refuses to start, holding nothing
+            os.close(held)
+            raise
         spool._held = held
-        _adopt(spool, path)
         return spool
     raise SpoolBusy(f"all {SLOTS} spool files of {path.name} are held by live processes")
 

@@ -310,3 +310,16 @@ def test_a_released_slot_is_claimed_again_with_its_records(path: Path) -> None:
         assert again.path == path and again.read() == [b"kept"]
     finally:
         again.release()
+
+
+def test_a_damaged_slot_refuses_the_claim_and_holds_nothing(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"garbage line\n" + encode_line(b"ok"))  # damage before the last line
+    with pytest.raises(SpoolCorrupt):
+        claim(path)
+    path.write_bytes(encode_line(b"ok"))  # repaired: the slot was let go
+    spool = claim(path)
+    try:
+        assert spool.path == path and spool.read() == [b"ok"]
+    finally:
+        spool.release()
