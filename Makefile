@@ -104,6 +104,14 @@ $(GUIDELLM_ENV):
 bench-sla: $(VENV)/.installed-dev $(VLLM_VENV)/.installed $(LOADTOOLS_ENV) $(GUIDELLM_ENV)
 	$(BIN)/python -m bench.sla
 
+# The same tools and tables in front of vLLM on the CPU (the tiny model) instead of the
+# simulator, scaled to what it serves on two CPUs (bench/sla.py, --engine vllm).
+.PHONY: bench-sla-vllm
+bench-sla-vllm: $(VENV)/.installed-dev $(VLLM_VENV)/.installed $(LOADTOOLS_ENV) $(GUIDELLM_ENV)
+	$(BIN)/python -m bench.sla --engine vllm --num-prompts 200 --request-rate 2 \
+		--max-concurrency 16 --input-len 128 --output-len 64 --concurrencies 1 4 16 \
+		--compare-concurrency 4 --compare-s 20
+
 # What users run (about 25 minutes): a paced upstream writing one event per write, a bare
 # aiohttp relay as the baseline, thinkgate in the production configuration on SQLite and on
 # PostgreSQL + Redis (127.0.0.1), every endpoint, and two Rust gateways on the chat cells.

