@@ -349,7 +349,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if refused:
         return refused
     run = _uvicorn_options(settings)
-    count = _worker_count(args, settings)
+    count = _worker_count(args, settings, run["log_config"])
     if count == 1:
         from gateway.app import create_app
 
@@ -386,16 +386,14 @@ def _uvicorn_options(settings: Settings) -> dict[str, Any]:
     }
 
 
-def _worker_count(args: argparse.Namespace, settings: Settings) -> int:
+def _worker_count(args: argparse.Namespace, settings: Settings, logs: dict[str, Any]) -> int:
     """``--workers``, ``auto`` resolved (gateway/cli/workers.py), logged in the serving
-    process's own log format (``run["log_config"]``, which uvicorn applies again)."""
+    process's own log format (``logs``: the config uvicorn applies again)."""
     import logging.config
-
-    from gateway.telemetry.logs import log_config
 
     chosen = workers.resolve(args.workers, demo=args.demo, shared_limits=bool(settings.redis_url),
                              cpus=workers.usable_cpus())  # fmt: skip
-    logging.config.dictConfig(log_config(settings.logs))
+    logging.config.dictConfig(logs)
     log = logging.getLogger("thinkgate")
     log.info(chosen.reason)
     if chosen.warning:

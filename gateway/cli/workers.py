@@ -69,9 +69,7 @@ def usable_cpus(cgroup: Path = CGROUP) -> int:
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     quota = cgroup_quota(cgroup)
     count = allowed or 1
-    if quota is not None:
-        count = min(count, max(1, math.floor(quota)))
-    return max(1, count)
+    return count if quota is None else min(count, max(1, math.floor(quota)))
 
 
 def cgroup_quota(cgroup: Path = CGROUP) -> float | None:
