@@ -62,6 +62,15 @@ class ChoiceGuard:
         c_client, c_kept = self._feed("answer", content, final)
         return Guarded(r_client, c_client, r_kept, c_kept)
 
+    def take_one(self, channel: str, text: str) -> tuple[str, str] | None:
+        if self.blocked is not None:
+            return None
+        if channel == "answer":  # the reasoning channel must be closed already, or absent
+            reasoning = self._lanes["reasoning"]
+            if reasoning is not None and not reasoning.closed:
+                return None
+        return self._feed(channel, text, False)
+
     def stop(self, act: GuardAct) -> None:
         self.acts.append(act)
         if self.blocked is None:

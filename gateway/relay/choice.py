@@ -132,6 +132,37 @@ class ChoiceState:
         self.deltas += 1
         return True
 
+    def take_guarded(self, text: str, upstream_reasoning: bool) -> tuple[str, bool] | None:
+        """``take`` of one non-final delta of a guarded choice, for the fast path: when the
+        splitter would hand ``text`` back whole in one channel and change nothing, no delta
+        or repair is pending, and the guard takes it in that channel alone
+        (``TextGuard.take_one``), it is counted and kept as ``take`` would, and the result is
+        ``(what the client is sent, whether it is reasoning)``; ``None``, with nothing done,
+        otherwise. ``upstream_reasoning``: ``text`` came in the upstream's reasoning field."""
+        guard = self.guard
+        if guard is None or self._pending or self._leak_armed or self._carry or not self.thinking:
+            return None
+        if not self.separated:  # a reasoning field would make it separated: not here
+            reasoning = None if upstream_reasoning else self.splitter.hands_back(text)
+        elif upstream_reasoning:
+            reasoning = True if self.splitter.hands_back(text) else None
+        else:  # the answer of a separated choice: nothing held to release first
+            reasoning = False if self.splitter.idle else None
+        if reasoning is None:
+            return None
+        taken = guard.take_one("reasoning" if reasoning else "answer", text)
+        if taken is None:
+            return None
+        client, kept = taken
+        if reasoning:
+            self._count(text, "", kept, "")
+            self._raw_reasoning.append(text)
+        else:
+            self._count("", text, "", kept)
+        if client:
+            self._shown[0 if reasoning else 1].append(client)
+        return client, reasoning
+
     def take(
         self, text: str | None, upstream_reasoning: str | None, final: bool
     ) -> tuple[str, str]:

@@ -43,6 +43,12 @@ class TextGuard(Protocol):
 
     def take(self, reasoning: str, content: str, final: bool) -> Guarded: ...
 
+    def take_one(self, channel: str, text: str) -> tuple[str, str] | None:
+        """``take`` of non-final ``text`` in one channel (``reasoning`` or ``answer``) when
+        that changes nothing in the other: ``(client's copy, record's copy)``; ``None``, with
+        nothing done, when it would (answer text closes an open reasoning channel) or the
+        choice was ended."""
+
     def stop(self, act: GuardAct) -> None:
         """End the choice from outside its text (a guard model's verdict): ``act`` is kept,
         ``blocked`` names its policy, and nothing more of the choice is let through."""

@@ -156,7 +156,11 @@ class Rewriter:
         shown = self.policy.show_reasoning and reasoning
         if upstream_reasoning is None and not shown and (content or None) == text:
             return holder  # the common case: nothing to place, remove or change
-        out = {k: v for k, v in holder.items() if k not in _TEXT_KEYS}
+        return self._fields({k: v for k, v in holder.items() if k not in _TEXT_KEYS},
+                            reasoning, content)  # fmt: skip
+
+    def _fields(self, out: dict[str, Any], reasoning: str, content: str) -> dict[str, Any]:
+        """``out`` (a delta or message without its text) with the split text placed."""
         if content:
             out["content"] = content
         if reasoning and self.policy.show_reasoning:
@@ -271,25 +275,35 @@ class StreamRelay(Rewriter):
         fast = self._fast_path(chunk, event.data)
         if fast is not None:
             return fast
-        changed = self._rewrite_choices(chunk)
+        return self._encoded(chunk, event.data, self._rewrite_choices(chunk))
+
+    def _encoded(self, chunk: dict[str, Any], raw: bytes, changed: bool) -> bytes:
+        """The client's bytes of a chunk whose choices were rewritten (``changed``: in place)."""
         if "usage" in chunk:
             changed = self._rewrite_usage(chunk) or changed
         if not chunk.get("choices") and chunk.get("usage") is None:
             return b""  # every choice was dropped and there is no usage to report
-        return encode_data(orjson.dumps(chunk) if changed else event.data)
+        return encode_data(orjson.dumps(chunk) if changed else raw)
 
     def _fast_path(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
-        """The hot path: a one-choice chunk whose delta is a single text field that is all
-        answer (relayed as it came) or all reasoning (dropped for a key that must not see it,
-        else the same bytes with the key renamed when the field differs, not re-encoded);
-        ``None`` sends the chunk down the general path.
+        """The hot path: a one-choice chunk whose delta is a single text field, unguarded
+        (``_unguarded``) or guarded (``_guarded``); ``None`` sends the chunk down the general
+        path.
 
-        Renaming bytes is safe: compact JSON cannot hold ``"delta":{"content":`` inside a
+        Replacing bytes is safe: compact JSON cannot hold ``"delta":{"content":`` inside a
         string (quotes there are escaped), and the pattern must occur exactly once."""
         single = self._single_text_delta(chunk)
         if single is None:
             return None
         state, field, text = single
+        if state.guard is not None:
+            return self._guarded(chunk, raw, state, field, text)
+        return self._unguarded(raw, state, field, text)
+
+    def _unguarded(self, raw: bytes, state: ChoiceState, field: str, text: str) -> bytes | None:
+        """A text delta that is all answer (relayed as it came) or all reasoning (dropped for
+        a key that must not see it, else the same bytes with the key renamed when the field
+        differs, not re-encoded)."""
         if field == "content":
             if not (state.quiet and state.splitter.idle):
                 return None  # something is held back and must go out first
@@ -309,6 +323,37 @@ class StreamRelay(Rewriter):
             else:
                 state.take(None, text, final=False)
         return out
+
+    def _guarded(
+        self, chunk: dict[str, Any], raw: bytes, state: ChoiceState, field: str, text: str
+    ) -> bytes | None:
+        """A guarded choice's one text delta, when the guard takes it in one channel
+        (``ChoiceState.take_guarded``): the text the client is sent patched into the
+        upstream's bytes (the delta object replaced, nothing else re-encoded); ``None``, with
+        nothing taken, sends the chunk down the general path. Once taken, anything unusual
+        (the guard blocked the choice, an encoding the patch cannot find) is placed as the
+        general path places it."""
+        choice = chunk["choices"][0]
+        if choice.get("logprobs") or choice.get("token_ids"):
+            return None  # withheld by the general path (they would spell a redaction out)
+        taken = state.take_guarded(text, upstream_reasoning=field != "content")
+        if taken is None:
+            return None
+        shown, reasoning = taken
+        delta = choice["delta"]
+        new_delta = self._fields({}, shown if reasoning else "", "" if reasoning else shown)
+        if state.blocked is None:
+            if not new_delta:
+                return b""  # held back or withheld whole: nothing is due
+            if new_delta == delta:
+                return encode_data(raw)
+            old = _DELTA_KEYS[field] + orjson.dumps(text) + b"}"
+            if raw.count(old) == 1:  # compact JSON: never inside a string (see _fast_path)
+                return encode_data(raw.replace(old, b'"delta":' + orjson.dumps(new_delta)))
+        outcome = self._place(choice, state, delta, new_delta, None)
+        if outcome is _DROPPED:
+            chunk["choices"] = []
+        return self._encoded(chunk, raw, outcome is not _UNCHANGED)
 
     def _single_text_delta(self, chunk: dict[str, Any]) -> tuple[ChoiceState, str, str] | None:
         """``(state, field, text)`` when ``chunk`` is one known choice whose delta is a single
@@ -367,6 +412,11 @@ class StreamRelay(Rewriter):
             state.finish_reason = finish
         delta = choice.get("delta") or {}
         new_delta = self.rewrite_fields(delta, state, final=finish is not None)
+        return self._place(choice, state, delta, new_delta, finish)
+
+    def _place(self, choice: dict[str, Any], state: ChoiceState, delta: dict[str, Any],
+               new_delta: dict[str, Any], finish: str | None) -> object:  # fmt: skip
+        """Put ``new_delta`` (``delta`` rewritten) in ``choice``; say what happened."""
         if state.blocked is not None:
             choice["delta"] = {k: v for k, v in new_delta.items() if k != "tool_calls"}
             choice["finish_reason"] = state.finish_reason = "content_filter"

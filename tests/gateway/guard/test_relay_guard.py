@@ -6,6 +6,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.guard.detectors import PatternError, custom
 from gateway.guard.policy import parse
@@ -15,7 +17,7 @@ from gateway.relay.apis.completions import CompletionsRelay
 from gateway.relay.choice import ChoiceState
 from gateway.relay.formats import BUILTIN
 from gateway.relay.rewrite import Policy, StreamRelay
-from gateway.relay.sse import Event
+from gateway.relay.sse import Event, SSEParser
 
 PII = parse(
     "policies:\n  - {name: pii, detect: [email], action: redact}\n"
@@ -114,3 +116,73 @@ def test_a_copy_a_policy_leaves_alone_is_the_text_itself_even_where_matches_over
         shown.append(guard.take("", "", True).content)
         assert "".join(shown) == text
         assert [a.detector for a in guard.acts] == ["phone", "credit_card"]
+
+
+class GeneralPathOnly(StreamRelay):
+    """The relay without its fast path: the reference a guarded fast path must agree with."""
+
+    def _fast_path(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
+        return None
+
+
+MIXED = parse(
+    "policies:\n  - {name: pii, detect: [email], action: redact}\n"
+    "  - {name: phones, detect: [phone], action: redact, targets: [client]}\n"
+    "  - {name: cards, detect: [credit_card], scope: [reasoning], action: flag}\n"
+    "  - {name: keys, detect: [secret_key], scope: [answer], action: block}\n"
+).policies
+PIECES = st.sampled_from(
+    [" me", "</think>", "</th", "ink>", "\n\n", " jane", ".doe@", "example", ".com",
+     " +1 415", " 555", "-0198", " 4111 1111", " 1111 1111", " AKIAIOSFODNN7", "EXAMPLE ",
+     "é", " thought12", "\u2028", '"q"']
+)  # fmt: skip
+FIELDS = st.sampled_from(["content", "content", "reasoning", "reasoning_content"])
+
+
+def _client(out: bytes) -> list[dict[str, Any]]:
+    return [orjson.loads(e.data) for e in SSEParser().feed(out) if not e.is_done]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pieces=st.lists(st.tuples(FIELDS, PIECES), max_size=30),
+    source=st.sampled_from(["text", "upstream"]),
+    show=st.booleans(),
+    field=st.sampled_from(["reasoning_content", "reasoning", "both"]),
+    logprobs=st.booleans(),
+)
+def test_a_guarded_fast_path_agrees_with_the_general_path(
+    pieces: list[tuple[str, str]], source: Any, show: bool, field: Any, logprobs: bool
+) -> None:
+    """What the client gets, what the record keeps, what was shown and every act: the same
+    whether a guarded choice's chunks take the fast path or not."""
+    guarded = Policy.named("deepseek_r1", show, field, include_usage=True, source=source,
+                           guard=lambda: ChoiceGuard(MIXED))  # fmt: skip
+    last = len(pieces) - 1
+    choices = [[{"index": 0, "delta": {f: t}, "logprobs": {"content": []} if logprobs else None,
+                 "finish_reason": "stop" if i == last else None}]
+               for i, (f, t) in enumerate(pieces)]  # fmt: skip
+    events = [event(c) for c in choices] + [Event(b"[DONE]")]
+    fast, general = StreamRelay(guarded), GeneralPathOnly(guarded)
+    assert _client(b"".join(fast.feed(e) for e in events)) == _client(
+        b"".join(general.feed(e) for e in events)
+    )
+    for a, b in zip(fast.choices.values(), general.choices.values(), strict=True):
+        assert (a.reasoning, a.content, a.shown_text()) == (b.reasoning, b.content, b.shown_text())
+        assert (a.deltas, a.reasoning_tokens, a.blocked) == (
+            b.deltas,
+            b.reasoning_tokens,
+            b.blocked,
+        )
+        assert a.guard is not None and b.guard is not None and a.guard.acts == b.guard.acts
+
+
+def test_a_guarded_chunk_is_the_upstreams_bytes_with_the_released_text_patched_in() -> None:
+    """The guard holds "jane" back (it could begin an email); the next chunk carries it
+    with its own text, every other byte as the upstream sent it (nothing re-encoded)."""
+    relay = StreamRelay(guarded())
+    relay.feed(event([{"index": 0, "delta": {"content": "</think>"}}]))
+    assert relay.feed(event([{"index": 0, "delta": {"content": "jane"}}])) == b""
+    sent = b'{"id":"c", "choices":[{"index":0,"delta":{"content":" wrote!"},"x":1.50}]}'
+    out = relay.feed(Event(sent))
+    assert out == b"data: " + sent.replace(b'" wrote!"', b'"jane wrote!"') + b"\n\n"
