@@ -24,6 +24,7 @@ import re
 import string
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import regex
 
@@ -53,11 +54,8 @@ class Prefilter:
         for search in self._searches:
             if search.pattern.search(buf, low) is not None:
                 return True
-            if final:
-                continue
-            for at in range(max(low, len(buf) - search.longest + 1), len(buf)):
-                if (buf[at:].lower() if search.folded else buf[at:]) in search.started:
-                    return True
+            if not final and search.cut.search(buf, max(low, len(buf) - search.longest + 1)):
+                return True
         return False
 
     def first(self, buf: str, since: dict[int, int], final: bool) -> dict[int, int]:
@@ -151,6 +149,9 @@ class _Search:
     pattern: re.Pattern[str] | regex.Pattern[str]
     owners: dict[str, frozenset[int]]  # a literal found -> its rules and those of its prefixes
     started: dict[str, frozenset[int]]  # a literal's start cut by the end -> the rules
+    # any of ``started`` ending the text: one search for "a literal may be cut here" (with
+    # case ignored, ``re`` may say so of a few more characters, as "ſ" for "s": never fewer)
+    cut: re.Pattern[str] | regex.Pattern[str]
     longest: int
     folded: bool
 
@@ -164,10 +165,13 @@ class _Search:
                 started.setdefault(literal[:cut], set()).update(rules)
         ordered = sorted(owners, key=len, reverse=True)
         ahead = "(?=(" + "|".join(map(re.escape, ordered)) + "))"
-        pattern: re.Pattern[str] | regex.Pattern[str] = (
-            re.compile(ahead, re.IGNORECASE if folded else 0)
-            if all(literal.isascii() for literal in ordered)
-            else regex.compile(ahead, regex.IGNORECASE if folded else 0)
-        )
-        return cls(pattern, closed, {k: frozenset(v) for k, v in started.items()},
-                   len(ordered[0]), folded)  # fmt: skip
+        cut = "(?:" + "|".join(map(re.escape, sorted(started, key=len, reverse=True))) + r")\Z"
+        if all(literal.isascii() for literal in ordered):
+            engine: Any = re
+        else:
+            engine = regex
+        flags = engine.IGNORECASE if folded else 0
+        return cls(engine.compile(ahead, flags), closed,
+                   {k: frozenset(v) for k, v in started.items()},
+                   engine.compile(cut if started else r"(?!)", flags), len(ordered[0]),
+                   folded)  # fmt: skip

@@ -178,16 +178,16 @@ class ChannelScanner:
         its position has none: no complete match starts there; at the end, nothing is held,
         and before it, ASCII text is held where ``detector.tail`` says a partial match starts.
         ``False``: the rule's own search must answer."""
+        buf = self._buf
         at = self._pos[index] - self._base
-        rest = self._buf[at:]
-        if detector.needs in rest:
+        if buf.find(detector.needs, at) >= 0:
             return False
         if final:
             self._hold[index] = self._pos[index] = self.end
             return True
-        if detector.tail is None or not rest.isascii():
+        if detector.tail is None or not (buf.isascii() or buf[at:].isascii()):
             return False
-        m = detector.tail.search(self._buf, at)
+        m = detector.tail.search(buf, at)
         self._hold[index] = self._pos[index] = self.end if m is None else m.start() + self._base
         return True
 
@@ -240,7 +240,8 @@ class _Plan:
 @functools.lru_cache(maxsize=256)
 def _plan(rules: tuple[Detector, ...]) -> _Plan:
     gate = Prefilter(rules)
-    chars = FirstChars(rules, exclude=gate.rules)
+    # a rule with a needed literal is decided as cheaply on its own (``_without_needed``)
+    chars = FirstChars(rules, exclude=[*gate.rules, *(i for i, d in enumerate(rules) if d.needs)])
     gated = {*gate.rules, *chars.rules}
     alone = tuple(i for i in range(len(rules)) if i not in gated)
     context = max([CONTEXT, *(d.behind for d in rules)])

@@ -112,6 +112,29 @@ def _bounded(token: str, before: str, cap: int) -> str:
     return {"^": r"(?<![^\n])", "$": r"(?![^\n])"}.get(token, token)
 
 
+# Rules whose every match holds a literal (``Detector.needs``, as an email's "@"), with the
+# ``re`` pattern that finds, in ASCII text without it, where a partial match starts: the
+# scanner then decides them without their own partial-mode search while prose has none of it
+# (without these, each costs one ``regex`` search per piece). Each was written for the
+# bounded pattern beside it and is used only while the installed rule set compiles to that
+# pattern: an upgrade that changes one runs its own search until this is brought up to date.
+NEEDS: dict[str, tuple[str, str, str]] = {
+    # "AKC"/"AP" after a space, "=", ":", '"' or a line start: without an "A", only that
+    # one character can have begun a match (regex's \s, ASCII: no \x1c-\x1f)
+    "artifactory": (
+        "A",
+        r'[\t\n\x0b\x0c\r =:"]\Z',
+        r'(?:(?:\s|=|:|"|(?<![^\n]))AKC[a-zA-Z0-9]{10,138}(?:\s|"|(?![^\n])))|'
+        r'(?:(?:\s|=|:|"|(?<![^\n]))AP[\dABCDEF][a-zA-Z0-9]{8,136}'
+        r'(?:\s|"|(?![^\n])))',
+    ),
+    # 32 of [0-9a-z] then "-us": the run's last 32, or 32 and a cut "-us"
+    "mailchimp": ("-us", r"(?:[0-9a-z]{32}-u?|[0-9a-z]{1,32})\Z", r"(?:[0-9a-z]{32}-us[0-9]{1,2})"),
+    # 8-10 digits then ":": the run's last 10 digits at most
+    "telegram_token": (":", r"\d{1,10}\Z", r"(?:\d{8,10}:[0-9A-Za-z_-]{35})"),
+}
+
+
 @functools.cache
 def secret_rules() -> dict[str, Detector]:
     """The rule set's rules, by name, in the order of its plugins."""
@@ -127,8 +150,18 @@ def secret_rules() -> dict[str, Detector]:
             if (isinstance(value, type) and issubclass(value, RegexBasedDetector)
                     and value.__module__ == loaded.__name__):  # fmt: skip
                 checks = getattr(value, "is_formally_valid", None)  # the JWT plugin's
-                found[module.name] = _detector(module.name, value().denylist, checks)
+                found[module.name] = _needing(
+                    module.name, _detector(module.name, value().denylist, checks)
+                )
     return found
+
+
+def _needing(name: str, rule: Detector) -> Detector:
+    """``rule`` with its needed literal (``NEEDS``) while its pattern is the one written for."""
+    needed = NEEDS.get(name)
+    if needed is None or rule.pattern.pattern != needed[2]:
+        return rule
+    return dataclasses.replace(rule, needs=needed[0], tail=re.compile(needed[1]))
 
 
 def _formally(checks: Callable[[str], bool]) -> Validator:

@@ -211,3 +211,50 @@ def test_the_literal_gate_says_at_once_when_no_literal_is_in_sight() -> None:
     assert gate.any("words then gh", 0, final=False)  # "gh" may become ghp_
     assert not gate.any("words then gh", 0, final=True)  # ... not once the text has ended
     assert gate.any("a XOXB-1", 0, final=True) and not gate.any("AKIA1234 b", 2, final=True)
+
+
+# -- secret rules with a needed literal (gateway.guard.secrets.NEEDS) ---------------------------
+
+NEEDING = {name: rule for name, rule in secret_rules().items() if rule.needs}
+NEEDING_NEAR = ["A", "AP", "AKC", "AP1", "-us", "-u", "a1" * 16, "12345678", "123456789012", ":",
+                'key="', "=", "\n", "\x1f", "é", "٣"]  # fmt: skip
+
+
+def test_the_rules_written_for_a_needed_literal_have_it() -> None:
+    """Each of NEEDS still matches the installed rule set's pattern (else it is off)."""
+    assert set(NEEDING) == {"artifactory", "mailchimp", "telegram_token"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from([v for n in NEEDING for _, v in CASES[n][0]]),
+                          st.sampled_from(NEEDING_NEAR), st.text("aA1P:- =\"\n", max_size=12)),
+                max_size=6),
+       st.lists(st.integers(0, 10_000), max_size=20))  # fmt: skip
+def test_a_needed_literal_changes_nothing_a_secret_rule_finds(
+    parts: list[str], cuts: list[int]
+) -> None:
+    rules = list(NEEDING.values())
+    plain = [dataclasses.replace(r, needs="", tail=None) for r in rules]
+    text = "".join(parts)
+    expected = scan(plain, [text])
+    assert scan(rules, [text]) == expected
+    assert scan(rules, chunked(text, cuts)) == expected
+    assert scan(rules, list(text)) == expected
+    for pieces in (chunked(text, cuts), list(text)):  # and nothing is held longer or shorter
+        assert released(rules, pieces) == released(plain, pieces)
+
+
+def released(rules: list[Detector], pieces: list[str]) -> list[int]:
+    scanner, out = ChannelScanner(rules), []
+    for piece in pieces:
+        out.append(scanner.feed(piece)[0])
+        scanner.drop_before(out[-1])
+    return out
+
+
+def test_a_rule_whose_pattern_changed_runs_its_own_search() -> None:
+    from gateway.guard.secrets import NEEDS, _needing
+
+    pattern = regex.compile(NEEDS["mailchimp"][2] + "|x{3}")
+    changed = dataclasses.replace(NEEDING["mailchimp"], needs="", tail=None, pattern=pattern)
+    assert _needing("mailchimp", changed).needs == ""
