@@ -165,13 +165,10 @@ class _Search:
                 started.setdefault(literal[:cut], set()).update(rules)
         ordered = sorted(owners, key=len, reverse=True)
         ahead = "(?=(" + "|".join(map(re.escape, ordered)) + "))"
-        cut = "(?:" + "|".join(map(re.escape, sorted(started, key=len, reverse=True))) + r")\Z"
-        if all(literal.isascii() for literal in ordered):
-            engine: Any = re
-        else:
-            engine = regex
+        ends = "(?:" + "|".join(map(re.escape, sorted(started, key=len, reverse=True))) + r")\Z"
+        engine: Any = re if all(literal.isascii() for literal in ordered) else regex
         flags = engine.IGNORECASE if folded else 0
         return cls(engine.compile(ahead, flags), closed,
                    {k: frozenset(v) for k, v in started.items()},
-                   engine.compile(cut if started else r"(?!)", flags), len(ordered[0]),
+                   engine.compile(ends if started else r"(?!)", flags), len(ordered[0]),
                    folded)  # fmt: skip
