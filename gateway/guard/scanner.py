@@ -64,18 +64,22 @@ class Finding:
 
 
 class ChannelScanner:
-    """The rules' states are parallel lists by rule index (``_pos``, ``_hold``, ``_decided``):
-    a piece of prose costs a few searches and list-wide ``min``/``any``, not attribute reads
-    per rule (with the maintained secret rules a policy has some thirty)."""
+    """The rules' states are parallel lists (``_pos``, ``_hold``, ``_decided``) in the plan's
+    order, where each gate's rules are consecutive: a piece of prose costs a few searches, a
+    slice assignment per gate and list-wide ``min``, not attribute reads or a loop per rule
+    (with the maintained secret rules a policy has some thirty). ``Finding.rule`` is the
+    rule's index as given."""
 
     def __init__(self, rules: Sequence[Detector]) -> None:
         plan = _plan(tuple(rules))  # a scanner per channel per choice: built once per rule set
-        self._detectors = plan.detectors
+        self._detectors = plan.detectors  # in the plan's order: each gate's rules together
+        self._order = plan.order  # the plan's index -> the caller's (``Finding.rule``)
         count = len(self._detectors)
         self._pos = [0] * count  # where each rule's scan resumes (everything before: decided)
         self._hold = [0] * count  # where its first undecided match starts (or the end)
         self._decided: list[list[Finding]] = [[] for _ in range(count)]  # not yet merged
-        self._ranks = plan.ranks
+        self._waiting = 0  # how many findings ``_decided`` holds
+        self._ranks = plan.ranks  # by the caller's index
         self._gate = plan.gate
         self._chars = plan.chars
         self._alone = plan.alone
@@ -109,7 +113,7 @@ class ChannelScanner:
         for index in self._alone:
             self._scan(index, final)
         hold = min(self._hold) if self._hold else self.end
-        findings = self._merge(hold) if any(self._decided) else []
+        findings = self._merge(hold) if self._waiting else []
         self._released = max(hold, self._covered) if not final else self.end
         return self._released, findings
 
@@ -118,10 +122,10 @@ class ChannelScanner:
         each of its rules where a match of it could first start (returned: those to scan) or,
         finding none, decides it to the end."""
         base, end, pos, hold = self._base, self.end, self._pos, self._hold
-        rules = gate.rules
-        if not gate.any(self._buf, min([pos[i] for i in rules]) - base, final):
-            for i in rules:  # prose: the common case, one search
-                hold[i] = pos[i] = end
+        rules = gate.rules  # consecutive: the plan puts each gate's rules together
+        low, high = rules[0], rules[-1] + 1
+        if not gate.any(self._buf, min(pos[low:high]) - base, final):
+            pos[low:high] = hold[low:high] = [end] * (high - low)  # prose: the common case
             return []
         first = gate.first(self._buf, {i: pos[i] - base for i in rules}, final)
         for i in rules:
@@ -168,8 +172,9 @@ class ChannelScanner:
             size = detector.valid(m.group())
             if size:
                 pos[index] = stop
-                self._decided[index].append(Finding(start, start + size, index,
+                self._decided[index].append(Finding(start, start + size, self._order[index],
                                                     m.group()[:size]))  # fmt: skip
+                self._waiting += 1
             else:  # not a value: a match may still start inside it ("+0 (415) 555-0198")
                 pos[index] = start + 1
 
@@ -212,6 +217,7 @@ class ChannelScanner:
                 keep += 1
             ready += decided[:keep]
             del decided[:keep]
+        self._waiting -= len(ready)
         ranks = self._ranks
         ready.sort(key=lambda f: (f.start, ranks[f.rule], f.start - f.end, f.rule))
         kept = []
@@ -229,8 +235,9 @@ class ChannelScanner:
 class _Plan:
     """What a scanner derives from its rules alone, shared by every scanner of those rules."""
 
-    detectors: tuple[Detector, ...]
-    ranks: tuple[int, ...]
+    detectors: tuple[Detector, ...]  # the literals' rules, the first characters', the others
+    order: tuple[int, ...]  # each one's index among the rules as given
+    ranks: tuple[int, ...]  # by the index as given
     gate: Prefilter
     chars: FirstChars
     alone: tuple[int, ...]  # the rules neither gate decides
@@ -239,13 +246,24 @@ class _Plan:
 
 @functools.lru_cache(maxsize=256)
 def _plan(rules: tuple[Detector, ...]) -> _Plan:
+    """The gates over ``rules`` put in an order where each gate's rules are consecutive, so a
+    gate that decides them all updates a slice of the scanner's lists, not each rule."""
+    gate, chars = _gates(rules)
+    gated = [*gate.rules, *chars.rules]
+    order = (*gated, *(i for i in range(len(rules)) if i not in set(gated)))
+    ordered = tuple(rules[i] for i in order)
+    gate, chars = _gates(ordered)
+    assert [*gate.rules, *chars.rules] == list(range(len(gated))), "a gate's rules moved"
+    context = max([CONTEXT, *(d.behind for d in rules)])
+    return _Plan(ordered, order, tuple(d.rank for d in rules), gate, chars,
+                 tuple(range(len(gated), len(rules))), context)  # fmt: skip
+
+
+def _gates(rules: tuple[Detector, ...]) -> tuple[Prefilter, FirstChars]:
     gate = Prefilter(rules)
     # a rule with a needed literal is decided as cheaply on its own (``_without_needed``)
     chars = FirstChars(rules, exclude=[*gate.rules, *(i for i, d in enumerate(rules) if d.needs)])
-    gated = {*gate.rules, *chars.rules}
-    alone = tuple(i for i in range(len(rules)) if i not in gated)
-    context = max([CONTEXT, *(d.behind for d in rules)])
-    return _Plan(rules, tuple(d.rank for d in rules), gate, chars, alone, context)
+    return gate, chars
 
 
 def _undecided(detector: Detector, start: int, stop: int, end: int) -> bool:
