@@ -141,11 +141,33 @@ def _note(found: dict[int, int], since: dict[int, int], rules: Iterable[int], at
             found[rule] = at
 
 
+def _trie(words: Iterable[str]) -> str:
+    """``words`` as one alternation factored by their common prefixes: ``re`` tries every
+    alternative at each position, and a trie's branches part on one character, so a search
+    costs a third of the flat alternation's (a half with case ignored); where several words
+    match, the longest is taken (each optional rest is greedy)."""
+    trie: dict[str, Any] = {}
+    for word in words:
+        node = trie
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    return _branches(trie)
+
+
+def _branches(node: dict[str, Any]) -> str:
+    parts = [re.escape(ch) + _branches(rest) for ch, rest in sorted(node.items()) if ch]
+    if not parts:
+        return ""
+    body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+    return f"(?:{body})?" if "" in node else body  # a word may end here
+
+
 @dataclass(frozen=True, slots=True)
 class _Search:
-    # ``(?=(literal|...))``, the longest first: a zero-width match at every position where one
-    # starts, so overlapping occurrences are all found; Python's ``re`` where the literals are
-    # ASCII (a search costs a tenth of ``regex``'s), else ``regex``
+    # ``(?=(literal|...))`` as a trie, the longest first: a zero-width match at every position
+    # where one starts, so overlapping occurrences are all found; Python's ``re`` where the
+    # literals are ASCII (a search costs a tenth of ``regex``'s), else ``regex``
     pattern: re.Pattern[str] | regex.Pattern[str]
     owners: dict[str, frozenset[int]]  # a literal found -> its rules and those of its prefixes
     started: dict[str, frozenset[int]]  # a literal's start cut by the end -> the rules
@@ -164,8 +186,8 @@ class _Search:
             for cut in range(1, len(literal)):
                 started.setdefault(literal[:cut], set()).update(rules)
         ordered = sorted(owners, key=len, reverse=True)
-        ahead = "(?=(" + "|".join(map(re.escape, ordered)) + "))"
-        ends = "(?:" + "|".join(map(re.escape, sorted(started, key=len, reverse=True))) + r")\Z"
+        ahead = "(?=(" + _trie(ordered) + "))"
+        ends = "(?:" + _trie(started) + r")\Z"
         engine: Any = re if all(literal.isascii() for literal in ordered) else regex
         flags = engine.IGNORECASE if folded else 0
         return cls(engine.compile(ahead, flags), closed,

@@ -6,6 +6,7 @@ position, or compared ignoring case, each get their occurrence."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import regex
 from hypothesis import given, settings
@@ -258,3 +259,22 @@ def test_a_rule_whose_pattern_changed_runs_its_own_search() -> None:
     pattern = regex.compile(NEEDS["mailchimp"][2] + "|x{3}")
     changed = dataclasses.replace(NEEDING["mailchimp"], needs="", tail=None, pattern=pattern)
     assert _needing("mailchimp", changed).needs == ""
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text("abAB_-", min_size=1, max_size=5), min_size=1, max_size=8),
+       st.text("abAB_- x", max_size=30))  # fmt: skip
+def test_the_literals_trie_finds_the_longest_literal_at_every_position(
+    words: list[str], text: str
+) -> None:
+    from gateway.guard.prefilter import _trie
+
+    trie = re.compile("(?=(" + _trie(words) + "))")
+    found = {m.start(): m.group(1) for m in trie.finditer(text)}
+    expected = {}
+    for at in range(len(text)):
+        here = [w for w in words if text.startswith(w, at)]
+        if here:
+            expected[at] = max(here, key=len)
+    assert found == expected
+    assert _trie(["ab", "abc", "b"]) == _trie(["b", "abc", "ab"]) == "(?:ab(?:c)?|b)"
