@@ -99,12 +99,14 @@ class FirstChars:
         self._strict = {i for i in self.rules if not detectors[i].after_alnum}
         strict = {ch for i in self._strict for ch in detectors[i].first}
         loose = {ch for i in self.rules if i not in self._strict for ch in detectors[i].first}
-        alternatives = [r"[^\x00-\x7f]"]
-        if strict:
-            alternatives.insert(0, f"(?<![A-Za-z0-9])[{_class(strict)}]")
-        if loose:
-            alternatives.insert(0, f"[{_class(loose)}]")
-        self._pattern = re.compile("|".join(alternatives))
+        # one class of every start character, so ``re`` skips prose at its class-scanning
+        # speed; then the character must be a loose one, or come after no ASCII letter or digit
+        # (a lookbehind over it and the one before: the text's start counts as neither)
+        anywhere = _class(loose) + _NON_ASCII
+        self._pattern = re.compile(
+            f"[{_class(strict | loose)}{_NON_ASCII}](?:(?<=[{anywhere}])|(?<![A-Za-z0-9].))"
+            if strict else f"[{anywhere}]"
+        )  # fmt: skip
 
     def any(self, buf: str, low: int, final: bool = False) -> bool:
         """Whether any of the rules' start characters occurs in ``buf`` at or after ``low``
@@ -129,6 +131,7 @@ class FirstChars:
 
 
 _ALNUM = frozenset(string.ascii_letters + string.digits)
+_NON_ASCII = "\\x80-\\U0010ffff"  # in a class: every character outside ASCII
 
 
 def _class(chars: Iterable[str]) -> str:
