@@ -82,7 +82,9 @@ class ChannelScanner:
         self._ranks = plan.ranks  # by the caller's index
         self._gate = plan.gate
         self._chars = plan.chars
-        self._alone = plan.alone
+        # the rules neither gate decides: those with a needed literal, then the others
+        self._needing = tuple(i for i in plan.alone if plan.detectors[i].needs)
+        self._alone = tuple(i for i in plan.alone if not plan.detectors[i].needs)
         self._context = plan.context
         self._buf = ""
         self._base = 0  # the channel offset of _buf[0]
@@ -110,11 +112,15 @@ class ChannelScanner:
         if self._chars.rules:
             for index in self._through(self._chars, final):
                 self._scan(index, final)
+        detectors, end = self._detectors, self.end
+        for index in self._needing:
+            if not self._without_needed(detectors[index], index, final, end):
+                self._scan(index, final)
         for index in self._alone:
             self._scan(index, final)
-        hold = min(self._hold) if self._hold else self.end
+        hold = min(self._hold) if self._hold else end
         findings = self._merge(hold) if self._waiting else []
-        self._released = max(hold, self._covered) if not final else self.end
+        self._released = max(hold, self._covered) if not final else end
         return self._released, findings
 
     def _through(self, gate: Prefilter | FirstChars, final: bool) -> list[int]:
@@ -146,7 +152,7 @@ class ChannelScanner:
     def _scan(self, index: int, final: bool) -> None:
         end, base, buf, pos = self.end, self._base, self._buf, self._pos
         detector = self._detectors[index]
-        if detector.needs and self._without_needed(detector, index, final):
+        if detector.needs and self._without_needed(detector, index, final, end):
             return
         pattern = detector.pattern
         # a match attempt reads at most ``window`` characters: only the last ``window``
@@ -178,22 +184,22 @@ class ChannelScanner:
             else:  # not a value: a match may still start inside it ("+0 (415) 555-0198")
                 pos[index] = start + 1
 
-    def _without_needed(self, detector: Detector, index: int, final: bool) -> bool:
+    def _without_needed(self, detector: Detector, index: int, final: bool, end: int) -> bool:
         """Decide a rule whose every complete match holds ``detector.needs`` when the text from
         its position has none: no complete match starts there; at the end, nothing is held,
         and before it, ASCII text is held where ``detector.tail`` says a partial match starts.
         ``False``: the rule's own search must answer."""
-        buf = self._buf
-        at = self._pos[index] - self._base
+        buf, base = self._buf, self._base
+        at = self._pos[index] - base
         if buf.find(detector.needs, at) >= 0:
             return False
         if final:
-            self._hold[index] = self._pos[index] = self.end
+            self._hold[index] = self._pos[index] = end
             return True
         if detector.tail is None or not (buf.isascii() or buf[at:].isascii()):
             return False
         m = detector.tail.search(buf, at)
-        self._hold[index] = self._pos[index] = self.end if m is None else m.start() + self._base
+        self._hold[index] = self._pos[index] = end if m is None else m.start() + base
         return True
 
     def _partial(self, pattern: regex.Pattern[str], low: int, high: int) -> int | None:
