@@ -17,7 +17,8 @@ Cells (``CELLS``): chat at c = 32 flat out, at c = 32 and c = 128 with 10 ms bet
 three-chunk answers at c = 32 (the per-request cost), two worker processes on PostgreSQL +
 Redis at c = 256 paced (``thinkgate_pg×2``, against direct: scaling out; with ``--pg``), the
 same gateway with ``bench/pii.yaml``'s guardrail policy at c = 32 paced (``thinkgate+pii``,
-against ``thinkgate``: what scanning every chunk costs), and the
+against ``thinkgate``: what scanning every chunk costs; with ``--before``, the same pair from the
+code before, ``thinkgate+pii@before`` with the same policy file), and the
 Responses, Messages and legacy completions endpoints paced at c = 32. CPU is what the proxy
 process (its worker processes, summed) ran in the window (``procs.CpuMeter``) per chunk the
 client received, or per request; RSS is the largest worker's; ratios are against the relay of
@@ -82,7 +83,8 @@ TWO_WORKERS = "thinkgate_pg×2"
 # (the paced text holds no match: what every chunk pays for being scanned).
 PII = "thinkgate+pii"
 PII_FILE = Path(__file__).with_name("pii.yaml")
-EXTRA_SYSTEMS = (TWO_WORKERS, PII)  # only in the cells that name them
+PII_BEFORE = f"{PII}@before"  # with --before: the policy's cost in the code before the change
+EXTRA_SYSTEMS = (TWO_WORKERS, PII, PII_BEFORE)  # only in the cells that name them
 CELLS = (
     CellSpec("c=32, flat out", "bench-flat", 32),
     CellSpec("c=32, 10 ms", "bench-paced", 32),
@@ -91,7 +93,12 @@ CELLS = (
     CellSpec(
         "c=256, 10 ms, 2 workers", "bench-paced", 256, systems=("direct", TWO_WORKERS), pin=True
     ),
-    CellSpec("c=32, 10 ms, pii policy", "bench-paced", 32, systems=("thinkgate", PII)),
+    CellSpec(
+        "c=32, 10 ms, pii policy",
+        "bench-paced",
+        32,
+        systems=("thinkgate", PII, "thinkgate@before", PII_BEFORE),
+    ),
     CellSpec(CHAT_PER_REQUEST, "bench-paced", 32, per_request=True, systems=ENDPOINT_SYSTEMS),
     CellSpec(
         "responses, c=32, 10 ms",
@@ -235,6 +242,9 @@ def start_systems(work: Workdir, upstream: ServerProcess, args: argparse.Namespa
         add(start_thinkgate(work, upstream, TWO_WORKERS, ROOT, workers=2))
     if not args.cells or "c=32, 10 ms, pii policy" in args.cells:
         add(start_thinkgate(work, upstream, PII, ROOT, guardrails=PII_FILE))
+        if args.before is not None:  # the same policy file, read by the code before
+            add(start_thinkgate(work, upstream, PII_BEFORE, args.before.resolve(),
+                                guardrails=PII_FILE))  # fmt: skip
     for name in ["thinkgate", "thinkgate_pg"] if args.pg else ["thinkgate"]:
         add(start_thinkgate(work, upstream, name, ROOT))
         if args.before is not None:

@@ -272,7 +272,10 @@ class StreamRelay(Rewriter):
             self.done = True
             return DONE_EVENT
         chunk = parse_chunk(event)
-        fast = self._fast_path(chunk, event.data)
+        if self.policy.guard is None:  # every choice guarded, or none
+            fast = self._fast_path(chunk, event.data)
+        else:
+            fast = self._guarded(chunk, event.data)
         if fast is not None:
             return fast
         return self._encoded(chunk, event.data, self._rewrite_choices(chunk))
@@ -286,9 +289,10 @@ class StreamRelay(Rewriter):
         return encode_data(orjson.dumps(chunk) if changed else raw)
 
     def _fast_path(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
-        """The hot path: a one-choice chunk whose delta is a single text field, unguarded
-        (``_unguarded``) or guarded (``_guarded``); ``None`` sends the chunk down the general
-        path.
+        """The hot path, unguarded: a one-choice chunk whose delta is a single text field that
+        is all answer (relayed as it came) or all reasoning (dropped for a key that must not
+        see it, else the same bytes with the key renamed when the field differs, not
+        re-encoded); ``None`` sends the chunk down the general path.
 
         Replacing bytes is safe: compact JSON cannot hold ``"delta":{"content":`` inside a
         string (quotes there are escaped), and the pattern must occur exactly once."""
@@ -296,14 +300,6 @@ class StreamRelay(Rewriter):
         if single is None:
             return None
         state, field, text = single
-        if state.guard is not None:
-            return self._guarded(chunk, raw, state, field, text)
-        return self._unguarded(raw, state, field, text)
-
-    def _unguarded(self, raw: bytes, state: ChoiceState, field: str, text: str) -> bytes | None:
-        """A text delta that is all answer (relayed as it came) or all reasoning (dropped for
-        a key that must not see it, else the same bytes with the key renamed when the field
-        differs, not re-encoded)."""
         if field == "content":
             if not (state.quiet and state.splitter.idle):
                 return None  # something is held back and must go out first
@@ -324,15 +320,17 @@ class StreamRelay(Rewriter):
                 state.take(None, text, final=False)
         return out
 
-    def _guarded(
-        self, chunk: dict[str, Any], raw: bytes, state: ChoiceState, field: str, text: str
-    ) -> bytes | None:
-        """A guarded choice's one text delta, when the guard takes it in one channel
-        (``ChoiceState.take_guarded``): the text the client is sent patched into the
-        upstream's bytes (the delta object replaced, nothing else re-encoded); ``None``, with
-        nothing taken, sends the chunk down the general path. Once taken, anything unusual
-        (the guard blocked the choice, an encoding the patch cannot find) is placed as the
-        general path places it."""
+    def _guarded(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
+        """The hot path, guarded: a one-choice chunk whose delta is a single text field the
+        guard takes in one channel (``ChoiceState.take_guarded``): the text the client is sent
+        patched into the upstream's bytes (the delta object replaced, nothing else
+        re-encoded); ``None``, with nothing taken, sends the chunk down the general path.
+        Once taken, anything unusual (the guard blocked the choice, an encoding the patch
+        cannot find) is placed as the general path places it."""
+        single = self._single_text_delta(chunk)
+        if single is None:
+            return None
+        state, field, text = single
         choice = chunk["choices"][0]
         if choice.get("logprobs") or choice.get("token_ids"):
             return None  # withheld by the general path (they would spell a redaction out)

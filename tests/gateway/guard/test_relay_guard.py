@@ -119,9 +119,12 @@ def test_a_copy_a_policy_leaves_alone_is_the_text_itself_even_where_matches_over
 
 
 class GeneralPathOnly(StreamRelay):
-    """The relay without its fast path: the reference a guarded fast path must agree with."""
+    """The relay without its fast paths: the reference a guarded fast path must agree with."""
 
     def _fast_path(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
+        return None
+
+    def _guarded(self, chunk: dict[str, Any], raw: bytes) -> bytes | None:
         return None
 
 
