@@ -256,7 +256,7 @@ def _plan(rules: tuple[Detector, ...]) -> _Plan:
     gate that decides them all updates a slice of the scanner's lists, not each rule."""
     gate, chars = _gates(rules)
     gated = [*gate.rules, *chars.rules]
-    order = (*gated, *(i for i in range(len(rules)) if i not in set(gated)))
+    order = (*gated, *sorted(set(range(len(rules))) - set(gated)))
     ordered = tuple(rules[i] for i in order)
     gate, chars = _gates(ordered)
     assert [*gate.rules, *chars.rules] == list(range(len(gated))), "a gate's rules moved"
