@@ -115,7 +115,7 @@ class ChannelScanner:
         detectors, end = self._detectors, self.end
         for index in self._needing:
             if not self._without_needed(detectors[index], index, final, end):
-                self._scan(index, final)
+                self._search(index, final)
         for index in self._alone:
             self._scan(index, final)
         hold = min(self._hold) if self._hold else end
@@ -150,10 +150,14 @@ class ChannelScanner:
             self._base = keep_from
 
     def _scan(self, index: int, final: bool) -> None:
+        detector = self._detectors[index]
+        if not (detector.needs and self._without_needed(detector, index, final, self.end)):
+            self._search(index, final)
+
+    def _search(self, index: int, final: bool) -> None:
+        """The rule's own search from its position (partial mode before the end)."""
         end, base, buf, pos = self.end, self._base, self._buf, self._pos
         detector = self._detectors[index]
-        if detector.needs and self._without_needed(detector, index, final, end):
-            return
         pattern = detector.pattern
         # a match attempt reads at most ``window`` characters: only the last ``window``
         # positions can still run into the end of the text
