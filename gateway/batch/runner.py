@@ -31,6 +31,9 @@ Rules:
   them once the lease ran out. Its exchange in flight was on the ledger as a write-ahead
   intent: it is recorded ``replica_lost`` (``gateway.ledger``), and the line runs again. Only
   the holder of the lease stores a result (``BatchStore.finish``): each line has one answer.
+  A replica killed after a line's record committed but before its result was stored (results
+  are written together, ``WRITE_EVERY_S``) leaves that line to run again too: the engine
+  answers it twice and the ledger holds both ``ok`` records; the output file, one.
 - **Stopping.** A renewal names the batches being cancelled or past their window: their
   running lines here are stopped (the exchange is cut as a client's disconnect would cut it,
   and recorded so) and end ``canceled`` or ``expired``. On shutdown the lines running here go
