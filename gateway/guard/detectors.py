@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import string
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -84,12 +85,19 @@ class Detector:
     # Whether a match may start right after an ASCII letter or digit (``False``: a leading
     # look-behind refuses them, ``literals.never_after_alnum``), for the same gate.
     after_alnum: bool = True
-    # A character every complete match holds (an email's ``@``), and, for ASCII text without
-    # it, an ``re`` pattern that finds where a partial match starts (searched from the rule's
-    # position; none: no partial match). The scanner then answers without the rule's own
-    # partial-mode search (``ChannelScanner._scan``).
-    needs: str = ""
+    # Literals every complete match holds one of (an email's ``@``; a few keywords, compared
+    # ignoring case when folded), and, for ASCII text without any, an ``re`` pattern that finds
+    # where a partial match starts (searched from the rule's position; none: no partial
+    # match). The scanner then answers without the rule's own partial-mode search
+    # (``ChannelScanner._scan``). Case ignored, ``re`` finds them in at least the texts
+    # ``regex`` would ("K", the Kelvin sign, for "k").
+    needs: tuple[str, ...] = ()
+    needs_folded: bool = False
     tail: re.Pattern[str] | None = None
+    # The ASCII characters a match of ``tail`` consists of (more will do; ``""``: unknown): it
+    # can start no earlier than the run of them that ends the text, so the scanner skips its
+    # search when that run starts past a hold it has already (``ChannelScanner._quickly``).
+    tail_chars: str = ""
 
 
 def luhn(text: str) -> bool:
@@ -291,8 +299,9 @@ def builtin(name: str, *, regions: tuple[str, ...] = ("US",), bare: bool = False
 BUILTIN: dict[str, Detector] = {
     "email": dataclasses.replace(
         _builtin("email", "[EMAIL]", _EMAIL, _always),
-        needs="@",
+        needs=("@",),
         tail=re.compile(_LOCAL_PART + r"\Z"),  # a local part that reaches the end
+        tail_chars=string.ascii_letters + string.digits + "_.%+-",
     ),
     "phone": _builtin("phone", "[PHONE]", _PHONE, phone_validator("US")),
     "credit_card": _builtin("credit_card", "[CREDIT_CARD]", _CARD, _whole(luhn)),

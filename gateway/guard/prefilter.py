@@ -58,6 +58,26 @@ class Prefilter:
                 return True
         return False
 
+    def cut_before(self, buf: str, low: int, high: int) -> bool:
+        """Whether a literal's start ends ``buf`` at a position in ``[low, high)``."""
+        for search in self._searches:
+            m = search.cut.search(buf, max(low, len(buf) - search.longest + 1))
+            if m is not None and m.start() < high:
+                return True
+        return False
+
+    def literals(self) -> tuple[list[str], list[str]] | None:
+        """The literals compared as they are, and those compared ignoring case (lowered), for
+        a search that looks for any of them with other things; ``None`` where one is not
+        ASCII."""
+        found: tuple[list[str], list[str]] = ([], [])
+        for search in self._searches:
+            if not all(literal.isascii() for literal in search.owners):
+                return None
+            found[search.folded].extend(lit.lower() if search.folded else lit
+                                        for lit in search.owners)  # fmt: skip
+        return found
+
     def first(self, buf: str, since: dict[int, int], final: bool) -> dict[int, int]:
         """Each gated rule's first literal occurrence in ``buf`` at or after the offset
         ``since`` gives it; a rule absent has none."""
@@ -108,6 +128,11 @@ class FirstChars:
             if strict else f"[{anywhere}]"
         )  # fmt: skip
 
+    @property
+    def source(self) -> str:
+        """The start characters' ``re`` pattern, to search for with other things."""
+        return self._pattern.pattern
+
     def any(self, buf: str, low: int, final: bool = False) -> bool:
         """Whether any of the rules' start characters occurs in ``buf`` at or after ``low``
         (``final``: as for the literals; a single character cannot be cut by the end)."""
@@ -144,18 +169,18 @@ def _note(found: dict[int, int], since: dict[int, int], rules: Iterable[int], at
             found[rule] = at
 
 
-def _trie(words: Iterable[str]) -> str:
+def trie(words: Iterable[str]) -> str:
     """``words`` as one alternation factored by their common prefixes: ``re`` tries every
     alternative at each position, and a trie's branches part on one character, so a search
     costs a third of the flat alternation's (a half with case ignored); where several words
     match, the longest is taken (each optional rest is greedy)."""
-    trie: dict[str, Any] = {}
+    root: dict[str, Any] = {}
     for word in words:
-        node = trie
+        node = root
         for ch in word:
             node = node.setdefault(ch, {})
         node[""] = {}
-    return _branches(trie)
+    return _branches(root)
 
 
 def _branches(node: dict[str, Any]) -> str:
@@ -189,8 +214,8 @@ class _Search:
             for cut in range(1, len(literal)):
                 started.setdefault(literal[:cut], set()).update(rules)
         ordered = sorted(owners, key=len, reverse=True)
-        ahead = "(?=(" + _trie(ordered) + "))"
-        ends = "(?:" + _trie(started) + r")\Z"
+        ahead = "(?=(" + trie(ordered) + "))"
+        ends = "(?:" + trie(started) + r")\Z"
         engine: Any = re if all(literal.isascii() for literal in ordered) else regex
         flags = engine.IGNORECASE if folded else 0
         return cls(engine.compile(ahead, flags), closed,

@@ -44,13 +44,14 @@ longest window.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import regex
 
 from gateway.guard.detectors import Detector
-from gateway.guard.prefilter import FirstChars, Prefilter
+from gateway.guard.prefilter import FirstChars, Prefilter, trie
 
 CONTEXT = 32  # characters kept before a rule's position, at least: the rules' look-behinds
 
@@ -82,9 +83,14 @@ class ChannelScanner:
         self._ranks = plan.ranks  # by the caller's index
         self._gate = plan.gate
         self._chars = plan.chars
-        # the rules neither gate decides: those with a needed literal, then the others
-        self._needing = tuple(i for i in plan.alone if plan.detectors[i].needs)
-        self._alone = tuple(i for i in plan.alone if not plan.detectors[i].needs)
+        # the rules neither gate decides: those with a needed pattern and a tail, the others
+        self._needing = plan.needing
+        self._alone = plan.alone
+        self._needed = plan.needed
+        self._quick = plan.quick
+        self._count = plan.count  # the rules ``_quick`` decides: the first so many
+        self._even = True  # whether they all stand at one position (``_pos[0]``)
+        self._reach = 0  # where the last-ending complete match of any rule ends
         self._context = plan.context
         self._buf = ""
         self._base = 0  # the channel offset of _buf[0]
@@ -106,22 +112,65 @@ class ChannelScanner:
             raise ValueError("the channel is closed")
         self._buf += text
         self.closed = final
+        end = self.end
+        if final or not self._even or self._quick is None or not self._quickly(self._quick):
+            self._each(final, end)
+        for index in self._alone:
+            self._scan(index, final)
+        hold = min(self._hold) if self._hold else end
+        findings = self._merge(hold) if self._waiting else []
+        self._released = max(hold, self._covered) if not final else end
+        if not (self._even or final or self._waiting) and self._quick is not None:
+            self._level()
+        return self._released, findings
+
+    def _each(self, final: bool, end: int) -> None:
+        """The gated and needing rules decide on their own (something is in sight)."""
+        self._even = False
         if self._gate.rules:
             for index in self._through(self._gate, final):
                 self._scan(index, final)
         if self._chars.rules:
             for index in self._through(self._chars, final):
                 self._scan(index, final)
-        detectors, end = self._detectors, self.end
+        detectors = self._detectors
         for index in self._needing:
             if not self._without_needed(detectors[index], index, final, end):
                 self._search(index, final)
-        for index in self._alone:
-            self._scan(index, final)
-        hold = min(self._hold) if self._hold else end
-        findings = self._merge(hold) if self._waiting else []
-        self._released = max(hold, self._covered) if not final else end
-        return self._released, findings
+
+    def _quickly(self, quick: _Quick) -> bool:
+        """Decide the gated and needing rules, all standing at one position, with two searches
+        when nothing from there on could start or complete a match of theirs (prose): no
+        literal, start character or needed pattern, ASCII; they all stand, then, where the
+        first tail starts (a word that may become an email), which is the least of the holds
+        their own decisions would give. ``False``: something is in sight (or a literal cut
+        by the end lies before that tail); each rule decides on its own."""
+        buf, at = self._buf, self._pos[0] - self._base
+        if quick.trigger.search(buf, at) is not None:
+            return False
+        if quick.lowered is not None and quick.lowered.search(buf[at:].lower()) is not None:
+            return False
+        hold = len(buf)
+        for tail, chars in quick.tails:  # each from the run of its characters ending the text
+            start = max(at, len(buf.rstrip(chars))) if chars else at
+            if start < hold and (m := tail.search(buf, start)) is not None:
+                hold = min(hold, m.start())
+        if self._gate.rules and self._gate.cut_before(buf, at, hold):
+            return False
+        count = self._count
+        self._pos[:count] = self._hold[:count] = [hold + self._base] * count
+        return True
+
+    def _level(self) -> None:
+        """After the rules decided on their own: stand them all at the least of their holds,
+        when no match of any rule reaches past it. Exact: each position a rule passes again
+        starts no match of it (a dead position stays dead as text comes; a refused candidate
+        is refused again), so the rule decides again what it decided."""
+        count = self._count
+        low = min(self._hold[:count])
+        if low >= self._reach:
+            self._pos[:count] = self._hold[:count] = [low] * count
+            self._even = True
 
     def _through(self, gate: Prefilter | FirstChars, final: bool) -> list[int]:
         """A gate (``gateway.guard.prefilter``: the literals, the first characters) resumes
@@ -182,6 +231,7 @@ class ChannelScanner:
             size = detector.valid(m.group())
             if size:
                 pos[index] = stop
+                self._reach = max(self._reach, stop)
                 self._decided[index].append(Finding(start, start + size, self._order[index],
                                                     m.group()[:size]))  # fmt: skip
                 self._waiting += 1
@@ -189,13 +239,14 @@ class ChannelScanner:
                 pos[index] = start + 1
 
     def _without_needed(self, detector: Detector, index: int, final: bool, end: int) -> bool:
-        """Decide a rule whose every complete match holds ``detector.needs`` when the text from
+        """Decide a rule whose every complete match holds one of ``detector.needs`` (searched
+        as ``_needed[index]``) when the text from
         its position has none: no complete match starts there; at the end, nothing is held,
         and before it, ASCII text is held where ``detector.tail`` says a partial match starts.
         ``False``: the rule's own search must answer."""
         buf, base = self._buf, self._base
         at = self._pos[index] - base
-        if buf.find(detector.needs, at) >= 0:
+        if self._needed[index].search(buf, at) is not None:  # type: ignore[union-attr]
             return False
         if final:
             self._hold[index] = self._pos[index] = end
@@ -242,6 +293,18 @@ class ChannelScanner:
 
 
 @dataclass(frozen=True, slots=True)
+class _Quick:
+    """The searches deciding prose for the gated and needing rules at once (``_quickly``)."""
+
+    trigger: re.Pattern[str]  # any literal, start character, needed literal or non-ASCII
+    # the literals compared ignoring case, lowered: searched in the lowered text (ASCII, as
+    # ``trigger`` found none other), where ``re`` compares each character once
+    lowered: re.Pattern[str] | None
+    # where each needing rule's partial match starts in ASCII text, and its characters
+    tails: tuple[tuple[re.Pattern[str], str], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class _Plan:
     """What a scanner derives from its rules alone, shared by every scanner of those rules."""
 
@@ -250,7 +313,11 @@ class _Plan:
     ranks: tuple[int, ...]  # by the index as given
     gate: Prefilter
     chars: FirstChars
-    alone: tuple[int, ...]  # the rules neither gate decides
+    needing: tuple[int, ...]  # the rules with a needed pattern and a tail
+    alone: tuple[int, ...]  # the rules nothing but their own search decides
+    needed: tuple[re.Pattern[str] | None, ...]  # each rule's ``needs``, compiled
+    quick: _Quick | None
+    count: int  # the rules ``quick`` decides: the gates' and the needing ones
     context: int
 
 
@@ -260,13 +327,42 @@ def _plan(rules: tuple[Detector, ...]) -> _Plan:
     gate that decides them all updates a slice of the scanner's lists, not each rule."""
     gate, chars = _gates(rules)
     gated = [*gate.rules, *chars.rules]
-    order = (*gated, *sorted(set(range(len(rules))) - set(gated)))
+    rest = sorted(set(range(len(rules))) - set(gated))
+    needing = [i for i in rest if rules[i].needs and rules[i].tail is not None]
+    order = (*gated, *needing, *(i for i in rest if i not in needing))
     ordered = tuple(rules[i] for i in order)
     gate, chars = _gates(ordered)
     assert [*gate.rules, *chars.rules] == list(range(len(gated))), "a gate's rules moved"
+    count = len(gated) + len(needing)
     context = max([CONTEXT, *(d.behind for d in rules)])
     return _Plan(ordered, order, tuple(d.rank for d in rules), gate, chars,
-                 tuple(range(len(gated), len(rules))), context)  # fmt: skip
+                 tuple(range(len(gated), count)), tuple(range(count, len(rules))),
+                 tuple(_needed(d) if d.needs else None for d in ordered),
+                 _quick(gate, chars, ordered[len(gated) : count]) if count else None, count,
+                 context)  # fmt: skip
+
+
+def _quick(gate: Prefilter, chars: FirstChars, needing: Sequence[Detector]) -> _Quick | None:
+    """The one search for anything the gated and needing rules could act on, and their tails;
+    ``None`` where a literal is not ASCII (its gate searches with ``regex``)."""
+    literals = gate.literals() if gate.rules else ([], [])
+    if literals is None:
+        return None
+    plain, folded = literals
+    plain += [n for d in needing if not d.needs_folded for n in d.needs]
+    folded += [n.lower() for d in needing if d.needs_folded for n in d.needs]
+    anything = [trie(plain)] if plain else []
+    anything.append(chars.source if chars.rules else r"[^\x00-\x7f]")
+    # the widest first: the hold it gives lets the others skip their search
+    tails = sorted(((d.tail, d.tail_chars) for d in needing if d.tail is not None),
+                   key=lambda tail: -len(tail[1]))  # fmt: skip
+    return _Quick(re.compile("|".join(f"(?:{part})" for part in anything)),
+                  re.compile(trie(folded)) if folded else None, tuple(tails))  # fmt: skip
+
+
+def _needed(detector: Detector) -> re.Pattern[str]:
+    flags = re.IGNORECASE if detector.needs_folded else 0
+    return re.compile("|".join(re.escape(n) for n in detector.needs), flags)
 
 
 def _gates(rules: tuple[Detector, ...]) -> tuple[Prefilter, FirstChars]:

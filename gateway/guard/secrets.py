@@ -41,14 +41,16 @@ import functools
 import importlib
 import pkgutil
 import re
+import string
 from collections.abc import Callable
 from importlib.metadata import version
-from typing import Any
+from typing import Any, NamedTuple
 
 import regex
 
 from gateway.guard.detectors import Detector, PatternError, Validator, rank_of, widths
 from gateway.guard.literals import first_chars, never_after_alnum, starts
+from gateway.guard.prefilter import trie
 
 CAP = 128  # the most characters an unbounded repeat may take
 GROUP_CAP = 4  # the most times an unbounded repeat of a group may repeat it
@@ -112,26 +114,103 @@ def _bounded(token: str, before: str, cap: int) -> str:
     return {"^": r"(?<![^\n])", "$": r"(?![^\n])"}.get(token, token)
 
 
-# Rules whose every match holds a literal (``Detector.needs``, as an email's "@"), with the
-# ``re`` pattern that finds, in ASCII text without it, where a partial match starts: the
-# scanner then decides them without their own partial-mode search while prose has none of it
-# (without these, each costs one ``regex`` search per piece). Each was written for the
-# bounded pattern beside it and is used only while the installed rule set compiles to that
+# Rules whose every match holds a match of an ``re`` pattern (``Detector.needs``, as an email's
+# "@"), with the ``re`` pattern that finds, in ASCII text without one, where a partial match
+# starts: the scanner then decides them without their own partial-mode search while prose has
+# none of it (without these, each costs one ``regex`` search per piece). Each was written for
+# the bounded pattern beside it and is used only while the installed rule set compiles to that
 # pattern: an upgrade that changes one runs its own search until this is brought up to date.
-NEEDS: dict[str, tuple[str, str, str]] = {
+_SEP = ("_", "-", "")
+_LINE_OR_NON_WORD = r"(?:(?<=\W)|(?<![^\n]))"  # the IBM rules' leading look-behind, in ``re``
+
+
+def _closure(slots: tuple[tuple[str, ...], ...]) -> str:
+    """Every prefix (the empty one too) of a string made of one choice from each slot in
+    turn, as an ``re`` alternation: P(S1 S2 ...) is P(S1) or S1 P(S2 ...)."""
+    if not slots:
+        return ""
+    first, rest = slots[0], slots[1:]
+    prefixes = {word[:cut] for word in first for cut in range(1, len(word) + 1)}
+    choice = "|".join(re.escape(word) for word in first)
+    return f"(?:{trie(prefixes)}|(?:{choice}){_closure(rest)}|)"
+
+
+def _keyword_tail(*slots: tuple[str, ...]) -> str:
+    """Where a partial match of an IBM rule starts when none of its keywords (the last slot)
+    is in the text: after a non-word character or at a line start, a prefix of the
+    bracket, quote, name, separators and keyword it opens with, reaching the end."""
+    return f"(?i:{_LINE_OR_NON_WORD}{_closure(slots)})\\Z"
+
+
+_IAM_NAMES = tuple(
+    [f"ibm{a}cloud{b}iam" for a in _SEP for b in _SEP] + [f"cloud{a}iam" for a in _SEP]
+    + [f"ibm{a}cloud" for a in _SEP] + [f"ibm{a}iam" for a in _SEP] + ["ibm", "iam", "cloud", ""]
+)  # fmt: skip
+_COS_NAMES = (*(f"{ibm}{a}cos{b}{hmac}" for ibm in ("ibm", "") for a in _SEP for b in _SEP
+                for hmac in ("hmac", "")), "")  # fmt: skip
+_BRACKET, _QUOTE = ("[", ""), ('"', "'", "")
+
+_LOWER_DIGITS = string.ascii_lowercase + string.digits
+_KEYWORD_CHARS = string.ascii_letters + "[\"'_-"  # the IBM rules' names, keywords, brackets
+
+
+class Needed(NamedTuple):
+    needs: tuple[str, ...]  # literals every match holds one of
+    folded: bool  # compared ignoring case
+    tail: str  # ``re``: where a partial match starts in ASCII text without any of them
+    chars: str  # the characters of a tail's match
+    pattern: str  # the bounded pattern this was written for
+
+
+NEEDS: dict[str, Needed] = {
     # "AKC"/"AP" after a space, "=", ":", '"' or a line start: without an "A", only that
     # one character can have begun a match (regex's \s, ASCII: no \x1c-\x1f)
-    "artifactory": (
-        "A",
+    "artifactory": Needed(
+        ("A",),
+        False,
         r'[\t\n\x0b\x0c\r =:"]\Z',
+        '\t\n\x0b\x0c\r =:"',
         r'(?:(?:\s|=|:|"|(?<![^\n]))AKC[a-zA-Z0-9]{10,138}(?:\s|"|(?![^\n])))|'
         r'(?:(?:\s|=|:|"|(?<![^\n]))AP[\dABCDEF][a-zA-Z0-9]{8,136}'
         r'(?:\s|"|(?![^\n])))',
     ),
     # 32 of [0-9a-z] then "-us": the run's last 32, or 32 and a cut "-us"
-    "mailchimp": ("-us", r"(?:[0-9a-z]{32}-u?|[0-9a-z]{1,32})\Z", r"(?:[0-9a-z]{32}-us[0-9]{1,2})"),
+    "mailchimp": Needed(
+        ("-us",),
+        False,
+        r"(?:[0-9a-z]{32}-u?|[0-9a-z]{1,32})\Z",
+        _LOWER_DIGITS + "-",
+        r"(?:[0-9a-z]{32}-us[0-9]{1,2})",
+    ),
     # 8-10 digits then ":": the run's last 10 digits at most
-    "telegram_token": (":", r"\d{1,10}\Z", r"(?:\d{8,10}:[0-9A-Za-z_-]{35})"),
+    "telegram_token": Needed(
+        (":",), False, r"\d{1,10}\Z", string.digits, r"(?:\d{8,10}:[0-9A-Za-z_-]{35})"
+    ),
+    # a keyword (``password`` starts with ``pass``) after an optional bracket, quote, name
+    # and separators, every one of them bounded
+    "ibm_cloud_iam": Needed(
+        ("key", "pwd", "pass", "token"),
+        True,
+        _keyword_tail(
+            _BRACKET, _QUOTE, _IAM_NAMES, _SEP, ("api", ""), _SEP, ("key", "pwd", "pass", "token")
+        ),
+        _KEYWORD_CHARS,
+        r"""(?i:(?:(?<=\W)|(?<=(?<![^\n])))(?:\[|)(?:"|\'|)(?:ibm(?:_|-|)cloud(?:_|-|)iam|"""
+        r"""cloud(?:_|-|)iam|ibm(?:_|-|)cloud|ibm(?:_|-|)iam|ibm|iam|cloud|)(?:_|-|)(?:api|)"""
+        r"""(?:_|-|)(?:key|pwd|password|pass|token)(?:"|\'|)(?:\]|)(?: {0,128})"""
+        r"""(?:=|:|:=|=>| {1,128}|::)(?: {0,128})(?:"|\'|)([a-zA-Z0-9_\-]{44}"""
+        r"""(?![a-zA-Z0-9_\-]))(?:"|\'|))""",
+    ),
+    # "secret" after an optional bracket, quote, name and separator
+    "ibm_cos_hmac": Needed(
+        ("secret",),
+        True,
+        _keyword_tail(_BRACKET, _QUOTE, _COS_NAMES, _SEP, ("secret",)),
+        _KEYWORD_CHARS,
+        r"""(?i:(?:(?<=\W)|(?<=(?<![^\n])))(?:\[|)(?:"|\'|)(?:(?:ibm)?[-_]?cos[-_]?(?:hmac)?|)"""
+        r"""(?:_|-|)(?:secret[-_]?(?:access)?[-_]?key)(?:"|\'|)(?:\]|)(?: {0,128})"""
+        r"""(?:=|:|:=|=>| {1,128}|::)(?: {0,128})(?:"|\'|)([a-f0-9]{48}(?![a-f0-9]))(?:"|\'|))""",
+    ),
 }
 
 
@@ -159,9 +238,10 @@ def secret_rules() -> dict[str, Detector]:
 def _needing(name: str, rule: Detector) -> Detector:
     """``rule`` with its needed literal (``NEEDS``) while its pattern is the one written for."""
     needed = NEEDS.get(name)
-    if needed is None or rule.pattern.pattern != needed[2]:
+    if needed is None or rule.pattern.pattern != needed.pattern:
         return rule
-    return dataclasses.replace(rule, needs=needed[0], tail=re.compile(needed[1]))
+    return dataclasses.replace(rule, needs=needed.needs, needs_folded=needed.folded,
+                               tail=re.compile(needed.tail), tail_chars=needed.chars)  # fmt: skip
 
 
 def _formally(checks: Callable[[str], bool]) -> Validator:

@@ -188,10 +188,10 @@ def test_the_needed_character_shortcut_changes_nothing_an_email_finds(
     parts: list[str], cuts: list[int]
 ) -> None:
     email = BUILTIN["email"]
-    assert email.needs == "@" and email.tail is not None
+    assert email.needs == ("@",) and email.tail is not None
     rules = [email, BUILTIN["phone"]]
     expected = scan(
-        [dataclasses.replace(email, needs="", tail=None), rules[1]], [text := " ".join(parts)]
+        [dataclasses.replace(email, needs=(), tail=None), rules[1]], [text := " ".join(parts)]
     )
     assert scan(rules, [text]) == expected
     assert scan(rules, chunked(text, cuts)) == expected
@@ -218,24 +218,31 @@ def test_the_literal_gate_says_at_once_when_no_literal_is_in_sight() -> None:
 
 NEEDING = {name: rule for name, rule in secret_rules().items() if rule.needs}
 NEEDING_NEAR = ["A", "AP", "AKC", "AP1", "-us", "-u", "a1" * 16, "12345678", "123456789012", ":",
-                'key="', "=", "\n", "\x1f", "é", "٣"]  # fmt: skip
+                'key="', "=", "\n", "\x1f", "é", "٣",
+                # the IBM rules' openings, keywords and cut keywords
+                "ibm", "IBM_cloud", "cloud-iam", "iam_", "api", "_API-", "ke", "pa", "PASS", "pwd",
+                "tok", "token", "secre", "Secret", "cos", "hmac", "ibm-cos_hmac", "[", '["', "'",
+                "]", ": ", ":=", "=>", "::", "\u212aey", "\u017fecret", "a" * 44,
+                "0123456789abcdef" * 3]  # fmt: skip
 
 
 def test_the_rules_written_for_a_needed_literal_have_it() -> None:
     """Each of NEEDS still matches the installed rule set's pattern (else it is off)."""
-    assert set(NEEDING) == {"artifactory", "mailchimp", "telegram_token"}
+    assert set(NEEDING) == {"artifactory", "mailchimp", "telegram_token", "ibm_cloud_iam",
+                            "ibm_cos_hmac"}  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(st.lists(st.one_of(st.sampled_from([v for n in NEEDING for _, v in CASES[n][0]]),
-                          st.sampled_from(NEEDING_NEAR), st.text("aA1P:- =\"\n", max_size=12)),
-                max_size=6),
+                          st.sampled_from(NEEDING_NEAR),
+                          st.text("aA1P:- =\"\n[_'ikKsS", max_size=12)),
+                max_size=8),
        st.lists(st.integers(0, 10_000), max_size=20))  # fmt: skip
 def test_a_needed_literal_changes_nothing_a_secret_rule_finds(
     parts: list[str], cuts: list[int]
 ) -> None:
     rules = list(NEEDING.values())
-    plain = [dataclasses.replace(r, needs="", tail=None) for r in rules]
+    plain = [dataclasses.replace(r, needs=(), tail=None) for r in rules]
     text = "".join(parts)
     expected = scan(plain, [text])
     assert scan(rules, [text]) == expected
@@ -256,9 +263,9 @@ def released(rules: list[Detector], pieces: list[str]) -> list[int]:
 def test_a_rule_whose_pattern_changed_runs_its_own_search() -> None:
     from gateway.guard.secrets import NEEDS, _needing
 
-    pattern = regex.compile(NEEDS["mailchimp"][2] + "|x{3}")
-    changed = dataclasses.replace(NEEDING["mailchimp"], needs="", tail=None, pattern=pattern)
-    assert _needing("mailchimp", changed).needs == ""
+    pattern = regex.compile(NEEDS["mailchimp"].pattern + "|x{3}")
+    changed = dataclasses.replace(NEEDING["mailchimp"], needs=(), tail=None, pattern=pattern)
+    assert _needing("mailchimp", changed).needs == ()
 
 
 @settings(max_examples=300, deadline=None)
@@ -267,14 +274,68 @@ def test_a_rule_whose_pattern_changed_runs_its_own_search() -> None:
 def test_the_literals_trie_finds_the_longest_literal_at_every_position(
     words: list[str], text: str
 ) -> None:
-    from gateway.guard.prefilter import _trie
+    from gateway.guard.prefilter import trie
 
-    trie = re.compile("(?=(" + _trie(words) + "))")
-    found = {m.start(): m.group(1) for m in trie.finditer(text)}
+    ahead = re.compile("(?=(" + trie(words) + "))")
+    found = {m.start(): m.group(1) for m in ahead.finditer(text)}
     expected = {}
     for at in range(len(text)):
         here = [w for w in words if text.startswith(w, at)]
         if here:
             expected[at] = max(here, key=len)
     assert found == expected
-    assert _trie(["ab", "abc", "b"]) == _trie(["b", "abc", "ab"]) == "(?:ab(?:c)?|b)"
+    assert trie(["ab", "abc", "b"]) == trie(["b", "abc", "ab"]) == "(?:ab(?:c)?|b)"
+
+
+# -- the quick path: prose decided for the gated and needing rules at once --------------------
+
+ALL_RULES = [*(BUILTIN[name] for name in ("email", "phone", "credit_card", "iban", "us_ssn",
+                                          "secret_key")), *secret_rules().values()]  # fmt: skip
+PROSE = ["the", "thought", "word42", "Then", "so", "access", "clarify", "token", "key", "ok.",
+         "a-b", "x_y", "(", "é", "\n", "  ", "sk", "gh", "a@", "+1", "4111"]  # fmt: skip
+
+
+class EachOnItsOwn(ChannelScanner):
+    """The scanner without its quick path: every rule decides on its own, every piece."""
+
+    def __init__(self, rules: list[Detector]) -> None:
+        super().__init__(rules)
+        self._quick = None
+
+
+def decisions(scanner: ChannelScanner, pieces: list[str]) -> list[tuple[int, list[tuple]]]:
+    out = []
+    for i, piece in enumerate(pieces):
+        released, findings = scanner.feed(piece, final=i == len(pieces) - 1)
+        out.append((released, [(f.start, f.end, f.rule, f.text) for f in findings]))
+        scanner.drop_before(released)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(PLANTED), st.sampled_from(NEAR + NEEDING_NEAR),
+                          st.sampled_from([v for vs in PLANTED_BUILTIN.values() for v in vs]),
+                          st.sampled_from(PROSE), st.text("ab1A :@-_\"'[\né", max_size=8)),
+                max_size=10),
+       st.lists(st.integers(0, 10_000), max_size=20))  # fmt: skip
+def test_the_quick_path_decides_as_each_rule_on_its_own(parts: list[str], cuts: list[int]) -> None:
+    """Findings and every release alike, whole, chunked and one character at a time: the
+    quick path and the re-levelling after a rule decided on its own change nothing."""
+    text = " ".join(parts)
+    for pieces in ([text], chunked(text, cuts), list(text)):
+        assert decisions(ChannelScanner(ALL_RULES), pieces) == decisions(
+            EachOnItsOwn(ALL_RULES), pieces
+        )
+
+
+def test_prose_takes_the_quick_path_and_a_match_passed_returns_to_it() -> None:
+    scanner = ChannelScanner(ALL_RULES)
+    for word in ["", "we", "should", "check", "the", "thought"]:
+        released, _ = scanner.feed(word + " ")
+        assert scanner._even  # every gated and needing rule decided by the two searches
+        assert released == scanner.end - 1  # only the space: an Artifactory key may follow
+    assert scanner.feed("mail jane.doe@exa")[1] == []  # the "@": each rule on its own
+    released, findings = scanner.feed("mple.com then")
+    assert [f.text for f in findings] == ["jane.doe@example.com"]
+    assert scanner._even  # past the match: levelled again
+    assert scanner.text(released, scanner.end) == "then"  # may become an email
