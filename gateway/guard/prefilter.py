@@ -61,7 +61,8 @@ class Prefilter:
     def cut_before(self, buf: str, low: int, high: int) -> bool:
         """Whether a literal's start ends ``buf`` at a position in ``[low, high)``."""
         for search in self._searches:
-            m = search.cut.search(buf, max(low, len(buf) - search.longest + 1))
+            start = max(low, len(buf) - search.longest + 1)
+            m = search.cut.search(buf, start) if start < high else None
             if m is not None and m.start() < high:
                 return True
         return False

@@ -18,7 +18,12 @@ How (per rule, i.e. per detector of a policy):
   (``gateway.guard.prefilter``) resumes each rule whose matches start with a literal at that
   literal's next occurrence, or decides it to the end when there is none; its first-character
   gate does the same for rules whose matches start with a few ASCII characters (digits,
-  capitals) or a non-ASCII one.
+  capitals) or a non-ASCII one; a rule whose every match holds one of a few literals (an
+  email's ``@``) holds, while none is in sight, only where its ``tail`` says a partial match
+  starts.
+- Prose first (``_quickly``): while the gated and needing rules all stand at one position, one
+  search for anything any of them could act on, and their tails, decide them all at once;
+  only with something in sight does each decide on its own.
 - A complete match is decided once the characters that could change it are present: the
   built-ins' ``settle`` after its end (their closing look-ahead), a file's own regex
   ``window`` from its start (a greedy pattern could still grow), or the channel ends. A
@@ -89,7 +94,10 @@ class ChannelScanner:
         self._needed = plan.needed
         self._quick = plan.quick
         self._count = plan.count  # the rules ``_quick`` decides: the first so many
-        self._even = True  # whether they all stand at one position (``_pos[0]``)
+        # whether they all stand at one position, ``_at`` (their entries in ``_pos`` and
+        # ``_hold`` are then out of date: ``_each`` writes them before it reads them)
+        self._even = True
+        self._at = 0
         self._reach = 0  # where the last-ending complete match of any rule ends
         self._context = plan.context
         self._buf = ""
@@ -117,7 +125,7 @@ class ChannelScanner:
             self._each(final, end)
         for index in self._alone:
             self._scan(index, final)
-        hold = min(self._hold) if self._hold else end
+        hold = self._least(self._hold, end)
         findings = self._merge(hold) if self._waiting else []
         self._released = max(hold, self._covered) if not final else end
         if not (self._even or final or self._waiting) and self._quick is not None:
@@ -126,7 +134,10 @@ class ChannelScanner:
 
     def _each(self, final: bool, end: int) -> None:
         """The gated and needing rules decide on their own (something is in sight)."""
-        self._even = False
+        if self._even:
+            count = self._count
+            self._pos[:count] = self._hold[:count] = [self._at] * count
+            self._even = False
         if self._gate.rules:
             for index in self._through(self._gate, final):
                 self._scan(index, final)
@@ -145,7 +156,7 @@ class ChannelScanner:
         first tail starts (a word that may become an email), which is the least of the holds
         their own decisions would give. ``False``: something is in sight (or a literal cut
         by the end lies before that tail); each rule decides on its own."""
-        buf, at = self._buf, self._pos[0] - self._base
+        buf, at = self._buf, self._at - self._base
         if quick.trigger.search(buf, at) is not None:
             return False
         if quick.lowered is not None and quick.lowered.search(buf[at:].lower()) is not None:
@@ -157,8 +168,7 @@ class ChannelScanner:
                 hold = min(hold, m.start())
         if self._gate.rules and self._gate.cut_before(buf, at, hold):
             return False
-        count = self._count
-        self._pos[:count] = self._hold[:count] = [hold + self._base] * count
+        self._at = hold + self._base
         return True
 
     def _level(self) -> None:
@@ -169,7 +179,7 @@ class ChannelScanner:
         count = self._count
         low = min(self._hold[:count])
         if low >= self._reach:
-            self._pos[:count] = self._hold[:count] = [low] * count
+            self._at = low
             self._even = True
 
     def _through(self, gate: Prefilter | FirstChars, final: bool) -> list[int]:
@@ -193,10 +203,17 @@ class ChannelScanner:
 
     def drop_before(self, offset: int) -> None:
         """Forget the text before ``offset`` (already sent on), keeping look-behind context."""
-        keep_from = min(offset, min(self._pos, default=offset)) - self._context
+        keep_from = min(offset, self._least(self._pos, offset)) - self._context
         if keep_from > self._base:
             self._buf = self._buf[keep_from - self._base :]
             self._base = keep_from
+
+    def _least(self, of: list[int], default: int) -> int:
+        """The least of ``of`` (``_pos`` or ``_hold``), the even rules standing at ``_at``."""
+        if not self._even:
+            return min(of, default=default)
+        count = self._count
+        return min(self._at, *of[count:]) if len(of) > count else self._at
 
     def _scan(self, index: int, final: bool) -> None:
         detector = self._detectors[index]
