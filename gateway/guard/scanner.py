@@ -161,9 +161,14 @@ class ChannelScanner:
             return False
         if quick.lowered is not None and quick.lowered.search(buf[at:].lower()) is not None:
             return False
-        hold = len(buf)
-        for tail, chars in quick.tails:  # each from the run of its characters ending the text
-            start = max(at, len(buf.rstrip(chars))) if chars else at
+        hold = first = len(buf)
+        for tail, chars, within in quick.tails:
+            if within and first >= hold:
+                continue  # its run is inside the first one's, which starts past the hold
+            start = len(buf.rstrip(chars)) if chars else at  # the run ending the text
+            if tail is quick.tails[0][0]:
+                first = start
+            start = max(start, at)
             if start < hold and (m := tail.search(buf, start)) is not None:
                 hold = min(hold, m.start())
         if self._gate.rules and self._gate.cut_before(buf, at, hold):
@@ -317,8 +322,10 @@ class _Quick:
     # the literals compared ignoring case, lowered: searched in the lowered text (ASCII, as
     # ``trigger`` found none other), where ``re`` compares each character once
     lowered: re.Pattern[str] | None
-    # where each needing rule's partial match starts in ASCII text, and its characters
-    tails: tuple[tuple[re.Pattern[str], str], ...]
+    # where the needing rules' partial matches start in ASCII text, one pattern per set of
+    # characters such a match consists of (widest first), and whether that set lies within
+    # the first one's: then its run ending the text starts no earlier than the first's
+    tails: tuple[tuple[re.Pattern[str], str, bool], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,11 +377,23 @@ def _quick(gate: Prefilter, chars: FirstChars, needing: Sequence[Detector]) -> _
     folded += [n.lower() for d in needing if d.needs_folded for n in d.needs]
     anything = [trie(plain)] if plain else []
     anything.append(chars.source if chars.rules else r"[^\x00-\x7f]")
-    # the widest first: the hold it gives lets the others skip their search
-    tails = sorted(((d.tail, d.tail_chars) for d in needing if d.tail is not None),
-                   key=lambda tail: -len(tail[1]))  # fmt: skip
     return _Quick(re.compile("|".join(f"(?:{part})" for part in anything)),
-                  re.compile(trie(folded)) if folded else None, tuple(tails))  # fmt: skip
+                  re.compile(trie(folded)) if folded else None, _tails(needing))  # fmt: skip
+
+
+def _tails(needing: Sequence[Detector]) -> tuple[tuple[re.Pattern[str], str, bool], ...]:
+    """The needing rules' tails, one alternation per set of characters (its leftmost match is
+    the least of theirs), the widest set first: the hold it gives lets the others skip their
+    search; a set within it skips even finding its run."""
+    by_chars: dict[str, list[str]] = {}
+    for d in needing:
+        if d.tail is not None:
+            by_chars.setdefault("".join(sorted(set(d.tail_chars))), []).append(d.tail.pattern)
+    ordered = sorted(by_chars, key=lambda chars: (chars == "", -len(chars)))
+    widest = set(ordered[0]) if ordered and ordered[0] else set()
+    return tuple((re.compile("|".join(f"(?:{t})" for t in by_chars[chars])), chars,
+                  i > 0 and chars != "" and set(chars) <= widest)
+                 for i, chars in enumerate(ordered))  # fmt: skip
 
 
 def _needed(detector: Detector) -> re.Pattern[str]:

@@ -292,7 +292,8 @@ def test_the_literals_trie_finds_the_longest_literal_at_every_position(
 ALL_RULES = [*(BUILTIN[name] for name in ("email", "phone", "credit_card", "iban", "us_ssn",
                                           "secret_key")), *secret_rules().values()]  # fmt: skip
 PROSE = ["the", "thought", "word42", "Then", "so", "access", "clarify", "token", "key", "ok.",
-         "a-b", "x_y", "(", "é", "\n", "  ", "sk", "gh", "a@", "+1", "4111"]  # fmt: skip
+         "a-b", "x_y", "(", "é", "\n", "  ", "sk", "gh", "a@", "+1", "4111",
+         "y" * 60 + "a1b2" * 3 + "123"]  # past an email's 64: the other tails hold  # fmt: skip
 
 
 class EachOnItsOwn(ChannelScanner):
@@ -339,3 +340,18 @@ def test_prose_takes_the_quick_path_and_a_match_passed_returns_to_it() -> None:
     assert [f.text for f in findings] == ["jane.doe@example.com"]
     assert scanner._even  # past the match: levelled again
     assert scanner.text(released, scanner.end) == "then"  # may become an email
+
+
+def test_past_an_emails_64_characters_the_narrower_tails_hold() -> None:
+    """A run longer than a local part: the email's tail gives no hold, Mailchimp's (the last
+    32 letters and digits) and Telegram's (the last digits) do, though their characters lie
+    within the email's."""
+    text = "see " + "y" * 60 + "a1b2" * 3 + "123 done"
+    pieces = list(text)
+    assert decisions(ChannelScanner(ALL_RULES), pieces) == decisions(
+        EachOnItsOwn(ALL_RULES), pieces
+    )
+    scanner = ChannelScanner(ALL_RULES)
+    for piece in pieces[: len("see ") + 70]:
+        released, _ = scanner.feed(piece)
+    assert (released, scanner._even) == (scanner.end - 32, True)
