@@ -120,12 +120,15 @@ class ChannelScanner:
             raise ValueError("the channel is closed")
         self._buf += text
         self.closed = final
-        end = self.end
+        end = self._base + len(self._buf)
         if final or not self._even or self._quick is None or not self._quickly(self._quick):
             self._each(final, end)
-        for index in self._alone:
-            self._scan(index, final)
-        hold = self._least(self._hold, end)
+        if self._alone:
+            for index in self._alone:
+                self._scan(index, final)
+            hold = self._least(self._hold, end)
+        else:  # every rule gated or needing: on prose, all at one position
+            hold = self._at if self._even else min(self._hold, default=end)
         findings = self._merge(hold) if self._waiting else []
         self._released = max(hold, self._covered) if not final else end
         if not (self._even or final or self._waiting) and self._quick is not None:
@@ -171,8 +174,8 @@ class ChannelScanner:
             start = max(start, at)
             if start < hold and (m := tail.search(buf, start)) is not None:
                 hold = min(hold, m.start())
-        if self._gate.rules and self._gate.cut_before(buf, at, hold):
-            return False
+        if hold > len(buf) - quick.longest and self._gate.cut_before(buf, at, hold):
+            return False  # (a cut starts in the last ``longest - 1`` characters)
         self._at = hold + self._base
         return True
 
@@ -208,7 +211,8 @@ class ChannelScanner:
 
     def drop_before(self, offset: int) -> None:
         """Forget the text before ``offset`` (already sent on), keeping look-behind context."""
-        keep_from = min(offset, self._least(self._pos, offset)) - self._context
+        least = self._at if self._even and not self._alone else self._least(self._pos, offset)
+        keep_from = min(offset, least) - self._context
         if keep_from > self._base:
             self._buf = self._buf[keep_from - self._base :]
             self._base = keep_from
@@ -322,6 +326,7 @@ class _Quick:
     # the literals compared ignoring case, lowered: searched in the lowered text (ASCII, as
     # ``trigger`` found none other), where ``re`` compares each character once
     lowered: re.Pattern[str] | None
+    longest: int  # the longest literal's length (0: no literal gate)
     # where the needing rules' partial matches start in ASCII text, one pattern per set of
     # characters such a match consists of (widest first), and whether that set lies within
     # the first one's: then its run ending the text starts no earlier than the first's
@@ -373,12 +378,14 @@ def _quick(gate: Prefilter, chars: FirstChars, needing: Sequence[Detector]) -> _
     if literals is None:
         return None
     plain, folded = literals
+    gate_literals = [*plain, *folded]
     plain += [n for d in needing if not d.needs_folded for n in d.needs]
     folded += [n.lower() for d in needing if d.needs_folded for n in d.needs]
     anything = [trie(plain)] if plain else []
     anything.append(chars.source if chars.rules else r"[^\x00-\x7f]")
     return _Quick(re.compile("|".join(f"(?:{part})" for part in anything)),
-                  re.compile(trie(folded)) if folded else None, _tails(needing))  # fmt: skip
+                  re.compile(trie(folded)) if folded else None,
+                  max(map(len, gate_literals), default=0), _tails(needing))  # fmt: skip
 
 
 def _tails(needing: Sequence[Detector]) -> tuple[tuple[re.Pattern[str], str, bool], ...]:
