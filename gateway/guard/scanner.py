@@ -155,23 +155,23 @@ class ChannelScanner:
     def _quickly(self, quick: _Quick) -> bool:
         """Decide the gated and needing rules, all standing at one position, with two searches
         when nothing from there on could start or complete a match of theirs (prose): no
-        literal, start character or needed pattern, ASCII; they all stand, then, where the
+        literal, start character or needed literal, ASCII; they all stand, then, where the
         first tail starts (a word that may become an email), which is the least of the holds
         their own decisions would give. ``False``: something is in sight (or a literal cut
-        by the end lies before that tail); each rule decides on its own."""
+        by the end starts before that tail); each rule decides on its own."""
         buf, at = self._buf, self._at - self._base
         if quick.trigger.search(buf, at) is not None:
             return False
         if quick.lowered is not None and quick.lowered.search(buf[at:].lower()) is not None:
             return False
         hold = first = len(buf)
-        for tail, chars, within in quick.tails:
+        for i, (tail, chars, within) in enumerate(quick.tails):
             if within and first >= hold:
                 continue  # its run is inside the first one's, which starts past the hold
-            start = len(buf.rstrip(chars)) if chars else at  # the run ending the text
-            if tail is quick.tails[0][0]:
-                first = start
-            start = max(start, at)
+            run = len(buf.rstrip(chars)) if chars else at  # where the run ending the text starts
+            if i == 0:
+                first = run
+            start = max(run, at)
             if start < hold and (m := tail.search(buf, start)) is not None:
                 hold = min(hold, m.start())
         if hold > len(buf) - quick.longest and self._gate.cut_before(buf, at, hold):
@@ -266,10 +266,10 @@ class ChannelScanner:
 
     def _without_needed(self, detector: Detector, index: int, final: bool, end: int) -> bool:
         """Decide a rule whose every complete match holds one of ``detector.needs`` (searched
-        as ``_needed[index]``) when the text from
-        its position has none: no complete match starts there; at the end, nothing is held,
-        and before it, ASCII text is held where ``detector.tail`` says a partial match starts.
-        ``False``: the rule's own search must answer."""
+        as ``_needed[index]``) when the text from its position has none: no complete match
+        starts there; at the end, nothing is held, and before it, ASCII text is held where
+        ``detector.tail`` says a partial match starts. ``False``: the rule's own search must
+        answer."""
         buf, base = self._buf, self._base
         at = self._pos[index] - base
         if self._needed[index].search(buf, at) is not None:  # type: ignore[union-attr]
