@@ -12,7 +12,7 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.guard.detectors import BUILTIN, Detector, builtin
+from gateway.guard.detectors import BUILTIN, Detector, builtin, custom
 from gateway.guard.literals import first_chars, never_after_alnum, starts
 from gateway.guard.prefilter import FirstChars, Prefilter
 from gateway.guard.scanner import ChannelScanner
@@ -355,3 +355,24 @@ def test_past_an_emails_64_characters_the_narrower_tails_hold() -> None:
     for piece in pieces[: len("see ") + 70]:
         released, _ = scanner.feed(piece)
     assert (released, scanner._even) == (scanner.end - 32, True)
+
+
+MIXED_RULES = [builtin("phone", regions=("US", "GB", "DE")), builtin("us_ssn", bare=True),
+               custom(r"ticket-\d{4}"), custom(r"(?i:ref)#\d{3}"), custom(r"[A-Z]{2}\d{6}"),
+               BUILTIN["email"], *list(secret_rules().values())[::3]]  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(PROSE + NEEDING_NEAR),
+                          st.sampled_from(["ticket-1234", "REF#123", "ssn 123456789", "AB123456",
+                                           "+44 20 7946 0958", "ticket-12", "re", "tick"]),
+                          st.text("ab1A :#@-_\"'\né", max_size=8)), max_size=10),
+       st.lists(st.integers(0, 10_000), max_size=20))  # fmt: skip
+def test_the_quick_path_holds_for_a_files_own_regexes_and_the_options(
+    parts: list[str], cuts: list[int]
+) -> None:
+    text = " ".join(parts)
+    for pieces in (chunked(text, cuts), list(text)):
+        assert decisions(ChannelScanner(MIXED_RULES), pieces) == decisions(
+            EachOnItsOwn(MIXED_RULES), pieces
+        )
