@@ -73,7 +73,7 @@ def rule_sets() -> dict[str, list[Detector]]:
     with_rules = built_ins + list(secret_rules().values())
 
     def off(rules: list[Detector]) -> list[Detector]:
-        return [dataclasses.replace(rule, starts=(), first="", needs="", tail=None)
+        return [dataclasses.replace(rule, starts=(), first="", needs=(), tail=None)
                 for rule in rules]  # fmt: skip
 
     return {"built-ins": built_ins, "built-ins, gates off": off(built_ins),
