@@ -13,7 +13,8 @@ for each round, every cell against every system, the order rotated per round →
 ``bench/RESULTS.md``'s ``realistic`` section (medians over rounds), or stdout with
 ``--output -``.
 
-Cells (``CELLS``): chat at c = 32 flat out, at c = 32 and c = 128 with 10 ms between tokens,
+Cells (``CELLS``): chat at c = 32 flat out, at c = 32, c = 1 (the added TTFT of a request's own
+work, with no other stream to wait behind) and c = 128 with 10 ms between tokens,
 three-chunk answers at c = 32 (the per-request cost), two worker processes on PostgreSQL +
 Redis at c = 256 paced (``thinkgate_pg×2``, against direct: scaling out; with ``--pg``), the
 same gateway with ``bench/pii.yaml``'s guardrail policy at c = 32 paced (``thinkgate+pii``,
@@ -88,6 +89,7 @@ EXTRA_SYSTEMS = (TWO_WORKERS, PII, PII_BEFORE)  # only in the cells that name th
 CELLS = (
     CellSpec("c=32, flat out", "bench-flat", 32),
     CellSpec("c=32, 10 ms", "bench-paced", 32),
+    CellSpec("c=1, 10 ms", "bench-paced", 1),  # one stream: the added TTFT without queueing
     CellSpec("c=128, 10 ms", "bench-paced", 128),
     CellSpec("c=32, 3-chunk answers", "bench-short", 32, per_request=True),
     CellSpec(
