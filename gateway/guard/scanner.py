@@ -127,7 +127,8 @@ class ChannelScanner:
             for index in self._alone:
                 self._scan(index, final)
             hold = self._least(self._hold, end)
-        else:  # every rule gated or needing: on prose, all at one position
+        else:  # every rule gated or needing: ``_least`` written out, as in ``drop_before``
+            # (a call each costs the 29-rule policy 2.5k instructions an event, of 52.5k)
             hold = self._at if self._even else min(self._hold, default=end)
         findings = self._merge(hold) if self._waiting else []
         self._released = max(hold, self._covered) if not final else end
