@@ -302,16 +302,15 @@ class Ledger(LedgerReader):
 
     async def intend(self, facts: Facts, body: Body) -> tuple[str, asyncio.Future[None]]:
         """Seal an exchange's write-ahead intent (``audit.intents``) and put it aboard the
-        writer's next commit: its id, and what ``confirm`` waits for. The exchange's record
-        names the id (``append(..., replaces=...)``)."""
+        writer's next commit, asked for at once: its id, and what ``confirm`` waits for. The
+        exchange's record names the id (``append(..., replaces=...)``)."""
         sealed = await self.seal(facts, body)
         intent = Intent(new_intent_id(), self.writer_id, facts.tenant, facts.request_id,
                         facts.created_at, sealed)  # fmt: skip
         return intent.id, self._writer.ride(intent)
 
     async def confirm(self, durable: asyncio.Future[None]) -> None:
-        """Return once an intent ``intend`` queued is as safe as the mode says (committed at
-        once if no other commit took it along yet)."""
+        """Return once an intent ``intend`` queued is as safe as the mode says."""
         self._writer.hurry(durable)
         await durable
 

@@ -109,6 +109,7 @@ class LedgerWriter:
         self._replica, self._started_at = replica, time.time()
         self._beaten_at = -float("inf")
         self._riding: list[_Item] = []  # intents waiting for the next commit (``ride``)
+        self._flush_asked = False  # a commit for them is asked for (``_FLUSH`` is queued)
         # 0: the sequencer signs each commit; else one checkpoint per interval (``_publish``)
         self._interval = checkpoint_interval_s
         self._checkpoint_due: float | None = 0.0 if checkpoint_interval_s else None
@@ -165,24 +166,34 @@ class LedgerWriter:
         return done
 
     def ride(self, intent: Intent) -> asyncio.Future[None]:
-        """Put ``intent`` aboard the next commit, whatever brings it (another exchange's
-        record, most often, under load): what resolves once it is as safe as the mode says.
-        Nothing is committed for it alone until ``hurry``: an exchange confirms its intent
-        only when the engine's first bytes are in, so the intent rides for free with
-        whatever the writer commits meanwhile."""
+        """Put ``intent`` aboard the writer's next commit and ask for one at once: what
+        resolves once it is as safe as the mode says. The exchange made it as its request
+        went to the engine, so the commit runs while the engine works toward its first
+        token, and the answer's first byte seldom waits for it. Intents made while a commit
+        runs share the next one, with whatever records are queued by then (under load, a
+        record's commit carries them). Committing only when the first byte waited (as
+        before) cost a request at one stream at a time 0.36 ms of TTFT for no CPU saved
+        (``bench/RESULTS.md``)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._mode == "async":
             self._riding.append((intent, None))
             done.set_result(None)
         else:
             self._riding.append((intent, done))
+        if not self._flush_asked:
+            self._flush_asked = True
+            self._flush()
         return done
 
     def hurry(self, done: asyncio.Future[None]) -> None:
-        """``done`` is awaited now: commit the riding intents if it is still among them."""
+        """``done`` is awaited now: commit the riding intents if it is still among them (the
+        queue was full when it rode)."""
         if not done.done():
-            with contextlib.suppress(asyncio.QueueFull):  # full: a batch comes anyway
-                self._queue.put_nowait(_FLUSH)
+            self._flush()
+
+    def _flush(self) -> None:
+        with contextlib.suppress(asyncio.QueueFull):  # full: a batch comes anyway
+            self._queue.put_nowait(_FLUSH)
 
     def beat(self) -> Beat:
         return Beat(self._replica, time.time(), self._started_at)
@@ -257,6 +268,7 @@ class LedgerWriter:
         stop = _STOP in items
         # the riding intents first: each was made before any record that replaces it
         riding, self._riding = self._riding, []
+        self._flush_asked = False
         return riding + [i for i in items if i is not _STOP and i is not _FLUSH], stop  # type: ignore[misc]
 
     async def _persist(self, batch: list[_Item]) -> None:

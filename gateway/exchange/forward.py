@@ -107,10 +107,10 @@ class Forwarder:
         watcher: DisconnectWatcher,
     ) -> RelayResponse:  # fmt: skip
         """Open the upstream stream (status and first bytes checked) and wrap it for the client,
-        once the exchange's write-ahead intent is durable (written while the engine worked)."""
+        once the exchange's write-ahead intent is durable (made and committed while the engine
+        worked: ``ex.intend`` runs once the request is on its way)."""
         ex.overhead_s = time.perf_counter() - ex.t0
-        await ex.intend()
-        leg = await self._leg(ex, candidates, ex.request.upstream_body)
+        leg = await self._leg(ex, candidates, ex.request.upstream_body, ex.intend)
         try:
             await ex.confirm()
         except BaseException:
@@ -142,8 +142,7 @@ class Forwarder:
         assert isinstance(relay, StreamRelay)
         ex.overhead_s = time.perf_counter() - ex.t0
         try:
-            await ex.intend()
-            leg = await self._leg(ex, candidates, ex.request.upstream_body)
+            leg = await self._leg(ex, candidates, ex.request.upstream_body, ex.intend)
             try:
                 await ex.confirm()  # before any event is stored for a client to read
             except BaseException:
@@ -166,10 +165,15 @@ class Forwarder:
             await leg.stream.aclose(ending=relay.done and not relay.stopped)
             await _finish_quietly(ex)
 
-    async def _leg(self, ex: Exchange, candidates: Sequence[Upstream], body: bytes) -> Leg:
-        """The upstream stream of ``body``, opened on the first candidate that answers; a
-        continuation (``gateway.relay.effort``) goes to the same upstream."""
-        opened = await self.pool.open_stream(candidates, ex.path, body, ex.upstream_headers)
+    async def _leg(
+        self, ex: Exchange, candidates: Sequence[Upstream], body: bytes,
+        sent: Callable[[], Awaitable[None]] | None = None,
+    ) -> Leg:  # fmt: skip
+        """The upstream stream of ``body``, opened on the first candidate that answers
+        (``sent``: run once the request is on its way); a continuation
+        (``gateway.relay.effort``) goes to the same upstream."""
+        opened = await self.pool.open_stream(candidates, ex.path, body, ex.upstream_headers,
+                                             sent)  # fmt: skip
         ex.upstream = opened.upstream.base_url
 
         async def reopen(continuation: bytes) -> UpstreamStream:

@@ -97,9 +97,10 @@ class Exchange:
     _finishing: asyncio.Future[None] | None = None
 
     async def intend(self) -> None:
-        """Queue the exchange's write-ahead intent (``audit.intents``); nothing waits for it
-        here: ``confirm`` does, once the engine's first bytes are in, so the engine's time to
-        first token hides the commit. Raises what the record would (its key unavailable)."""
+        """Seal and queue the exchange's write-ahead intent (``audit.intents``), committed at
+        once; nothing waits for it here: ``confirm`` does, once the engine's first bytes are
+        in. Run as the request goes to the engine, so the engine's time to first token hides
+        the sealing and the commit. Raises what the record would (its key unavailable)."""
         self.intention = await self.sink.intend(self._record(), self.progress)
 
     async def confirm(self) -> None:

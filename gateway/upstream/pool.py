@@ -82,6 +82,20 @@ def translate(exc: BaseException, *, started: bool) -> UpstreamError:
     raise exc
 
 
+def _once(step: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
+    """``step``, run by the first call only (a request sent again, to a new connection or
+    the next candidate, does not run it again)."""
+    ran = False
+
+    async def first() -> None:
+        nonlocal ran
+        if not ran:
+            ran = True
+            await step()
+
+    return first
+
+
 def create_transport(settings: UpstreamSettings) -> httpx.AsyncBaseTransport:
     """httpx's pool: every upstream request with ``HTTP_TRANSPORT=httpx``, the KV scraper's
     always."""
@@ -285,13 +299,18 @@ class UpstreamPool:
     # -- requests ----------------------------------------------------------------------------
 
     async def open_stream(
-        self, candidates: Sequence[Upstream], path: str, body: bytes, headers: Headers = ()
-    ) -> UpstreamStream:
+        self, candidates: Sequence[Upstream], path: str, body: bytes, headers: Headers = (),
+        sent: Callable[[], Awaitable[None]] | None = None,
+    ) -> UpstreamStream:  # fmt: skip
         """POST a streaming request to ``path`` (``/chat/completions``); return once the status
         is OK and first bytes are in. ``headers``: this request's own (``traceparent``), after
-        the pool's."""
+        the pool's. ``sent``: awaited once, as soon as the request is on its way to the
+        engine (before it on the ``httpx`` transport), so that work of the caller's runs
+        while the engine works; what it raises ends the attempt (the connection is closed:
+        the engine stops) and is not the engine's failure."""
+        once = _once(sent) if sent is not None else None
         return await self._with_retry(
-            candidates, lambda u: self._open_stream_once(u.url(path), u, body, headers)
+            candidates, lambda u: self._open_stream_once(u.url(path), u, body, headers, once)
         )
 
     async def complete(
@@ -358,10 +377,13 @@ class UpstreamPool:
         raise last
 
     async def _open_stream_once(
-        self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers
-    ) -> UpstreamStream:
+        self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers,
+        sent: Callable[[], Awaitable[None]] | None,
+    ) -> UpstreamStream:  # fmt: skip
         if self.wire is not None:
-            return await self._open_wire_stream(url, upstream, body, headers)
+            return await self._open_wire_stream(url, upstream, body, headers, sent)
+        if sent is not None:  # httpx sends and waits for the head in one call: before it
+            await sent()
         upstream.in_flight += 1
         response: httpx.Response | None = None
         try:
@@ -386,8 +408,9 @@ class UpstreamPool:
             raise
 
     async def _open_wire_stream(
-        self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers
-    ) -> UpstreamStream:
+        self, url: httpx.URL, upstream: Upstream, body: bytes, headers: Headers,
+        sent: Callable[[], Awaitable[None]] | None,
+    ) -> UpstreamStream:  # fmt: skip
         """The same on the wire client (``gateway.upstream.wire``): no library objects between
         the socket and the relay (measured in ``bench/RESULTS.md``)."""
         assert self.wire is not None
@@ -398,7 +421,7 @@ class UpstreamPool:
                 response = await self.wire.post(
                     url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80),
                     url.raw_path.decode("ascii"), [*self._headers, *headers], body,
-                    self._settings.connect_timeout_s,
+                    self._settings.connect_timeout_s, sent=sent,
                 )  # fmt: skip
                 if response.status >= 400:
                     raise UpstreamStatusError.from_body(

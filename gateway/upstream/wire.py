@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol, cast
 
 import httptools
@@ -375,10 +375,12 @@ class WirePool:
     async def post(
         self, scheme: str, host: str, port: int, target: str, headers: Headers, body: bytes,
         connect_s: float, *, method: bytes = b"POST",
+        sent: Callable[[], Awaitable[None]] | None = None,
     ) -> WireResponse:  # fmt: skip
         """Send the request (``method``: POST, or GET for a probe); return once the
         response's status and headers are in. ``connect_s`` bounds the wait for a slot and
-        the connection."""
+        the connection. ``sent``: awaited once the request is first written, before its
+        head is awaited (what it raises closes the connection)."""
         origin = (scheme, host, port)
         head = b"".join((
             method, b" ", target.encode("ascii"), b" HTTP/1.1\r\nhost: ",
@@ -398,6 +400,9 @@ class WirePool:
             assert connection.transport is not None
             connection.transport.write(request)
             try:
+                if sent is not None:  # once, though a stale connection sends it again
+                    step, sent = sent, None
+                    await step()
                 await response.started
             except WireError:
                 response.release()

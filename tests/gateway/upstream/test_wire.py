@@ -360,3 +360,50 @@ async def test_an_ipv6_engine_gets_a_bracketed_host() -> None:
         pool.close()
     finally:
         server.close()
+
+
+async def test_sent_runs_once_the_request_is_on_its_way_and_what_it_raises_closes_it() -> None:
+    """The caller's work runs while the engine already has the request (here the server
+    receives it while ``sent`` still runs), once, even when a stale connection makes the
+    request go again; an error from it ends the request and closes the connection."""
+    server: Server
+    answered = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = server.connections == 1
+        await server.request(reader)
+        await answered.wait()
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        if first:  # the next request on it is read and not answered: a stale connection
+            await server.request(reader)
+
+    async with Server(handler) as server:
+        pool = WirePool(4)
+        runs: list[int] = []
+
+        async def sent() -> None:
+            await eventually(lambda: len(server.requests) > len(runs), within_s=5)
+            runs.append(len(server.requests))
+            answered.set()
+
+        for _ in range(2):
+            response = await pool.post("http", "127.0.0.1", server.port, "/v1/chat/completions",
+                                       [], b"{}", 5.0, sent=sent)  # fmt: skip
+            assert await whole(response) == b"ok"
+            response.release()
+        assert runs == [1, 2]  # the second request went twice (stale, then new): one run
+        assert len(server.requests) == 3 and server.connections == 2
+
+        class Refused(Exception):
+            pass
+
+        async def refuses() -> None:
+            raise Refused
+
+        answered.clear()
+        with pytest.raises(Refused):
+            await pool.post("http", "127.0.0.1", server.port, "/v1/chat/completions", [],
+                            b"{}", 5.0, sent=refuses)  # fmt: skip
+        await eventually(lambda: not pool._open, within_s=5)  # closed: the engine stops
+        pool.close()
