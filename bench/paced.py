@@ -9,8 +9,10 @@ It speaks just enough OpenAI for the gateway and the relay: ``GET /v1/models``, 
 chunked, keep-alive). The model name picks the shape (``MODELS``): reasoning words in
 DeepSeek-R1's text (starting at once: its template opens ``<think>`` in the prompt, so the first
 event is a token for every client; the splitter cuts at ``</think>``), answer words, the delay
-between events. Each event is one chunk of the chunked body in one write; with
-``stream_options.include_usage`` a usage chunk comes before ``[DONE]``.
+between events (and before the first). A chat stream's role chunk comes with the first token,
+as vLLM sends it (in the first token's engine step, just before it): the TTFT covers what a
+gateway does with an engine's first bytes. Each event is one chunk of the chunked body in one
+write; with ``stream_options.include_usage`` a usage chunk comes before ``[DONE]``.
 
 Raw uvloop protocols on purpose: the upstream shares the 2 cores with what it measures.
 """
@@ -157,8 +159,11 @@ class _Http(asyncio.Protocol):
             b"transfer-encoding: chunked\r\n\r\n"
         )
         delay = shape.delay_ms / 1000
-        for event in events(model, chat, usage):
-            await asyncio.sleep(delay)  # 0: still one write per event, other streams between
+        for index, event in enumerate(events(model, chat, usage)):
+            # vLLM sends a chat stream's role chunk in the engine step of the first token,
+            # just before it: both come after the TTFT, in writes of their own
+            await asyncio.sleep(0 if chat and index == 1 else delay)
+            # (0: still one write per event, other streams between)
             if self._transport is None:
                 return  # the client went away
             self._transport.write(b"%x\r\n%s\r\n" % (len(event), event))
