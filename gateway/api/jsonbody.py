@@ -32,11 +32,52 @@ def json_object(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest(_why(raw, str(exc))) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
-    # A body can nest no deeper than it has brackets: counting them (C speed) spares nearly
-    # every request the walk.
-    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+    # A body can nest no deeper than it has brackets: counting them (C speed) spares a
+    # plain request any more; orjson's writer answers for the rest (an agent's context holds
+    # a thousand brackets), and the walk runs only to name the field of a body past the limit.
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH and not _shallow(body):
         _check_depth(body)
     return body
+
+
+def _nested(value: Any, levels: int) -> Any:
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def _writable_depth() -> int:
+    """The deepest nesting orjson writes (254 in orjson 3; every container counts, an empty
+    one too), found once by asking it."""
+    low, high = 1, 1024
+    while low < high:
+        middle = (low + high + 1) // 2
+        try:
+            orjson.dumps(_nested([], middle - 1))
+        except TypeError:  # orjson.JSONEncodeError
+            high = middle - 1
+        else:
+            low = middle
+    return low
+
+
+# A body wrapped in this many lists is written by orjson if and only if it nests no deeper
+# than MAX_DEPTH.
+_WRAP = _writable_depth() - MAX_DEPTH
+
+
+def _shallow(body: dict[str, Any]) -> bool:
+    """Whether ``body`` nests no deeper than ``MAX_DEPTH``, asked of orjson's writer: one
+    encoding in C (37 µs for an agent's 158 kB context of 1,224 brackets) where the walk
+    costs 270. ``False`` when orjson cannot say (nor write it for any other reason): the walk
+    decides then."""
+    if _WRAP < 1:
+        return False
+    try:
+        orjson.dumps(_nested(body, _WRAP))
+    except TypeError:
+        return False
+    return True
 
 
 def _check_depth(body: dict[str, Any]) -> None:

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from gateway.api.chat import ChatRequest, parse_chat_request
 from gateway.api.fields import CHAT
-from gateway.api.jsonbody import MAX_DEPTH
+from gateway.api.jsonbody import MAX_DEPTH, _check_depth, _shallow
 from gateway.app import create_app
 from gateway.errors import InvalidRequest
 from gateway.settings import Settings
@@ -246,6 +246,41 @@ def test_a_field_nested_past_the_limit_is_refused_naming_it(depth: int) -> None:
     else:
         assert isinstance(result, InvalidRequest) and result.param == "x"
         assert f"deeper than {MAX_DEPTH} levels" in result.message
+
+
+def _walk_allows(body: dict[str, Any]) -> bool:
+    try:
+        _check_depth(body)
+    except InvalidRequest:
+        return False
+    return True
+
+
+@st.composite
+def _nestings(draw: st.DrawFn) -> dict[str, Any]:
+    """A body whose fields nest lists and objects to depths around ``MAX_DEPTH``, each level
+    maybe with siblings, the innermost container empty or not."""
+    fields: dict[str, Any] = {"model": "m"}
+    for name in draw(st.lists(st.sampled_from("abc"), min_size=1, max_size=3, unique=True)):
+        depth = draw(st.sampled_from((1, 2, MAX_DEPTH - 1, MAX_DEPTH, MAX_DEPTH + 1, 254, 300)))
+        value: Any = draw(st.sampled_from(([], {}, [1], {"k": "v"})))
+        for _ in range(depth - 2):  # the body is level 1, the field's value level 2
+            sibling = draw(st.sampled_from((None, 0, "s", [])))
+            if draw(st.booleans()):
+                value = [value] if sibling is None else [sibling, value]
+            else:
+                value = {"n": value} if sibling is None else {"s": sibling, "n": value}
+        fields[name] = value
+    return fields
+
+
+@settings(max_examples=300, deadline=None)
+@given(_nestings())
+def test_orjsons_writer_says_what_the_depth_walk_says(body: dict[str, Any]) -> None:
+    """``_shallow`` (one orjson encoding of the body wrapped in lists) lets a body through
+    exactly when the walk would: at the limit, one past it, empty or full innermost
+    containers, lists and objects mixed."""
+    assert _shallow(body) == _walk_allows(body)
 
 
 # --- the API fuzz --------------------------------------------------------------------------------
