@@ -28,8 +28,9 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
-from gateway.api.chat import ChatRequest, parse_chat_request
+from gateway.api.chat import ChatRequest, _ChatBody, _checked, _invalid, parse_chat_request
 from gateway.api.fields import CHAT
 from gateway.api.jsonbody import MAX_DEPTH, _check_depth, _shallow
 from gateway.app import create_app
@@ -281,6 +282,51 @@ def test_orjsons_writer_says_what_the_depth_walk_says(body: dict[str, Any]) -> N
     exactly when the walk would: at the limit, one past it, empty or full innermost
     containers, lists and objects mixed."""
     assert _shallow(body) == _walk_allows(body)
+
+
+_MESSAGE_ITEMS = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(
+        ("user", "assistant", "system", "developer", "tool", "function", "robot", "", "User")
+    )}, optional={"content": st.sampled_from(("hi", None, 3, ["x"]))}),
+    st.fixed_dictionaries({"role": st.sampled_from((None, 1, ["user"], {"r": 1}, True))}),
+    st.fixed_dictionaries({"content": st.just("no role")}),
+    st.sampled_from(("user", 3, None, ["user"], [])),
+)  # fmt: skip
+
+
+@st.composite
+def _chat_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    """Chat bodies right and wrong in their messages and in the fields beside them."""
+    body: dict[str, Any] = {
+        "model": draw(st.sampled_from(("m", "", 1))),
+        "messages": draw(st.one_of(st.lists(_MESSAGE_ITEMS, max_size=4),
+                                   st.sampled_from(("hi", None, {"role": "user"})))),
+    }  # fmt: skip
+    for name, values in (("temperature", (0.5, 5, "x")), ("n", (1, 0, "2")),
+                         ("stream", (True, "yes")), ("max_tokens", (10, -1))):  # fmt: skip
+        if draw(st.booleans()):
+            body[name] = draw(st.sampled_from(values))
+    return body
+
+
+@settings(max_examples=500, deadline=None)
+@given(_chat_bodies())
+def test_the_quick_message_check_answers_as_the_full_model(body: dict[str, Any]) -> None:
+    """``_checked`` (the messages' roles tested by hand) accepts what the full model accepts,
+    with the same values, and refuses the rest with the full model's own first error."""
+    try:
+        full: Any = _ChatBody.model_validate(body).model_dump()
+    except ValidationError as exc:
+        full = _invalid(exc)
+    try:
+        quick: Any = _checked(body).model_dump()
+    except InvalidRequest as exc:
+        quick = exc
+    if isinstance(full, InvalidRequest):
+        assert isinstance(quick, InvalidRequest)
+        assert (quick.message, quick.param) == (full.message, full.param)
+    else:
+        assert quick == full
 
 
 # --- the API fuzz --------------------------------------------------------------------------------
