@@ -18,7 +18,7 @@ import psutil
 import uvloop
 
 from bench.client import Api
-from bench.loadgen import LoadResult, LoadSpec, Meter, run_load
+from bench.loadgen import Context, LoadResult, LoadSpec, Meter, run_load
 from bench.procs import CpuMeter, ServerProcess
 
 Target = Literal["direct", "pump", "aiohttp", "httpx"]
@@ -82,10 +82,12 @@ def run_cell(
 
 
 def drive(
-    plan: LoadPlan, url: str, concurrency: int, meter: Meter, api: Api = "chat"
-) -> LoadResult:
+    plan: LoadPlan, url: str, concurrency: int, meter: Meter, api: Api = "chat",
+    context: Context = "short",
+) -> LoadResult:  # fmt: skip
     """Run one load on a fresh uvloop event loop (the client must stay lean)."""
     spec = LoadSpec(
+        context=context,
         url=url,
         api_key=plan.api_key,
         model=plan.model,

@@ -29,10 +29,12 @@ import math
 import ssl
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
 from bench.client import Api, Connection, Recorder
+
+Context = Literal["short", "agent"]
 
 _RECONNECT_BACKOFF_S = 0.1  # a refused connection must not turn a worker into a busy loop
 _PROMPTS = 64  # distinct prompts (the simulator seeds its output from the prompt text)
@@ -50,6 +52,9 @@ class LoadSpec:
     max_tokens: int = 256
     warmup_s: float = 0.0  # load before the window, not counted
     api: Api = "chat"  # chat completions, the Responses API or Anthropic's Messages API
+    # "short": one question; "agent": a coding agent's context, 100 tool calls and their
+    # results under 20 tool schemas (about 100 kB of JSON, chat only: ``agent_messages``)
+    context: Context = "short"
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,15 +202,44 @@ class _Target:
         return cls(parts.hostname, port, tls, requests, spec.api)
 
 
+def agent_messages(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A coding agent's context for prompt ``n``, as Claude Code or Codex send it through a
+    chat API: a system prompt, 100 turns of a tool call and its result, the question; and
+    the 20 tools it declares. About 100 kB of JSON and 1,200 containers."""
+    schema = {"type": "object", "required": ["path"], "properties": {
+        "path": {"type": "string", "description": "The file to change."},
+        "edits": {"type": "array", "items": {"type": "object", "properties": {
+            "old": {"type": "string"}, "new": {"type": "string"}}}}}}  # fmt: skip
+    tools = [{"type": "function", "function": {"name": f"tool_{t}", "parameters": schema,
+              "description": f"Tool {t}: edit a file in place."}} for t in range(20)]  # fmt: skip
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    for turn in range(100):
+        arguments = json.dumps({"path": f"src/m{turn}.py", "edits": [
+            {"old": f"value = {turn}\n" * 8, "new": f"value = {turn + 1}\n" * 8}]})  # fmt: skip
+        messages += [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{turn}",
+             "type": "function", "function": {"name": "tool_1", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": f"call_{turn}",
+             "content": [{"type": "text", "text": f"Applied {turn}. " * 40}]},
+        ]  # fmt: skip
+    messages.append({"role": "user", "content": f"Question {n}: what is left to change?"})
+    return messages, tools
+
+
 def _request(spec: LoadSpec, host: str, path: str, n: int) -> bytes:
     question = f"Question {n}: explain it step by step."
     messages = [{"role": "user", "content": question}]
+    tools: list[dict[str, Any]] = []
+    if spec.context == "agent":
+        if spec.api != "chat":
+            raise ValueError("an agent's context is a chat request here")
+        messages, tools = agent_messages(n)
     fields: dict[str, Any] = {
         "responses": {"input": question, "max_output_tokens": spec.max_tokens, "store": False},
         "messages": {"messages": messages, "max_tokens": spec.max_tokens,
                      "thinking": {"type": "adaptive"}},
         "chat": {"messages": messages, "max_tokens": spec.max_tokens,
-                 "stream_options": {"include_usage": True}},
+                 "stream_options": {"include_usage": True}, **({"tools": tools} if tools else {})},
         "completions": {"prompt": question, "max_tokens": spec.max_tokens,
                         "stream_options": {"include_usage": True}},
     }[spec.api]  # fmt: skip

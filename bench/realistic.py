@@ -45,7 +45,7 @@ import psutil
 
 from bench.cells import LoadPlan, drive
 from bench.client import Api
-from bench.loadgen import LoadResult
+from bench.loadgen import Context, LoadResult
 from bench.procs import CpuMeter, ServerProcess, Workdir, free_port, pinned
 from bench.rust_gateways import BENCH_VENV, PACKAGES, plan
 from bench.rust_gateways import start as start_rust
@@ -71,6 +71,7 @@ class CellSpec:
     systems: tuple[str, ...] = ()  # () = every system
     # the load generator alone on a CPU of its own, the servers on the others (``procs.pinned``)
     pin: bool = False
+    context: Context = "short"  # the prompt: one question, or an agent's (``loadgen``)
 
 
 # The Rust gateways (bench.rust_gateways) speak chat only: they take part in the chat cells
@@ -92,6 +93,10 @@ CELLS = (
     CellSpec("c=1, 10 ms", "bench-paced", 1),  # one stream: the added TTFT without queueing
     CellSpec("c=128, 10 ms", "bench-paced", 128),
     CellSpec("c=32, 3-chunk answers", "bench-short", 32, per_request=True),
+    # an agent's growing context: what a request's own work costs when its body is 150 kB
+    CellSpec(
+        "c=8, agent context, 3-chunk answers", "bench-short", 8, per_request=True, context="agent"
+    ),
     CellSpec(
         "c=256, 10 ms, 2 workers", "bench-paced", 256, systems=("direct", TWO_WORKERS), pin=True
     ),
@@ -279,7 +284,8 @@ def _measure(
     meter = CpuMeter(processes)
     plan = LoadPlan(system.key, duration, warmup, max_tokens=512,
                     model=system.model_prefix + cell.model)  # fmt: skip
-    load = drive(plan, system.base_url, cell.concurrency, meter, api=cell.api)
+    load = drive(plan, system.base_url, cell.concurrency, meter, api=cell.api,
+                 context=cell.context)  # fmt: skip
     proxies = [name for name in processes if name.startswith("proxy")]
     rss = max((processes[n].memory_info().rss for n in proxies), default=None)  # per process
     cpu = sum(meter.cpu_s[n] for n in proxies) if proxies else None
