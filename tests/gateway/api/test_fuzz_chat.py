@@ -249,6 +249,21 @@ def test_a_field_nested_past_the_limit_is_refused_naming_it(depth: int) -> None:
         assert f"deeper than {MAX_DEPTH} levels" in result.message
 
 
+@pytest.mark.parametrize("depth", [MAX_DEPTH, MAX_DEPTH + 1])
+def test_a_large_body_is_held_to_the_same_depth(depth: int) -> None:
+    """A body past the size up to which brackets are counted (an agent's context) goes to
+    orjson's writer at once: the same limit, the same refusal naming the field."""
+    padding = b',"p":"' + b"x" * (20 << 10) + b'"'
+    raw = nested(depth - 1)[:-1] + padding + b"}"
+    assert len(raw) > 20 << 10
+    result = outcome(raw)
+    if depth <= MAX_DEPTH:
+        assert isinstance(result, ChatRequest)
+    else:
+        assert isinstance(result, InvalidRequest) and result.param == "x"
+        assert f"deeper than {MAX_DEPTH} levels" in result.message
+
+
 def _walk_allows(body: dict[str, Any]) -> bool:
     try:
         _check_depth(body)
