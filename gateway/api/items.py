@@ -121,6 +121,8 @@ def handed_back(
     model's history rule (``placed``); with ``turns`` ``tool_turns`` only the assistant turns
     after the last user message keep it (the tool-call loop in progress, which
     DeepSeek-V3.2/V4 and Kimi K2 refuse without it; DeepSeek recommends dropping the rest)."""
+    if history_field == "reasoning" and turns == "all":
+        return list(messages)  # every message as it is: no walk over an agent's whole context
     users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
     last_user = users[-1] if users else -1
     out = []

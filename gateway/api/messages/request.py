@@ -84,8 +84,15 @@ class MessagesRequest:
 
     @property
     def prompt_tokens(self) -> int:
-        """The gateway's estimate of the prompt sent (``prompt_estimate``)."""
-        return prompt_estimate(self.messages, self.chat.get("tools"))
+        """The gateway's estimate of the prompt sent (``prompt_estimate``). Once built, the
+        messages' bytes are read off the body sent rather than encoded again (an agent's
+        context is 100 kB): ``build`` writes it as the chat body's fields then
+        ``,"messages":`` and the messages."""
+        tools = self.chat.get("tools")
+        if not self.upstream_body:
+            return prompt_estimate(self.messages, tools)
+        size = len(self.upstream_body) - len(orjson.dumps(self.chat)) - len(b',"messages":')
+        return -(-(size + (len(orjson.dumps(tools)) if tools else 0)) // 4)
 
     @property
     def context_management(self) -> dict[str, Any] | None:

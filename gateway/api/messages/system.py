@@ -1,8 +1,10 @@
 """A Messages request's system prompt: the ``system`` field and the ``role: "system"`` messages
 inside ``messages`` (sans-I/O).
 
-``system_prompt(system, messages) -> SystemPrompt``: the one text the leading chat system
-message carries, and the tool changes the system messages make.
+``system_texts(system)`` begins a ``SystemTexts`` with the ``system`` field; ``add`` takes each
+system message in order as ``gateway.api.messages.turns`` walks the turns, and ``prompt`` gives
+the ``SystemPrompt``: the one text the leading chat system message carries, and the tool changes
+the system messages make.
 
 - ``system`` (a string or text blocks, their ``cache_control`` accepted and ignored; blocks
   joined with a newline) and every ``role: "system"`` message inside ``messages`` (Claude Code
@@ -52,33 +54,44 @@ class SystemPrompt:
     tool_changes: tuple[ToolChange, ...] = ()
 
 
-def system_prompt(system: Any, messages: list[Any]) -> SystemPrompt:
-    """The system texts joined in order, and the tool changes (rules in the module docstring)."""
-    texts = [_system(system)] if system is not None else []
-    changes: list[ToolChange] = []
-    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
-    last_user = users[-1] if users else -1
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") != "system":
-            continue
+@dataclass(slots=True)
+class SystemTexts:
+    """The system texts gathered in order while the turns are walked: the ``system`` field's
+    (``system_texts``), then each system message's (``add``); ``prompt`` once the last user
+    message is known."""
+
+    said: list[tuple[str, int | None]]  # a text, and its index if cleared at the next user turn
+    changes: list[ToolChange]
+
+    def add(self, message: dict[str, Any], i: int) -> None:
+        """``messages[i]``, a ``role: "system"`` message (validated here)."""
         param = f"messages[{i}]"
         clear_at = message.get("clear_at")
         if clear_at not in _CLEAR_AT:
             raise InvalidRequest(f"{param}.clear_at: one of never, next_user_message",
                                  param=f"{param}.clear_at")  # fmt: skip
         said = _message(content_of(message.get("content", ""), f"{param}.content"),
-                        f"{param}.content", changes)  # fmt: skip
-        if clear_at != "next_user_message" or i > last_user:
-            texts.append(said)
-    return SystemPrompt("\n\n".join(t for t in texts if t), tuple(changes))
+                        f"{param}.content", self.changes)  # fmt: skip
+        self.said.append((said, i if clear_at == "next_user_message" else None))
+
+    def prompt(self, last_user: int) -> SystemPrompt:
+        """The texts still shown, now that ``messages[last_user]`` is known to be the last user
+        message (-1: none), joined."""
+        shown = [t for t, cleared in self.said if t and (cleared is None or cleared > last_user)]
+        return SystemPrompt("\n\n".join(shown), tuple(self.changes))
 
 
-def _system(system: Any) -> str:
-    if isinstance(system, str):
-        return system
-    if not isinstance(system, list):
+def system_texts(system: Any) -> SystemTexts:
+    """The gathering, begun with the ``system`` field (a string or text blocks; validated)."""
+    if system is None:
+        return SystemTexts([], [])
+    if isinstance(system, list):
+        said = "\n".join(text(block, f"system[{i}]") for i, block in enumerate(system))
+    elif isinstance(system, str):
+        said = system
+    else:
         raise InvalidRequest("system: a string or a list of text blocks", param="system")
-    return "\n".join(text(block, f"system[{i}]") for i, block in enumerate(system))
+    return SystemTexts([(said, None)], [])
 
 
 def _message(content: str | list[Any], param: str, changes: list[ToolChange]) -> str:

@@ -5,6 +5,7 @@ with its display omitted, context edits applied by ``build``, the prompt's estim
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
@@ -99,6 +100,14 @@ def test_a_system_message_the_engine_cannot_be_given_is_refused(
     message: dict[str, Any], param: str
 ) -> None:
     assert refused(body(messages=[HI, message])) == param
+
+
+def test_of_two_faults_the_first_in_the_messages_order_is_named() -> None:
+    bad_system = {"role": "system", "content": "x", "clear_at": "later"}
+    bad_user = {"role": "user", "content": [{"type": "text"}]}
+    assert refused(body(messages=[HI, bad_user, bad_system])) == "messages[1].content[0].text"
+    assert refused(body(messages=[HI, bad_system, bad_user])) == "messages[1].clear_at"
+    assert refused(body(system=3, messages=[bad_user])) == "system"  # the field comes first
 
 
 def change(kind: str, tool: dict[str, Any]) -> dict[str, Any]:
@@ -284,6 +293,13 @@ def test_the_prompt_estimate_is_the_bytes_sent_over_four_rounded_up() -> None:
     assert call.prompt_tokens == prompt_estimate(call.messages, call.chat["tools"])
     assert call.prompt_tokens == -(-size // 4) and call.prompt_tokens > 0
     assert prompt_estimate([{"role": "user", "content": ""}]) == 8  # 30 bytes
+    turns = [use("t1", "Thought."), result("t1")]  # built by the route: reasoning was sealed
+    for pad, tools, more in itertools.product(range(4), ([TOOL], None), ([], turns)):
+        asked = {"role": "user", "content": "x" * pad}  # the total a byte to four bytes more
+        call = parsed(messages=[asked, *more], **({"tools": tools} if tools else {}))
+        built = call.build({"S-t1": "Thought."}, "reasoning_content", "tool_turns")
+        assert built.prompt_tokens == prompt_estimate(built.messages, built.chat.get("tools"))
+        assert bool(call.upstream_body) == (not more)
 
 
 # -- Claude Code 2.1's first request -------------------------------------------------------
