@@ -53,7 +53,8 @@ class LoadSpec:
     warmup_s: float = 0.0  # load before the window, not counted
     api: Api = "chat"  # chat completions, the Responses API or Anthropic's Messages API
     # "short": one question; "agent": a coding agent's context, 100 tool calls and their
-    # results under 20 tool schemas (about 100 kB of JSON, chat only: ``agent_messages``)
+    # results under 20 tool schemas (about 100 kB of JSON; chat: ``agent_messages``,
+    # Messages: ``agent_turns``)
     context: Context = "short"
 
 
@@ -226,18 +227,45 @@ def agent_messages(n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return messages, tools
 
 
+def agent_turns(n: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``agent_messages`` as Claude Code sends it through Anthropic's Messages API: the
+    ``system`` field and ``messages`` (each call a ``tool_use`` block, each result a user
+    turn's ``tool_result``), and the tools with their ``input_schema``."""
+    chat, functions = agent_messages(n)
+    turns: list[dict[str, Any]] = []
+    for message in chat[1:]:
+        if message["role"] == "assistant":
+            turns.append({"role": "assistant", "content": [
+                {"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                 "input": json.loads(call["function"]["arguments"])}
+                for call in message["tool_calls"]]})  # fmt: skip
+        elif message["role"] == "tool":
+            result = {"type": "tool_result", "tool_use_id": message["tool_call_id"],
+                      "content": message["content"]}  # fmt: skip
+            turns.append({"role": "user", "content": [result]})
+        else:
+            turns.append(
+                {"role": "user", "content": [{"type": "text", "text": message["content"]}]}
+            )
+    tools = [{"name": f["function"]["name"], "description": f["function"]["description"],
+              "input_schema": f["function"]["parameters"]} for f in functions]  # fmt: skip
+    return {"system": chat[0]["content"], "messages": turns}, tools
+
+
 def _request(spec: LoadSpec, host: str, path: str, n: int) -> bytes:
     question = f"Question {n}: explain it step by step."
     messages = [{"role": "user", "content": question}]
     tools: list[dict[str, Any]] = []
+    anthropic: dict[str, Any] = {"messages": messages}
     if spec.context == "agent":
-        if spec.api != "chat":
-            raise ValueError("an agent's context is a chat request here")
+        if spec.api not in ("chat", "messages"):
+            raise ValueError("an agent's context is a chat or Messages request here")
         messages, tools = agent_messages(n)
+        anthropic, anthropic_tools = agent_turns(n)
+        anthropic["tools"] = anthropic_tools
     fields: dict[str, Any] = {
         "responses": {"input": question, "max_output_tokens": spec.max_tokens, "store": False},
-        "messages": {"messages": messages, "max_tokens": spec.max_tokens,
-                     "thinking": {"type": "adaptive"}},
+        "messages": {**anthropic, "max_tokens": spec.max_tokens, "thinking": {"type": "adaptive"}},
         "chat": {"messages": messages, "max_tokens": spec.max_tokens,
                  "stream_options": {"include_usage": True}, **({"tools": tools} if tools else {})},
         "completions": {"prompt": question, "max_tokens": spec.max_tokens,

@@ -79,6 +79,7 @@ class CellSpec:
 # each): a client of the legacy completions gets no reasoning, so fewer chunks for the same work.
 ENDPOINT_SYSTEMS = ("thinkgate", "thinkgate@before")
 CHAT_PER_REQUEST = "chat, c=32, 10 ms"
+AGENT_CHAT = "c=8, agent context, 3-chunk answers"  # an endpoint's agent cell is against it
 # Scaling out: two worker processes on PostgreSQL + Redis against the upstream itself.
 TWO_WORKERS = "thinkgate_pg×2"
 # The guardrails' cost: the same gateway with bench/pii.yaml's policy over reasoning and answer
@@ -94,8 +95,16 @@ CELLS = (
     CellSpec("c=128, 10 ms", "bench-paced", 128),
     CellSpec("c=32, 3-chunk answers", "bench-short", 32, per_request=True),
     # an agent's growing context: what a request's own work costs when its body is 150 kB
+    CellSpec(AGENT_CHAT, "bench-short", 8, per_request=True, context="agent"),
+    # the same context through Anthropic's Messages API: Claude Code's requests
     CellSpec(
-        "c=8, agent context, 3-chunk answers", "bench-short", 8, per_request=True, context="agent"
+        "messages, c=8, agent context, 3-chunk answers",
+        "bench-short",
+        8,
+        api="messages",
+        per_request=True,
+        systems=ENDPOINT_SYSTEMS,
+        context="agent",
     ),
     CellSpec(
         "c=256, 10 ms, 2 workers", "bench-paced", 256, systems=("direct", TWO_WORKERS), pin=True
@@ -347,7 +356,8 @@ def _row(cell: CellSpec, system: str, mine: list[Measured], here: list[Measured]
 
     direct, relay = by_round("direct"), by_round("relay")
     if cell.api != "chat":  # an endpoint: against chat's cost per request, same system
-        relay = by_round(system, [r for r in runs if r.cell == CHAT_PER_REQUEST])
+        chat = AGENT_CHAT if cell.context == "agent" else CHAT_PER_REQUEST
+        relay = by_round(system, [r for r in runs if r.cell == chat])
     rate = [r.load.chunks_per_s for r in mine]
     ratio = [r.load.chunks_per_s / direct[r.round].load.chunks_per_s for r in mine
              if r.round in direct and direct[r.round].load.chunks_per_s]  # fmt: skip

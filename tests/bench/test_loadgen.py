@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from typing import Any
 
+import orjson
 import pytest
 
 from bench.client import Connection, Recorder
-from bench.loadgen import LoadSpec, report, run_load
+from bench.loadgen import LoadSpec, agent_messages, agent_turns, report, run_load
+from gateway.api.messages.request import parse_messages_request
 from gateway.edge.servers import BackgroundServer
 from gateway.side.sim import SimConfig, create_sim_app
 
@@ -112,3 +116,23 @@ async def test_rejects_a_spec_it_cannot_run() -> None:
         await run_load(LoadSpec("http://127.0.0.1:9/v1", "", concurrency=0))
     with pytest.raises(ValueError, match="http"):
         await run_load(LoadSpec("ftp://example/v1", ""))
+
+
+def test_the_agent_context_says_the_same_through_chat_and_messages() -> None:
+    """The Messages cell's agent context is the chat cell's, as the gateway translates it."""
+    messages, tools = agent_messages(3)
+    turns, anthropic_tools = agent_turns(3)
+    body = {"model": "m", "max_tokens": 8, **turns, "tools": anthropic_tools}
+    call = parse_messages_request(orjson.dumps(body))
+
+    def plain(message: dict[str, Any]) -> dict[str, Any]:  # a tool's text parts, as one text
+        content = message.get("content")
+        if isinstance(content, list):
+            message = {**message, "content": "\n".join(part["text"] for part in content)}
+        for tool_call in message.get("tool_calls", ()):
+            tool_call["function"]["arguments"] = json.loads(tool_call["function"]["arguments"])
+        return message
+
+    assert [plain(m) for m in call.messages] == [plain(m) for m in messages]
+    assert call.chat["tools"] == tools
+    assert len(orjson.dumps(body)) > 90_000
