@@ -196,7 +196,10 @@ class PostgresDriver:
                     await pg.execute("ROLLBACK")
                 raise
             return tree
-        except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, asyncpg.InternalClientError) as exc:
+            # InternalClientError: a server that stops sends each connection FATAL 57P01
+            # (admin_shutdown) before it closes it; one idle when it comes fails its next
+            # statement so ("another operation is in progress"), the database gone all the same
             raise DatabaseError(type(exc).__name__) from exc
 
     async def _asyncpg(self) -> Any:

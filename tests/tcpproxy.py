@@ -2,15 +2,23 @@
 
 ``stop()`` closes the listener and resets every live connection (the client sees what it would
 see if PostgreSQL died or the network dropped); ``refuse_new()`` closes only the listener;
-``start()`` listens again on the same port.
+``start()`` listens again on the same port; ``tell_clients(data)`` sends every connected client
+bytes of the server's making (a message PostgreSQL sends unasked, as it does when it stops).
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
+import fcntl
 import socket
 import struct
+import termios
+
+import psutil
+
+from tests.waiting import eventually
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -21,6 +29,19 @@ def _reset(writer: asyncio.StreamWriter) -> None:
     if sock is not None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
+
+
+def _sockets(addresses: set[tuple[str, int]]) -> list[int]:
+    """This process's TCP sockets bound to one of ``addresses`` (the clients' ends)."""
+    return [c.fd for c in psutil.Process().net_connections("tcp")
+            if c.laddr and (c.laddr.ip, c.laddr.port) in addresses and c.fd >= 0]  # fmt: skip
+
+
+def _unread(fd: int) -> int:
+    """Bytes received on socket ``fd`` that its owner has not read yet (``FIONREAD``)."""
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return count[0]
 
 
 async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -39,6 +60,7 @@ class TcpProxy:
         self.port = 0
         self._server: asyncio.Server | None = None
         self._live: set[asyncio.StreamWriter] = set()
+        self._clients: set[asyncio.StreamWriter] = set()
         self._relays: set[asyncio.Task[None]] = set()
 
     @property
@@ -76,6 +98,17 @@ class TcpProxy:
             relay.cancel()
         await asyncio.gather(*relays, return_exceptions=True)
 
+    async def tell_clients(self, data: bytes) -> None:
+        """Send ``data`` to every connected client, as if the server had sent it; return once
+        each client of this process has read it (its socket holds no unread byte), so that a
+        client that was idle took it while idle."""
+        peers = set()
+        for writer in list(self._clients):
+            writer.write(data)
+            await writer.drain()
+            peers.add(tuple(writer.get_extra_info("peername")[:2]))
+        await eventually(lambda: not any(_unread(fd) for fd in _sockets(peers)), within_s=5)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # asyncio's own connection task ends at once; the relay is a task this proxy owns.
         relay = asyncio.create_task(self._relay(reader, writer))
@@ -84,6 +117,7 @@ class TcpProxy:
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._live.add(writer)
+        self._clients.add(writer)
         try:
             try:
                 up_reader, up_writer = await asyncio.open_connection(*self._upstream)
@@ -104,4 +138,5 @@ class TcpProxy:
                 up_writer.close()
         finally:
             self._live.discard(writer)
+            self._clients.discard(writer)
             writer.close()

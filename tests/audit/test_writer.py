@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import shutil
+import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -220,6 +221,33 @@ async def test_the_first_record_may_find_the_database_away(
     await eventually(lambda: ledger.spool_pending == 0)
     assert await harness.request_ids() == ids("down", 2)
     assert (await harness.verify()).size == 2
+
+
+# PostgreSQL stopping (a fast shutdown: a pod deleted, a failover) sends each connection this
+# before it closes it: ErrorResponse, FATAL 57P01 admin_shutdown
+ADMIN_SHUTDOWN = b"".join(
+    [b"SFATAL\0VFATAL\0C57P01\0", b"Mterminating connection due to administrator command\0\0"]
+)
+ADMIN_SHUTDOWN = b"E" + struct.pack("!i", 4 + len(ADMIN_SHUTDOWN)) + ADMIN_SHUTDOWN
+
+
+async def test_a_database_that_says_it_is_shutting_down_is_away_not_broken(
+    harness: Harness, proxy: TcpProxy
+) -> None:
+    """asyncpg, idle when the shutdown message comes, fails the next statement with its
+    ``InternalClientError`` ("another operation is in progress"), not a connection error. It
+    is the database going away all the same: the record is spooled and replayed, and the
+    writer goes on taking records (it used to refuse every record until a commit succeeded,
+    so for as long as the database stayed away)."""
+    ledger = await harness.open()
+    await append_all(ledger, ["before"])
+    await proxy.tell_clients(ADMIN_SHUTDOWN)
+    await append_all(ledger, ["told"])  # raised WriterUnavailable
+    assert ledger.accepting()
+    await append_all(ledger, ["after"])
+    await eventually(lambda: ledger.spool_pending == 0)
+    assert await harness.request_ids() == ["before", "told", "after"]
+    assert (await harness.verify()).size == 3
 
 
 async def test_records_appended_after_the_database_returns_never_overtake_spooled_ones(
