@@ -43,7 +43,7 @@ from gateway.conversation.conversations import ConversationStore
 from gateway.conversation.sealing import ReasoningSealer
 from gateway.conversation.store import ResponseStore
 from gateway.db import DatabaseHealth, create_engine, upgrade_schema
-from gateway.edge.frontdoor import FrontDoor, error_response, internal_error
+from gateway.edge.frontdoor import FrontDoor, internal_error, shaped
 from gateway.edge.servers import BackgroundServer
 from gateway.errors import GatewayError, InvalidRequest, NotFound, RouteError
 from gateway.guard.policy import NONE as NO_GUARDRAILS
@@ -135,7 +135,10 @@ def create_app(
     )
     unexpected = _error_handlers(app, database)
     _routes(app, settings)
-    lanes = {("POST", "/v1/chat/completions"): chat.chat_completions}
+    lanes = {("POST", "/v1/chat/completions"): chat.chat_completions,
+             ("POST", "/v1/completions"): completions.create_completion,
+             ("POST", "/v1/responses"): responses.create_response,
+             ("POST", "/v1/messages"): messages.create_message}  # fmt: skip
     return FrontDoor(app, lanes, settings.max_header_bytes, unexpected)
 
 
@@ -444,7 +447,7 @@ async def _cancel(task: asyncio.Task[None]) -> None:
 
 def _shaped(request: Request, error: GatewayError) -> Response:
     """The error in the shape of the API the path belongs to (Anthropic's under /v1/messages)."""
-    return error_response(error, anthropic=request.url.path.startswith("/v1/messages"))
+    return shaped(request.url.path, error)
 
 
 async def _gateway_error(request: Request, exc: GatewayError) -> Response:

@@ -3,9 +3,11 @@
 FastAPI serves every route, but each middleware of its stack (error handling, telemetry, body
 limit, exception handlers) wraps ``send`` again, a function call per streamed chunk, and routes
 every request through dependency machinery the chat route does not use. The front door
-dispatches ``POST /v1/chat/completions`` straight to its handler and renders its errors here;
-everything else (and lifespan) goes through FastAPI, where the route is also registered so the
-OpenAPI document describes it.
+dispatches the generation endpoints (``gateway.app``'s lanes: ``POST /v1/chat/completions``,
+``/v1/completions``, ``/v1/responses``, ``/v1/messages``) straight to their handlers and
+renders their errors here, in each API's shape (``shaped``, as the framework's handlers do);
+everything else (and lifespan) goes through FastAPI, where the routes are also registered so
+the OpenAPI document describes them.
 
 A client-supplied request id is kept when it is short and plain (so callers can correlate
 their logs), otherwise a fresh one is made; handlers find it in ``scope["state"]``.
@@ -31,6 +33,11 @@ Handler = Callable[[Request], Awaitable[Response]]
 Unexpected = Callable[[Exception, str], GatewayError]
 log = logging.getLogger("thinkgate")
 _SAFE_ID = re.compile(rb"[A-Za-z0-9._:-]{1,128}")
+
+
+def shaped(path: str, error: GatewayError) -> Response:
+    """The error in the shape of the API ``path`` belongs to (Anthropic's under /v1/messages)."""
+    return error_response(error, anthropic=path.startswith("/v1/messages"))
 
 
 def error_response(error: GatewayError, *, anthropic: bool = False) -> Response:
@@ -62,7 +69,7 @@ class FrontDoor:
         scope.setdefault("state", {})["request_id"] = request_id.decode()
         if sum(len(k) + len(v) for k, v in scope["headers"]) > self.max_header_bytes:
             # httptools has no limit of its own; past this one nothing is looked at
-            refused = error_response(HeadersTooLarge(
+            refused = shaped(scope["path"], HeadersTooLarge(
                 f"The request headers exceed {self.max_header_bytes} bytes."))  # fmt: skip
             refused.raw_headers.append((b"x-request-id", request_id))
             await refused(scope, receive, send)
@@ -81,9 +88,9 @@ async def _handle(handler: Handler, request: Request, unexpected: Unexpected) ->
     try:
         return await handler(request)
     except GatewayError as exc:
-        return error_response(exc)
+        return shaped(request.scope["path"], exc)
     except Exception as exc:
-        return error_response(unexpected(exc, request.state.request_id))
+        return shaped(request.scope["path"], unexpected(exc, request.state.request_id))
 
 
 def internal_error(exc: Exception, request_id: str) -> GatewayError:

@@ -22,6 +22,7 @@ from gateway.errors import RateLimited
 
 FRESH_ID = re.compile(r"req_[0-9a-f]{24}")
 LANE = "/v1/chat/completions"
+MESSAGES = "/v1/messages"  # a lane whose errors are in Anthropic's shape
 
 
 @dataclass
@@ -56,7 +57,8 @@ class Gateway:
             return JSONResponse({"ok": True})
 
         framework = Starlette(routes=[Route("/v1/models", echo), Route(LANE, echo)])
-        self.door = FrontDoor(framework, {("POST", LANE): chat}, max_header_bytes=1024)
+        lanes = {("POST", LANE): chat, ("POST", MESSAGES): chat}
+        self.door = FrontDoor(framework, lanes, max_header_bytes=1024)
 
     async def call(
         self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes = b""
@@ -135,6 +137,20 @@ async def test_a_gateway_error_in_the_lane_is_rendered_with_its_headers() -> Non
                                       "param": None, "code": "rate_limit_exceeded"}}  # fmt: skip
     assert reply.headers[b"retry-after"] == b"3" and reply.headers[b"retry-after-ms"] == b"2500"
     assert reply.headers[b"x-ratelimit-x"] == b"1" and reply.headers[b"x-request-id"] == b"r1"
+
+
+async def test_a_messages_lanes_errors_are_in_anthropics_shape() -> None:
+    gateway = Gateway()
+    limited = await gateway.call("POST", MESSAGES, [(b"x-request-id", b"m1")], b"rate-limited")
+    assert limited.status == 429 and limited.headers[b"retry-after"] == b"3"
+    assert limited.json() == {"type": "error", "error": {"type": "rate_limit_error",
+                                                         "message": "slow down"}}  # fmt: skip
+    failed = await gateway.call("POST", MESSAGES, [(b"x-request-id", b"m2")], b"bug")
+    assert failed.status == 500 and failed.json()["error"]["type"] == "api_error"
+    too_large = [(b"x-pad", b"p" * 1024)]
+    refused = await gateway.call("POST", MESSAGES, too_large)
+    assert refused.status == 431 and refused.json()["type"] == "error"
+    assert gateway.seen == [("lane", "m1"), ("lane", "m2")]
 
 
 async def test_an_unexpected_exception_in_the_lane_is_an_opaque_500(
