@@ -96,8 +96,9 @@ class Facts:
 class Body:
     """The encrypted part. Fields left ``None`` were not captured (``AUDIT_CAPTURE``)."""
 
-    messages: list[Any] | None = None
-    params: dict[str, Any] | None = None
+    # a list and a dict; or as encoded already, keys sorted (``gateway.ledger.record``)
+    messages: list[Any] | orjson.Fragment | None = None
+    params: dict[str, Any] | orjson.Fragment | None = None
     reasoning: tuple[str, ...] | None = None
     content: tuple[str, ...] | None = None
     tool_calls: tuple[tuple[dict[str, str], ...], ...] | None = None  # per choice, if any

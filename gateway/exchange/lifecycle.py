@@ -27,6 +27,7 @@ from gateway.errors import GatewayError, UpstreamError
 from gateway.ledger.record import (
     CompletionRecord,
     RecordSink,
+    RequestPart,
     Status,
     Usage,
     parse_usage,
@@ -89,6 +90,7 @@ class Exchange:
     # response headers the request's parse decided (x-thinkgate-ignored, a clamped max_tokens)
     notes: tuple[tuple[str, str], ...] = ()
     prompt_acts: tuple[GuardAct, ...] = ()  # what guardrail policies did to the prompt
+    request_part: RequestPart | None = None  # the record's request part, encoded at admission
     screen: ScreenPlan | None = None  # guard models over the output (exchange.screening)
     span: ExchangeSpan | None = None  # its OpenTelemetry spans (telemetry.tracing), if traced
     intention: Any = None  # its write-ahead intent, once queued (``RecordSink.intend``)
@@ -301,6 +303,7 @@ class Exchange:
                           for act in c.guard.acts)),
             intent=getattr(self.intention, "id", None),
             batch=self.batch,
+            request=self.request_part,
         )  # fmt: skip
 
 

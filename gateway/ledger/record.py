@@ -13,10 +13,10 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-from audit.record import Body, Usage
+from audit.record import Usage
 
-__all__ = ["CompletionRecord", "DiscardSink", "RecordSink", "Status", "Usage", "check_recordable",
-           "parse_usage", "status_of"]  # fmt: skip
+__all__ = ["CompletionRecord", "DiscardSink", "RecordSink", "RequestPart", "Status", "Usage",
+           "parse_usage", "recordable", "request_fields", "status_of"]  # fmt: skip
 from gateway.errors import InvalidRequest, Outcome
 from gateway.relay.guarding import GuardAct
 from gateway.relay.rewrite import cached_tokens
@@ -58,22 +58,56 @@ class CompletionRecord:
     guardrails: tuple[tuple[int | None, GuardAct], ...] = ()  # None: the prompt
     intent: str | None = None  # the write-ahead intent this record takes the place of
     batch: tuple[str, str] | None = None  # (batch id, the line's custom_id), for a batch line
+    request: RequestPart | None = None  # ``messages`` and ``params`` encoded (``recordable``)
 
 
-def check_recordable(messages: list[Any], params: dict[str, Any]) -> None:
-    """Raise ``InvalidRequest`` naming the field when the request part of a record could not be
-    encoded, before any engine is asked: the rule is that no byte of an answer reaches a client
-    unless its record can be written. The request part is the only one a client shapes (the
-    answer is text the gateway split), and what a parser keeps of it may differ from the body
-    it read (a whole float made an int, a translated API's items), so the check encodes exactly
-    what the record will (``audit.record.Body``); a few microseconds for a chat request."""
+@dataclass(frozen=True, slots=True)
+class RequestPart:
+    """A record's request part, encoded once for the exchange's intent and its record (an
+    agent's context is 100 kB a request): the messages and the parameters as ``Body.encode``
+    writes them (keys sorted), which embeds them as they are (``orjson.Fragment``), so a
+    body's bytes are those of a fresh encoding. Only for the very objects it encoded."""
+
+    messages: list[Any]
+    params: dict[str, Any]
+    encoded: tuple[orjson.Fragment, orjson.Fragment]
+
+    def of(self, messages: list[Any], params: dict[str, Any]) -> RequestPart:
+        """This part if ``messages`` and ``params`` are what it encoded, else theirs (a step
+        changed the request: a guardrail redacted it)."""
+        if messages is self.messages and params is self.params:
+            return self
+        return recordable(messages, params)
+
+
+def recordable(messages: list[Any], params: dict[str, Any]) -> RequestPart:
+    """The request part of a record, encoded; ``InvalidRequest`` naming the field when it
+    could not be, before any engine is asked: the rule is that no byte of an answer reaches a
+    client unless its record can be written. The request part is the only one a client shapes
+    (the answer is text the gateway split), and what a parser keeps of it may differ from the
+    body it read (a whole float made an int, a translated API's items), so this encodes
+    exactly what the record will, at the depth the record puts it."""
     try:
-        Body(messages=messages, params=params).encode()
+        return RequestPart(messages, params, (_fragment(messages), _fragment(params)))
     except orjson.JSONEncodeError:
         param = _culprit(messages, params)
         named = f" (field {param!r})" if param else ""
         raise InvalidRequest(f"The request cannot be recorded as sent{named}: a value nests too "
                              "deeply or is out of range.", param=param) from None  # fmt: skip
+
+
+def _fragment(value: Any) -> orjson.Fragment:
+    # inside a list, so that orjson's depth limit counts the level the body puts it at
+    return orjson.Fragment(orjson.dumps([value], option=orjson.OPT_SORT_KEYS)[1:-1])
+
+
+def request_fields(record: CompletionRecord) -> tuple[Any, Any]:
+    """The record's messages and parameters for its ``Body``: the part encoded at admission
+    when it is the record's own, else the values."""
+    part = record.request
+    if part is not None and part.messages is record.messages and part.params is record.params:
+        return part.encoded
+    return record.messages, record.params
 
 
 def _culprit(messages: list[Any], params: dict[str, Any]) -> str | None:

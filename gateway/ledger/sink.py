@@ -38,7 +38,7 @@ from audit.note import NoteSigner, create_signing_key, default_origin, load_sign
 from audit.record import Body, Facts, captured
 from audit.writer import WriterUnavailable
 from gateway.ledger.intents import ProgressOf, Running
-from gateway.ledger.record import CompletionRecord
+from gateway.ledger.record import CompletionRecord, request_fields
 from gateway.ledger.translate import translate
 from gateway.relay.guarding import GuardAct
 from gateway.sections import LedgerSettings
@@ -76,11 +76,12 @@ class LedgerSink:
         is the exchange as it stands before its first token. Raises what ``submit`` would
         when its key cannot be had; ``None`` when the ledger fails open and failed."""
         facts = record_facts(record, self._capture, self._prices, intent=True)
-        body = captured(Body(messages=record.messages, params=record.params), self._capture)
+        messages, params = request_fields(record)
+        body = captured(Body(messages=messages, params=params), self._capture)
         try:
             try:
                 intent_id, durable = await self.ledger.intend(facts, body)
-            except orjson.JSONEncodeError:  # never expected (check_recordable): the header
+            except orjson.JSONEncodeError:  # never expected (recordable): the header
                 intent_id, durable = await self.ledger.intend(facts, Body())
         except (KeysUnavailable, KeyFileError) as exc:
             if self._fail_open:
@@ -140,7 +141,7 @@ class LedgerSink:
             await self.ledger.append(facts, captured(record_body(record), self._capture),
                                      replaces=replaces)  # fmt: skip
         except orjson.JSONEncodeError:
-            # Never expected (``check_recordable`` ran before the engine was asked), and never
+            # Never expected (``recordable`` ran before the engine was asked), and never
             # a reason to lose the record: its header, without the body, saying why.
             log.error("audit record of request %s kept without its body: it cannot be encoded",
                       record.request_id)  # fmt: skip
@@ -187,9 +188,10 @@ def record_facts(record: CompletionRecord, capture: Any, prices: Prices | None =
 
 
 def record_body(record: CompletionRecord) -> Body:
+    messages, params = request_fields(record)
     return Body(
-        messages=record.messages,
-        params=record.params,
+        messages=messages,
+        params=params,
         reasoning=record.reasoning,
         content=record.content,
         tool_calls=record.tool_calls,

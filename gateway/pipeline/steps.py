@@ -45,7 +45,7 @@ from gateway.guard.policy import NONE as NO_GUARDRAILS
 from gateway.guard.policy import Guardrails
 from gateway.guard.prompt import PromptBlocked, screen_prompt
 from gateway.guard.stream import ChoiceGuard
-from gateway.ledger.record import CompletionRecord, RecordSink, check_recordable
+from gateway.ledger.record import CompletionRecord, RecordSink, recordable
 from gateway.relay.effort import UPSTREAM_FIELD, plan
 from gateway.relay.formats import ReasoningFormat
 from gateway.relay.guarding import GuardAct, TextGuard
@@ -279,11 +279,12 @@ class Pipeline:
         """``forward``'s first half: the admitted exchange and its candidates, for the caller to
         run (a background response runs it detached); its owner must finish it."""
         try:  # no byte of an answer goes out unless its record can be written
-            check_recordable(call.messages, call.params)
+            part = recordable(call.messages, call.params)
             call, prompt_acts = self.guard_prompt(key, call, route[0])
             prompt_acts += await self.judge_the_prompt(key, call, route[0])
             call, clamped = await self.with_room(call)
             call = self.salted(key, call, route[0])
+            part = part.of(call.messages, call.params)  # encoded again only if a step changed it
         except GatewayError as exc:
             self.refused(request, key, exc, call.model, call.stream)
             raise
@@ -297,6 +298,7 @@ class Pipeline:
             ex.span.admission(admitting, time.time())
         ex.notes = (*notes, *said)
         ex.prompt_acts = prompt_acts
+        ex.request_part = part
         ex.screen = self.screen_plan(key, call, route)
         return ex, candidates
 

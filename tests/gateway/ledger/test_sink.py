@@ -12,7 +12,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -20,12 +23,13 @@ from audit.ledger import Ledger
 from audit.record import Body, Usage
 from gateway.db import create_engine
 from gateway.errors import InvalidRequest, LedgerUnavailable
-from gateway.ledger.record import check_recordable
+from gateway.ledger.record import recordable, request_fields
 from gateway.ledger.sink import (
     LedgerKeysMissing,
     LedgerSink,
     ensure_keys,
     open_ledger,
+    record_body,
     record_facts,
 )
 from gateway.settings import Settings
@@ -201,7 +205,7 @@ def deep(levels: int) -> Any:
 async def test_a_record_whose_body_cannot_be_encoded_is_kept_without_it(
     make_sink: SinkFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Never expected (``check_recordable`` runs before the engine is asked), never a reason
+    """Never expected (``recordable`` runs before the engine is asked), never a reason
     to lose a record: the header is written with why, the body (and its text) left out, and
     the failed attempt takes no sequence number (the next record follows without a gap)."""
     sink = await make_sink()
@@ -215,14 +219,54 @@ async def test_a_record_whose_body_cannot_be_encoded_is_kept_without_it(
     assert "secret-answer" not in caplog.text and "req_1" in caplog.text
 
 
-def test_check_recordable_names_the_field_that_cannot_be_recorded() -> None:
-    check_recordable([{"role": "user", "content": "hi"}], {"x": deep(200), "n": 2**64 - 1})
+def test_recordable_names_the_field_that_cannot_be_recorded() -> None:
+    recordable([{"role": "user", "content": "hi"}], {"x": deep(200), "n": 2**64 - 1})
     with pytest.raises(InvalidRequest) as raised:
-        check_recordable([{"role": "user", "content": "hi"}], {"ok": 1, "x": deep(253)})
+        recordable([{"role": "user", "content": "hi"}], {"ok": 1, "x": deep(253)})
     assert raised.value.param == "x" and "cannot be recorded" in raised.value.message
     with pytest.raises(InvalidRequest) as raised:
-        check_recordable([{"role": "user", "content": "hi"}], {"seed": 2**64})  # past u64
+        recordable([{"role": "user", "content": "hi"}], {"seed": 2**64})  # past u64
     assert raised.value.param == "seed"
     with pytest.raises(InvalidRequest) as raised:
-        check_recordable([{"role": "user", "content": deep(253)}], {})
+        recordable([{"role": "user", "content": deep(253)}], {})
     assert raised.value.param == "messages"
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner,
+                                                               max_size=4),
+    max_leaves=24,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(JSON, max_size=4), st.dictionaries(st.text(max_size=6), JSON, max_size=4))
+def test_the_request_part_encoded_once_gives_the_bodys_own_bytes(
+    messages: list[Any], params: dict[str, Any]
+) -> None:
+    """The intent and the record embed the part ``recordable`` encoded at admission: the
+    bytes sealed must be those a fresh encoding of the values gives (keys sorted at every
+    level), or a verifier re-encoding a body would not find the ledger's."""
+    record = completion_record(messages=messages, params=params,
+                               request=recordable(messages, params))  # fmt: skip
+    spliced = record_body(record).encode()
+    fresh = Body(messages=messages, params=params, reasoning=record.reasoning,
+                 content=record.content).encode()  # fmt: skip
+    assert spliced == fresh
+
+
+def test_the_request_part_serves_only_the_objects_it_encoded() -> None:
+    messages, params = [{"role": "user", "content": "my SSN"}], {"n": 1}
+    part = recordable(messages, params)
+    assert part.of(messages, params) is part
+    redacted = [{"role": "user", "content": "my [REDACTED]"}]  # a guardrail changed it
+    again = part.of(redacted, params)
+    assert orjson.dumps(again.encoded[0]) == orjson.dumps(redacted, option=orjson.OPT_SORT_KEYS)
+    with pytest.raises(InvalidRequest):
+        part.of(messages, {"seed": 2**64})
+    # a record whose messages are not the part's own is recorded from its values
+    stale = completion_record(messages=redacted, params=params, request=part)
+    assert request_fields(stale) == (redacted, params)
+    assert b"SSN" not in record_body(stale).encode()
