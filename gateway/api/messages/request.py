@@ -92,7 +92,7 @@ class MessagesRequest:
         if not self.upstream_body:
             return prompt_estimate(self.messages, tools)
         size = len(self.upstream_body) - len(orjson.dumps(self.chat)) - len(b',"messages":')
-        return -(-(size + (len(orjson.dumps(tools)) if tools else 0)) // 4)
+        return _estimate(size, tools)
 
     @property
     def context_management(self) -> dict[str, Any] | None:
@@ -119,7 +119,12 @@ class MessagesRequest:
 def prompt_estimate(messages: list[Any], tools: Any = None) -> int:
     """The gateway's estimate of a prompt's tokens: the bytes of its chat messages and tools,
     as sent, divided by 4 and rounded up (as the reservation and ``gateway.api.room`` do)."""
-    size = len(orjson.dumps(messages)) + (len(orjson.dumps(tools)) if tools else 0)
+    return _estimate(len(orjson.dumps(messages)), tools)
+
+
+def _estimate(messages_size: int, tools: Any) -> int:
+    """``prompt_estimate`` from the messages' encoded size."""
+    size = messages_size + (len(orjson.dumps(tools)) if tools else 0)
     return -(-size // 4)
 
 

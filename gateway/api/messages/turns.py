@@ -85,9 +85,10 @@ def conversation(system: Any, messages: Any) -> Conversation:
 
 def _blocks(content: Any, i: int) -> list[Any]:
     """Message ``i``'s content, not a string: a list of blocks, else refused."""
-    if not isinstance(content, list):
-        content_of(content, _where(i))  # raises: neither a string nor blocks
-    return content  # type: ignore[no-any-return]
+    if isinstance(content, list):
+        return content
+    content_of(content, _where(i))  # raises: neither a string nor blocks
+    raise AssertionError("content_of accepted a message's content that is not a list")
 
 
 def _where(i: int, j: int | None = None, k: int | None = None) -> str:
