@@ -2,7 +2,13 @@
 
 Lookups are cached for ``ttl`` seconds (``KEY_CACHE_TTL_S``, default 5): a revocation on another
 replica takes effect within that bound; on the replica that revokes it takes effect at once.
-No database round trip happens per chunk, only (at most) once per request and TTL.
+No database round trip happens per chunk, and none on a request's way while its key is used:
+
+- **One load per key at a time.** Requests that miss together (every request of a busy key,
+  the moment its entry expires) share one query, not one connection each.
+- **Refreshed ahead.** A hit on an entry older than half the TTL serves the entry and reloads
+  it beside the request. A key in steady use is never waited for; the TTL's bound holds, as an
+  entry is stamped with the time its query began and is never served past ``ttl``.
 
 While the database is away (``gateway.db.DatabaseHealth``), a key this process found within
 ``stale_s`` (``KEY_CACHE_STALE_S``, default 900) is served from the cache: its requests go on,
@@ -14,6 +20,8 @@ While down, the database is asked at most once per second for a key the cache ca
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -24,6 +32,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gateway.auth import keys
 from gateway.auth.keys import KeyInfo, NewKey, ReasoningPolicy, Role
 from gateway.db import DatabaseHealth, is_outage, metadata
+
+log = logging.getLogger("thinkgate")
 
 api_keys = Table(
     "api_keys",
@@ -51,6 +61,7 @@ class KeyStore:
         self._clock = clock
         self.health = health or DatabaseHealth(clock=clock)
         self._cache: dict[str, tuple[float, KeyInfo | None]] = {}
+        self._loading: dict[str, asyncio.Future[KeyInfo | None]] = {}  # one load per key
 
     async def create(
         self,
@@ -74,6 +85,9 @@ class KeyStore:
         now = self._clock()
         hit = self._cache.get(key_id)
         if hit is not None and now - hit[0] < self._ttl:
+            if (now - hit[0] >= self._ttl / 2 and key_id not in self._loading
+                    and not self.health.resting):  # fmt: skip
+                self._loading[key_id] = asyncio.ensure_future(self._refresh(key_id))
             return hit[1]
         # a key known within stale_s, while the database is away
         known = hit[1] if hit is not None and now - hit[0] < self._stale_s else None
@@ -81,8 +95,11 @@ class KeyStore:
             if known is None:
                 raise self.health.refusal()
             return known
+        loading = self._loading.get(key_id)
+        if loading is None:
+            loading = self._loading[key_id] = asyncio.ensure_future(self._fetch(key_id))
         try:
-            info = await self._load(key_id)
+            return await asyncio.shield(loading)  # a waiter's cancel is not the others'
         except Exception as exc:
             if not is_outage(exc):
                 raise
@@ -90,11 +107,36 @@ class KeyStore:
             if known is None:
                 raise refusal from None
             return known
+
+    async def _fetch(self, key_id: str) -> KeyInfo | None:
+        """The key read afresh and cached, stamped with the time its query began (the one load
+        of ``key_id`` in flight meanwhile). A load that a revocation here overtook is not cached:
+        it may have read the key before the revocation."""
+        began, this = self._clock(), asyncio.current_task()
+        try:
+            info = await self._load(key_id)
+        finally:
+            current = self._loading.get(key_id) is this
+            if current:
+                del self._loading[key_id]
         self.health.answered()
-        if len(self._cache) > 10_000:  # bound the cache against floods of random key ids
-            self._cache.clear()
-        self._cache[key_id] = (now, info)
+        if current:
+            if len(self._cache) > 10_000:  # bound the cache against floods of random key ids
+                self._cache.clear()
+            self._cache[key_id] = (began, info)
         return info
+
+    async def _refresh(self, key_id: str) -> KeyInfo | None:
+        """``_fetch`` beside the requests a fresh entry still serves: an outage is marked
+        (the entry then ages out as without the refresh), a bug logged."""
+        try:
+            return await self._fetch(key_id)
+        except Exception as exc:
+            if is_outage(exc):
+                self.health.failed(exc)
+            else:
+                log.exception("the key cache's refresh failed")
+            return None
 
     async def list(self, tenant: str | None = None) -> Sequence[KeyInfo]:
         query = select(api_keys).order_by(api_keys.c.created_at)
@@ -113,6 +155,7 @@ class KeyStore:
                 .values(revoked_at=datetime.now(UTC))
             )
         self._cache.pop(key_id, None)
+        self._loading.pop(key_id, None)  # a load begun before: the next lookup reads afresh
         return bool(result.rowcount)
 
     async def _load(self, key_id: str) -> KeyInfo | None:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.auth import keys
 from gateway.auth.keystore import KeyStore
 from gateway.db import create_engine, upgrade_schema
 from gateway.errors import DatabaseUnavailable
 from tests.tcpproxy import TcpProxy
+from tests.waiting import eventually
 
 
 async def test_create_lookup_revoke(database_url: str) -> None:
@@ -66,6 +70,101 @@ async def test_cache_serves_within_ttl_and_reloads_after(sqlite_url: str) -> Non
         now[0] = 5.0
         fresh = await reader.get(info.key_id)
         assert fresh is not None and not fresh.active
+    finally:
+        await engine.dispose()
+
+
+def _key_lookups(engine: AsyncEngine) -> list[str]:
+    """The key lookups ``engine`` runs from now on, as they reach the database."""
+    seen: list[str] = []
+
+    def executed(_conn: object, _cursor: object, statement: str, *_: object) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "api_keys" in statement:
+            seen.append(statement)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", executed)
+    return seen
+
+
+async def test_requests_that_miss_together_share_one_lookup(database_url: str) -> None:
+    """The moment a busy key's entry expires, every request in flight misses at once: they
+    share one query (before, each took a connection of its own, and the pool overflowed)."""
+    engine = create_engine(database_url)
+    await upgrade_schema(engine)
+    now = [0.0]
+    try:
+        _new, info = await KeyStore(engine, ttl=0).create(tenant="t", role="client", rpm=7)
+        store = KeyStore(engine, ttl=5, clock=lambda: now[0])
+        lookups = _key_lookups(engine)
+        got = await asyncio.gather(*(store.get(info.key_id) for _ in range(40)))
+        assert len(lookups) == 1
+        assert {g.key_id if g else None for g in got} == {info.key_id}
+        assert {g.rpm if g else None for g in got} == {7}
+        now[0] = 6.0  # expired: the next burst shares the next query
+        await asyncio.gather(*(store.get(info.key_id) for _ in range(40)))
+        assert len(lookups) == 2
+    finally:
+        await engine.dispose()
+
+
+async def test_a_key_in_use_is_reloaded_ahead_of_its_expiry(sqlite_url: str) -> None:
+    """Past half its TTL, a hit serves the entry and reloads it beside the request: the
+    request waits for no query, a revocation on another replica is seen within the TTL as
+    before, and the reloaded entry serves past the first one's expiry without a query."""
+    engine = create_engine(sqlite_url)
+    await upgrade_schema(engine)
+    now = [0.0]
+    try:
+        writer = KeyStore(engine, ttl=0)
+        _new, info = await writer.create(tenant="t", role="client")
+        store = KeyStore(engine, ttl=5, clock=lambda: now[0])
+        lookups = _key_lookups(engine)
+        assert (await store.get(info.key_id)) is not None
+        await writer.revoke(info.key_id)  # another replica revokes
+        lookups.clear()
+        now[0] = 2.0  # under half the TTL: served, nothing reloaded
+        served = await store.get(info.key_id)
+        assert served is not None and served.active and lookups == []
+        now[0] = 3.0  # past half: served at once from the entry, reloaded beside it
+        served = await store.get(info.key_id)
+        assert served is not None and served.active
+        await eventually(lambda: len(lookups) == 1 and not store._loading, 5)
+        now[0] = 5.5  # past the first entry's TTL, within the reloaded one's (3.0 + 5)
+        fresh = await store.get(info.key_id)
+        assert fresh is not None and not fresh.active
+        assert len(lookups) == 1  # the reloaded entry answered: no query on the way
+    finally:
+        await engine.dispose()
+
+
+async def test_a_revocation_here_is_not_undone_by_a_lookup_begun_before_it(
+    sqlite_url: str,
+) -> None:
+    """A lookup that read the key before this replica revoked it must not put the active key
+    back in the cache: the next lookup reads afresh. (The lookup is held at the database by
+    an event: the race's order, made certain.)"""
+    engine = create_engine(sqlite_url)
+    await upgrade_schema(engine)
+    read, release = asyncio.Event(), asyncio.Event()
+
+    class Held(KeyStore):
+        async def _load(self, key_id: str) -> keys.KeyInfo | None:
+            info = await super()._load(key_id)
+            read.set()
+            await release.wait()
+            return info
+
+    try:
+        store = Held(engine, ttl=5)
+        _new, info = await KeyStore(engine, ttl=0).create(tenant="t", role="client")
+        early = asyncio.ensure_future(store.get(info.key_id))
+        await asyncio.wait_for(read.wait(), 5)  # it read the key while still active
+        assert await store.revoke(info.key_id)
+        release.set()
+        stale = await early
+        assert stale is not None and stale.active  # begun before the revocation
+        after = await store.get(info.key_id)
+        assert after is not None and not after.active
     finally:
         await engine.dispose()
 
