@@ -65,23 +65,26 @@ class FrontDoor:
             await self.framework(scope, receive, send)
             return
         scope[RAW_SEND] = send  # streams write past the framework's wrappers (DirectWriter)
-        request_id = _incoming(scope) or b"req_" + secrets.token_hex(12).encode()
-        scope.setdefault("state", {})["request_id"] = request_id.decode()
-        if sum(len(k) + len(v) for k, v in scope["headers"]) > self.max_header_bytes:
-            # httptools has no limit of its own; past this one nothing is looked at
-            refused = shaped(scope["path"], HeadersTooLarge(
-                f"The request headers exceed {self.max_header_bytes} bytes."))  # fmt: skip
-            refused.raw_headers.append((b"x-request-id", request_id))
-            await refused(scope, receive, send)
-            return
-        handler = self.lanes.get((scope["method"], scope["path"]))
-        if handler is None:
-            await self.framework(scope, receive, _with_id(send, request_id))
-            return
-        scope["app"] = self.framework
-        response = await _handle(handler, Request(scope, receive), self.unexpected)
-        response.raw_headers.append((b"x-request-id", request_id))
-        await response(scope, receive, send)
+        try:
+            request_id = _incoming(scope) or b"req_" + secrets.token_hex(12).encode()
+            scope.setdefault("state", {})["request_id"] = request_id.decode()
+            if sum(len(k) + len(v) for k, v in scope["headers"]) > self.max_header_bytes:
+                # httptools has no limit of its own; past this one nothing is looked at
+                refused = shaped(scope["path"], HeadersTooLarge(
+                    f"The request headers exceed {self.max_header_bytes} bytes."))  # fmt: skip
+                refused.raw_headers.append((b"x-request-id", request_id))
+                await refused(scope, receive, send)
+                return
+            handler = self.lanes.get((scope["method"], scope["path"]))
+            if handler is None:
+                await self.framework(scope, receive, _with_id(send, request_id))
+                return
+            scope["app"] = self.framework
+            response = await _handle(handler, Request(scope, receive), self.unexpected)
+            response.raw_headers.append((b"x-request-id", request_id))
+            await response(scope, receive, send)
+        finally:
+            scope.pop(RAW_SEND, None)  # the server's cycle holds the scope: no cycle left behind
 
 
 async def _handle(handler: Handler, request: Request, unexpected: Unexpected) -> Response:

@@ -1,9 +1,10 @@
 """Client disconnects and the streaming response.
 
-``DisconnectWatcher`` is one task per request that waits on ``receive()`` (the body has been
-read by then) and cancels the request's task the moment ``http.disconnect`` arrives: while
-it waits for the upstream's first token, and while it relays (a hidden-reasoning client may
-see no byte for minutes). Disconnects cancel, never poll. Whoever catches the cancellation
+``DisconnectWatcher`` cancels the request's task the moment the client disconnects (the body
+has been read by then): while it waits for the upstream's first token, and while it relays (a
+hidden-reasoning client may see no byte for minutes). On uvicorn's httptools protocol it is a
+callback on the request's message event, elsewhere a task waiting on ``receive()``.
+Disconnects cancel, never poll. Whoever catches the cancellation
 asks ``watcher.claim(exc)``: if it was the watcher's, it is taken back (``Task.uncancel``) and
 the request ends quietly; any other cancellation (server shutdown) propagates.
 
@@ -35,14 +36,36 @@ RAW_SEND = "thinkgate.send"
 
 
 class DisconnectWatcher:
+    """Cancels its owner (the request's task) the moment the client disconnects.
+
+    Served by uvicorn's httptools protocol, it is a callback, not a task: the request's
+    message event (which the protocol sets when the connection is lost) is swapped for one
+    that also tells the watcher (``_Signal``). Elsewhere a task waits on ``receive()``.
+    Neither leaves a reference cycle behind: ``stop`` unhooks the signal, and drops the task
+    it cancels (a cancelled task holds its traceback, whose frame holds the watcher), so a
+    request's objects are freed as it ends, not by the garbage collector.
+    """
+
+    __slots__ = ("_owner", "_signal", "_task", "disconnected")
+
     def __init__(self, receive: Receive) -> None:
         self.disconnected = False
         self._owner = asyncio.current_task()
-        self._task = asyncio.get_running_loop().create_task(self._watch(receive))
+        self._signal: _Signal | None = None
+        self._task: asyncio.Task[None] | None = None
+        cycle = getattr(receive, "__self__", None)
+        if isinstance(cycle, RequestResponseCycle):
+            self._signal = _Signal.hook(cycle, self)
+        else:
+            self._task = asyncio.get_running_loop().create_task(self._watch(receive))
 
     async def _watch(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        self.gone()
+
+    def gone(self) -> None:
+        """The client left: the owner is cancelled (``claim`` takes it back)."""
         self.disconnected = True
         if self._owner is not None:
             self._owner.cancel()
@@ -54,7 +77,40 @@ class DisconnectWatcher:
         self._owner.uncancel()
 
     def stop(self) -> None:
-        self._task.cancel()
+        signal, self._signal = self._signal, None
+        if signal is not None:
+            signal.unhook()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+
+
+class _Signal(asyncio.Event):
+    """A request's message event that also tells its watcher when it signals a disconnect
+    (uvicorn sets it after marking the cycle ``disconnected`` in ``connection_lost``)."""
+
+    def __init__(self, cycle: RequestResponseCycle, watcher: DisconnectWatcher) -> None:
+        super().__init__()
+        self._cycle: RequestResponseCycle | None = cycle
+        self._watcher: DisconnectWatcher | None = watcher
+
+    @classmethod
+    def hook(cls, cycle: RequestResponseCycle, watcher: DisconnectWatcher) -> _Signal:
+        signal = cls(cycle, watcher)
+        if cycle.message_event.is_set():
+            signal.set()  # what it held carries over (a disconnect before the watch, too)
+        cycle.message_event = signal
+        return signal
+
+    def set(self) -> None:
+        super().set()
+        cycle, watcher = self._cycle, self._watcher
+        if cycle is not None and watcher is not None and cycle.disconnected:
+            self.unhook()
+            watcher.gone()
+
+    def unhook(self) -> None:
+        self._cycle = self._watcher = None  # the cycle holds this event: no cycle back
 
 
 class DirectWriter:

@@ -121,8 +121,10 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.pool.forget(self)
-        if self.response is not None:
-            self.response.connection_lost(exc)
+        response, self.response = self.response, None
+        if response is not None:
+            response.connection_lost(exc)
+            response.detach()
 
     def close(self) -> None:
         if self.transport is not None and not self.lost:
@@ -136,7 +138,7 @@ class WireResponse:
     def __init__(self, connection: _Connection) -> None:
         self._connection = connection
         self._loop = asyncio.get_running_loop()
-        self._parser = httptools.HttpResponseParser(self)
+        self._parser: httptools.HttpResponseParser | None = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
         self._until_close = False
@@ -163,14 +165,22 @@ class WireResponse:
         watch = self.watch
         if watch is not None and watch.since is not None:
             watch.since = self._loop.time()
+        parser = self._parser
+        if parser is None:  # the response is over: bytes after it cannot be trusted
+            self._connection.close()
+            return
         try:
-            self._parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:  # the sink's own failure
             self._fail(exc.__context__ or exc)
         except httptools.HttpParserError as exc:
             self._fail(WireError(f"the model server sent a malformed response ({exc})"))
         if self._batch:
             self._flush()  # one read, one hand-over: however many chunks it carried
+
+    def detach(self) -> None:
+        """Its connection is gone: the parser (which holds this response's callbacks) too."""
+        self._parser = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.complete:
@@ -186,10 +196,12 @@ class WireResponse:
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
+        parser = self._parser
+        assert parser is not None  # a response whose connection is gone parses nothing more
+        self.status = parser.get_status_code()
         names = {name for name, _ in self.headers}
         self._until_close = b"content-length" not in names and b"transfer-encoding" not in names
-        self._keep_alive = self._parser.should_keep_alive()  # llhttp forgets it at the end
+        self._keep_alive = parser.should_keep_alive()  # llhttp forgets it at the end
         if not self.started.done():
             self.started.set_result(None)
 
@@ -270,8 +282,7 @@ class WireResponse:
             return
         self._released = True
         self._sink = None
-        if self.watch is not None:
-            self.watch.cancel()
+        self._unwatch()
         if self._paused:
             self.resume()
         if ending and not self._ended:
@@ -282,6 +293,7 @@ class WireResponse:
     def _dispose(self) -> None:
         connection = self._connection
         connection.response = None
+        self._parser = None  # it holds this response's callbacks: no cycle left to collect
         if self.complete and self._keep_alive and not self._until_close:
             connection.pool.put(connection)
         else:
@@ -323,13 +335,18 @@ class WireResponse:
         if self._batch:
             self._flush()  # the body's last bytes before its end
         self._ended = True
-        if self.watch is not None:
-            self.watch.cancel()
+        self._unwatch()
         sink = self._sink
         if sink is not None:
             self._sink = None
             sink.end(error)
         self._wake()
+
+    def _unwatch(self) -> None:
+        """The idle watch over: cancelled and dropped (its abort holds this response)."""
+        watch, self.watch = self.watch, None
+        if watch is not None:
+            watch.cancel()
 
     def _wake(self) -> None:
         waiter = self._waiter

@@ -213,3 +213,40 @@ async def test_under_another_server_a_push_falls_back_to_the_body() -> None:
     with pytest.raises(EOFError):
         await asyncio.wait_for(watcher_run, 2)
     assert run.chunks == [b"data: 1\n\n"]
+
+
+async def test_served_by_uvicorn_a_disconnect_cancels_the_owner_without_a_task() -> None:
+    """On uvicorn's httptools protocol the watcher is a callback on the request's message
+    event: the connection's loss cancels the waiting owner, ``claim`` takes it back, and no
+    task watches beside the request."""
+    outcome: asyncio.Future[tuple[bool, int, int]] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        tasks = len(asyncio.all_tasks())
+        watcher = DisconnectWatcher(receive)
+        beside = len(asyncio.all_tasks()) - tasks
+        try:
+            waiting.set()
+            await asyncio.Event().wait()  # the upstream's first token, which never comes
+        except asyncio.CancelledError as exc:
+            watcher.claim(exc)
+            current = asyncio.current_task()
+            assert current is not None
+            outcome.set_result((watcher.disconnected, current.cancelling(), beside))
+        finally:
+            watcher.stop()
+
+    async with BackgroundServer(app) as server:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+        await writer.drain()
+        await asyncio.wait_for(waiting.wait(), 5)
+        writer.close()  # the client leaves
+        await writer.wait_closed()
+        assert await asyncio.wait_for(outcome, 5) == (True, 0, 0)
+        del reader
