@@ -243,3 +243,46 @@ async def test_a_caller_cancelled_at_any_point_of_admission_leaves_nothing_reser
         else:
             assert await gate.settle(ticket, 0) == []
         await eventually(nothing_reserved, within_s=2)
+
+
+async def test_with_no_kv_budget_to_ask_admission_and_settlement_run_in_the_callers_task(
+    redis_at: tuple[str, str] | None,
+) -> None:
+    """No KV capacity known (no ``KV_CAPACITY_TOKENS``, an engine without vLLM's metrics):
+    the grant has no lease, so no task of the admission's runs beside the limiter's call, in
+    either direction, and a failed refund is still reported, not raised."""
+    url, prefix = redis_at or ("", "")
+    settings = Settings(redis_url=url)
+    kv = open_admission(settings.admission, httpx.AsyncHTTPTransport(), None)
+    redis = open_redis(settings) if url else None
+    limits: Limiter = open_limiter(settings.admission, None)
+    if redis is not None:
+        backend: Circuit[RateLimitBackend] = Circuit(
+            "rate limits", RedisBackend(redis, key_prefix=prefix), MemoryBackend(),
+            fail="closed", errors=redis_errors())  # fmt: skip
+        limits = KeyLimiter(backend, settings)
+    engines = [Upstream("http://engine-a/v1"), Upstream("http://engine-b/v1")]
+    made: list[object] = []
+    loop = asyncio.get_running_loop()
+    factory = loop.get_task_factory()
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: object, **kwargs: object) -> object:
+        code = getattr(coro, "cr_code", None)  # the admission's own (Redis's pipeline has its)
+        if code is not None and "/gateway/admission/" in code.co_filename:
+            made.append(coro.__qualname__)  # type: ignore[attr-defined]
+        return asyncio.Task(coro, loop=loop, **kwargs)  # type: ignore[arg-type]
+
+    loop.set_task_factory(counting)  # type: ignore[arg-type]
+    try:
+        gate = Gate(limits, kv)
+        ticket, ordered = await gate.admit(key(), engines, "standard", 300, preferred=1)
+        assert ticket.grant.lease is None and ticket.grant.upstream is engines[0]
+        assert ordered == engines and ticket.reserved_tokens == 300
+        assert await gate.settle(ticket, 100) == []
+        assert made == []
+        failures = await Gate(BrokenSettle(limits), kv).settle(ticket, 0)
+        assert [type(f) for f in failures] == [RedisConnectionError] and made == []
+    finally:
+        loop.set_task_factory(factory)
+        if redis is not None:
+            await redis.aclose()
