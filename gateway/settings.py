@@ -394,7 +394,9 @@ class Settings(BaseSettings):
     comment `: keep-alive` goes out so proxies keep the connection."""
     key_cache_ttl_s: float = Field(5.0, ge=0)
     """How long a key lookup is cached per process: a revocation made elsewhere takes effect
-    within this bound (at once on the replica that revokes)."""
+    within this bound (at once on the replica that revokes). A key in use is reloaded beside
+    its requests once its entry is half this old, and requests that miss together share one
+    lookup, so no request of a busy key waits for the database."""
     key_cache_stale_s: float = Field(900.0, ge=0)
     """While the database is away, a key this process found within this many seconds is
     still served (its records spooled); other keys get 503 `database_unavailable`."""
