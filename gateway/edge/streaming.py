@@ -14,7 +14,8 @@ own ``finally`` does not run then). Given a ``push`` and served by uvicorn's htt
 protocol, it hands ``push`` a ``DirectWriter`` instead: body bytes go straight onto the
 client's transport, framed as uvicorn frames them, from wherever they are made (the upstream
 connection's read callback), with no ASGI ``send`` per chunk. The response start and its end
-still go through ``send``, so the server's state (keep-alive, the final chunk) stays its own.
+still go through ``send``, so the server's state (keep-alive, the final chunk) stays its own;
+``push`` returns the body's last piece (``[DONE]``), which goes out with that end in one write.
 
 Plain asyncio on purpose: an anyio task group and cancel scope per request cost more CPU than
 the rest of the request's handling on Python 3.11 (each asks for the current task, a
@@ -163,7 +164,7 @@ class RelayResponse(Response):
         watcher: DisconnectWatcher,
         cleanup: Callable[[bool], Awaitable[None]],
         headers: Sequence[tuple[str, str]] = (),
-        push: Callable[[DirectWriter], Awaitable[None]] | None = None,
+        push: Callable[[DirectWriter], Awaitable[bytes]] | None = None,
     ) -> None:
         self.status_code = 200
         self.background = None
@@ -194,9 +195,10 @@ class RelayResponse(Response):
     async def _stream(self, scope: Scope, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         writer = None if self._push is None else DirectWriter.of(scope.get(RAW_SEND, send))
+        last = b""
         try:
             if writer is not None and self._push is not None:
-                await self._push(writer)
+                last = await self._push(writer)  # its last piece goes out with the end
             else:
                 async for chunk in self._body:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -204,5 +206,5 @@ class RelayResponse(Response):
             aclose = getattr(self._body, "aclose", None)
             if aclose is not None:
                 await aclose()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": last, "more_body": False})
         self._completed = True

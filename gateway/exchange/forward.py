@@ -127,8 +127,8 @@ class Forwarder:
         body = relay_stream(ex, leg, relay, self.keepalive_s)
         headers = (*ex.ticket.headers, *ex.notes, overhead_header(ex))
 
-        async def push(writer: DirectWriter) -> None:
-            await push_stream(ex, leg, relay, writer, self.keepalive_s)
+        async def push(writer: DirectWriter) -> bytes:
+            return await push_stream(ex, leg, relay, writer, self.keepalive_s)
 
         pushed = leg.stream.wire is not None and ex.screen is None  # a screen needs the task
         return RelayResponse(body, watcher, cleanup, headers, push if pushed else None)
@@ -340,10 +340,11 @@ async def relay_stream(
 
 async def push_stream(
     ex: Exchange, leg: Leg, relay: StreamRelay, writer: DirectWriter, keepalive_s: float
-) -> None:
+) -> bytes:
     """The relay loop pushed: ``relay_stream``'s rules, with every upstream read relayed and
     written to the client from the connection's read callback (``_Pusher``); this task wakes
-    only when the client is slow, for a continuation, and at the end."""
+    only when the client is slow, for a continuation, and at the end. Returns the stream's
+    ending (a terminal error event, ``[DONE]``) for the response's end to carry."""
     pusher = _Pusher(ex, leg, relay, writer, keepalive_s)
     error: BaseException | None = None
     try:
@@ -363,8 +364,7 @@ async def push_stream(
         error = exc
     finally:
         pusher.stop()
-    async for out in _ending(ex, relay, error):
-        writer.write(out)
+    return b"".join([out async for out in _ending(ex, relay, error)])
 
 
 _PAUSED = object()  # the client is slow: the upstream is held back until it drains

@@ -94,7 +94,7 @@ class Run:
         response = RelayResponse(self.body, watcher, self.cleanup, [("x-ratelimit-limit", "9")])
         await response(SCOPE, self.messages.get, self.send)
 
-    async def serve_with(self, push: Callable[[DirectWriter], Awaitable[None]]) -> None:
+    async def serve_with(self, push: Callable[[DirectWriter], Awaitable[bytes]]) -> None:
         watcher = DisconnectWatcher(self.messages.get)
         response = RelayResponse(self.body, watcher, self.cleanup, push=push)
         await response(SCOPE, self.messages.get, self.send)
@@ -180,32 +180,52 @@ async def test_served_by_uvicorn_a_push_writes_past_send_and_the_server_ends_it(
         used.append("pulled")
         yield b"pulled\n"
 
-    async def push(writer: DirectWriter) -> None:
+    async def push(writer: DirectWriter) -> bytes:
         used.append("pushed")
-        for part in (b"data: 1\n\n", b"data: [DONE]\n\n"):
-            writer.write(part)
+        writer.write(b"data: 1\n\n")
         assert not writer.paused
+        return b"data: [DONE]\n\n"  # the last piece: out with the response's end
 
     async def cleanup(disconnected: bool) -> None:
         used.append(f"cleanup {disconnected}")
 
+    writes: list[bytes] = []
+
+    class Recorded:
+        """The connection's transport, its writes recorded."""
+
+        def __init__(self, transport: asyncio.Transport) -> None:
+            self._transport = transport
+
+        def write(self, data: bytes) -> None:
+            writes.append(data)
+            self._transport.write(data)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._transport, name)
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
+        cycle = send.__self__  # type: ignore[attr-defined]
+        cycle.transport = Recorded(cycle.transport)
         watcher = DisconnectWatcher(receive)
         await RelayResponse(body(), watcher, cleanup, push=push)(scope, receive, send)
 
     async with BackgroundServer(app) as server, httpx.AsyncClient() as client:
         for _ in range(2):
+            writes.clear()
             response = await client.post(server.url)
             assert response.text == "data: 1\n\ndata: [DONE]\n\n"
             assert response.headers["transfer-encoding"] == "chunked"
+            # the head, the pushed piece, and the last piece with the end in one write
+            assert writes[1:] == [b"9\r\ndata: 1\n\n\r\n", b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"]
         assert server.open_connections == 1
     assert used == ["pushed", "cleanup False"] * 2
 
 
 async def test_under_another_server_a_push_falls_back_to_the_body() -> None:
-    async def push(writer: DirectWriter) -> None:
+    async def push(writer: DirectWriter) -> bytes:
         raise AssertionError("no DirectWriter outside uvicorn's httptools protocol")
 
     run = Run(pieces(b"data: 1\n\n", then=EOFError()))
