@@ -80,38 +80,51 @@ class DisconnectWatcher:
     def stop(self) -> None:
         signal, self._signal = self._signal, None
         if signal is not None:
-            signal.unhook()
+            signal.unhook(self)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
 
 
 class _Signal(asyncio.Event):
-    """A request's message event that also tells its watcher when it signals a disconnect
-    (uvicorn sets it after marking the cycle ``disconnected`` in ``connection_lost``)."""
+    """A request's message event that also tells its watchers when it signals a disconnect
+    (uvicorn sets it after marking the cycle ``disconnected`` in ``connection_lost``). It
+    holds its cycle only while a watcher is hooked: the cycle holds it, so no cycle is left."""
 
-    def __init__(self, cycle: RequestResponseCycle, watcher: DisconnectWatcher) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self._cycle: RequestResponseCycle | None = cycle
-        self._watcher: DisconnectWatcher | None = watcher
+        self._cycle: RequestResponseCycle | None = None
+        self._watchers: list[DisconnectWatcher] = []
 
     @classmethod
     def hook(cls, cycle: RequestResponseCycle, watcher: DisconnectWatcher) -> _Signal:
-        signal = cls(cycle, watcher)
-        if cycle.message_event.is_set():
-            signal.set()  # what it held carries over (a disconnect before the watch, too)
-        cycle.message_event = signal
+        signal = cycle.message_event
+        if not isinstance(signal, _Signal):
+            signal = cls()
+            if cycle.message_event.is_set():
+                signal.set()  # what the server's event held carries over
+            cycle.message_event = signal
+        signal._cycle = cycle
+        signal._watchers.append(watcher)
+        if cycle.disconnected:  # gone before the watch began
+            signal._tell()
         return signal
 
     def set(self) -> None:
         super().set()
-        cycle, watcher = self._cycle, self._watcher
-        if cycle is not None and watcher is not None and cycle.disconnected:
-            self.unhook()
+        if self._cycle is not None and self._cycle.disconnected:
+            self._tell()
+
+    def _tell(self) -> None:
+        watchers, self._watchers, self._cycle = self._watchers, [], None
+        for watcher in watchers:
             watcher.gone()
 
-    def unhook(self) -> None:
-        self._cycle = self._watcher = None  # the cycle holds this event: no cycle back
+    def unhook(self, watcher: DisconnectWatcher) -> None:
+        if watcher in self._watchers:
+            self._watchers.remove(watcher)
+        if not self._watchers:
+            self._cycle = None
 
 
 class DirectWriter:

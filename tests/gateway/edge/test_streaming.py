@@ -262,11 +262,46 @@ async def test_served_by_uvicorn_a_disconnect_cancels_the_owner_without_a_task()
             watcher.stop()
 
     async with BackgroundServer(app) as server:
-        reader, writer = await asyncio.open_connection(server.host, server.port)
+        _reader, writer = await asyncio.open_connection(server.host, server.port)
         writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
         await writer.drain()
         await asyncio.wait_for(waiting.wait(), 5)
         writer.close()  # the client leaves
         await writer.wait_closed()
         assert await asyncio.wait_for(outcome, 5) == (True, 0, 0)
-        del reader
+
+
+async def test_served_by_uvicorn_each_watcher_hooked_is_told_until_it_stops() -> None:
+    """Three watchers on one request, the middle one stopped: the disconnect is told to the
+    two still hooked (a later watcher does not silence an earlier one), not to the stopped."""
+    told: asyncio.Future[tuple[bool, ...]] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        watchers = [DisconnectWatcher(receive) for _ in range(3)]
+        watchers[1].stop()
+        try:
+            waiting.set()
+            await asyncio.Event().wait()
+        except asyncio.CancelledError as exc:
+            watchers[0].claim(exc)
+            watchers[2].claim(exc)
+            current = asyncio.current_task()
+            assert current is not None and current.cancelling() == 0
+            told.set_result(tuple(w.disconnected for w in watchers))
+        finally:
+            for watcher in watchers:
+                watcher.stop()
+
+    async with BackgroundServer(app) as server:
+        _reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        await asyncio.wait_for(waiting.wait(), 5)
+        writer.close()
+        await writer.wait_closed()
+        assert await asyncio.wait_for(told, 5) == (True, False, True)
