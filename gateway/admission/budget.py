@@ -163,9 +163,9 @@ class KVAdmission:
     ) -> tuple[Grant, list[Upstream]]:
         """The grant and the candidates reordered (the granted engine first); the first
         ``preferred`` are tried first (the router's choice), the rest by free budget."""
-        instant = self.instant(candidates)
-        if instant is not None:
-            return instant
+        unknown = [u for u in candidates if self.engine(u).controller is None]
+        if unknown:
+            return Grant(unknown[0]), _first(unknown[0], candidates)
         ask = self._ask(candidates, tenant, priority, tokens, preferred)
         started = self.clock()
         try:
@@ -177,14 +177,6 @@ class KVAdmission:
         upstream = next(u for u in candidates if u.base_url == placement.lease.engine)
         grant = self.leases[placement.lease.lease_id] = Grant(upstream, placement.lease, store)
         return grant, _first(upstream, candidates)
-
-    def instant(self, candidates: Sequence[Upstream]) -> tuple[Grant, list[Upstream]] | None:
-        """``admit``'s answer when it needs no budget (an engine whose capacity is not known
-        is granted without a lease), else ``None``: decided without waiting for anything."""
-        for upstream in candidates:
-            if self.engine(upstream).controller is None:
-                return Grant(upstream), _first(upstream, candidates)
-        return None
 
     def _ask(
         self,

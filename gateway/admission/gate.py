@@ -66,10 +66,6 @@ class Gate:
     ) -> tuple[Ticket, list[Upstream]]:
         """``preferred``: how many of the first candidates the router chose (tried first);
         ``spend``: the money to reserve against the key's budgets, with its rate limits."""
-        instant = self.kv.instant(candidates)
-        if instant is not None:  # no KV budget to ask: no task beside the limiter's call
-            grant, ordered = instant
-            return Ticket(await self.limiter.admit(key, tokens, spend), grant), ordered
         kv = asyncio.ensure_future(
             self.kv.admit(list(candidates), key.tenant, priority, tokens, preferred)
         )
@@ -94,12 +90,6 @@ class Gate:
     ) -> list[BaseException]:
         """Refund (tokens, and money by ``usage``) and release at once; the failures of
         either, for the caller to log."""
-        if ticket.grant.lease is None:  # no lease to release: the refund alone, no tasks
-            try:
-                await self.limiter.settle(ticket.admission, used_tokens, usage)
-            except Exception as exc:
-                return [exc]
-            return []
         done = await asyncio.gather(
             self.limiter.settle(ticket.admission, used_tokens, usage),
             self.kv.release(ticket.grant),
