@@ -108,6 +108,10 @@ class _Signal(asyncio.Event):
         signal._watchers.append(watcher)
         if cycle.disconnected:  # gone before the watch began
             signal._tell()
+        elif not cycle.response_complete:
+            # as ``receive()`` does: a body past uvicorn's high-water mark left the reading
+            # paused, and a paused connection's loss is not seen until the first write
+            cycle.flow.resume_reading()
         return signal
 
     def set(self) -> None:

@@ -235,10 +235,13 @@ async def test_under_another_server_a_push_falls_back_to_the_body() -> None:
     assert run.chunks == [b"data: 1\n\n"]
 
 
-async def test_served_by_uvicorn_a_disconnect_cancels_the_owner_without_a_task() -> None:
+@pytest.mark.parametrize("size", [2, 300_000])
+async def test_served_by_uvicorn_a_disconnect_cancels_the_owner_without_a_task(size: int) -> None:
     """On uvicorn's httptools protocol the watcher is a callback on the request's message
     event: the connection's loss cancels the waiting owner, ``claim`` takes it back, and no
-    task watches beside the request."""
+    task watches beside the request. A body past uvicorn's high-water mark (64 kB, an agent's
+    context) leaves the connection's reading paused; the watch resumes it, as a ``receive()``
+    would, or the loss would go unseen until the first write."""
     outcome: asyncio.Future[tuple[bool, int, int]] = asyncio.get_running_loop().create_future()
     waiting = asyncio.Event()
 
@@ -263,7 +266,8 @@ async def test_served_by_uvicorn_a_disconnect_cancels_the_owner_without_a_task()
 
     async with BackgroundServer(app) as server:
         _reader, writer = await asyncio.open_connection(server.host, server.port)
-        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % size)
+        writer.write(b"x" * size)
         await writer.drain()
         await asyncio.wait_for(waiting.wait(), 5)
         writer.close()  # the client leaves
