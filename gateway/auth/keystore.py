@@ -87,7 +87,8 @@ class KeyStore:
         if hit is not None and now - hit[0] < self._ttl:
             if (now - hit[0] >= self._ttl / 2 and key_id not in self._loading
                     and not self.health.resting):  # fmt: skip
-                self._loading[key_id] = asyncio.ensure_future(self._refresh(key_id))
+                refresh = self._loading[key_id] = asyncio.ensure_future(self._fetch(key_id))
+                refresh.add_done_callback(self._refreshed)
             return hit[1]
         # a key known within stale_s, while the database is away
         known = hit[1] if hit is not None and now - hit[0] < self._stale_s else None
@@ -126,17 +127,18 @@ class KeyStore:
             self._cache[key_id] = (began, info)
         return info
 
-    async def _refresh(self, key_id: str) -> KeyInfo | None:
-        """``_fetch`` beside the requests a fresh entry still serves: an outage is marked
-        (the entry then ages out as without the refresh), a bug logged."""
-        try:
-            return await self._fetch(key_id)
-        except Exception as exc:
-            if is_outage(exc):
-                self.health.failed(exc)
-            else:
-                log.exception("the key cache's refresh failed")
-            return None
+    def _refreshed(self, refresh: asyncio.Future[KeyInfo | None]) -> None:
+        """A refresh nobody waited for, over: an outage is marked (the entry then ages out as
+        without the refresh), a bug logged. A lookup that joined it got its error itself."""
+        if refresh.cancelled():
+            return
+        exc = refresh.exception()
+        if exc is None:
+            return
+        if is_outage(exc):
+            self.health.failed(exc)
+        else:
+            log.error("the key cache's refresh failed", exc_info=exc)
 
     async def list(self, tenant: str | None = None) -> Sequence[KeyInfo]:
         query = select(api_keys).order_by(api_keys.c.created_at)

@@ -219,3 +219,38 @@ async def test_while_the_database_is_away_known_keys_are_served_and_others_get_5
         finally:
             await engine.dispose()
             await setup.dispose()
+
+
+async def test_a_lookup_that_joins_a_failing_refresh_is_served_as_in_an_outage(
+    sqlite_url: str,
+) -> None:
+    """The entry expires while its refresh is still on its way, and the database is away: the
+    lookup that joins the refresh gets the outage's answer (the key known within
+    ``stale_s``), not an unknown key. (The database's failure is injected at the lookup.)"""
+    engine = create_engine(sqlite_url)
+    await upgrade_schema(engine)
+    now = [0.0]
+    away, release = [False], asyncio.Event()
+
+    class Failing(KeyStore):
+        async def _load(self, key_id: str) -> keys.KeyInfo | None:
+            if not away[0]:
+                return await super()._load(key_id)
+            await release.wait()
+            raise OSError("connection refused")  # what an unreachable database raises
+
+    try:
+        _new, info = await KeyStore(engine, ttl=0).create(tenant="t", role="client")
+        store = Failing(engine, ttl=5, stale_s=60, clock=lambda: now[0])
+        assert await store.get(info.key_id) is not None
+        away[0], now[0] = True, 3.0
+        assert await store.get(info.key_id) is not None  # served; the refresh is on its way
+        now[0] = 5.5  # expired: this lookup joins the refresh
+        joined = asyncio.ensure_future(store.get(info.key_id))
+        await asyncio.sleep(0)  # one turn of the loop: the lookup runs up to its wait
+        assert not joined.done() and info.key_id in store._loading
+        release.set()
+        served = await asyncio.wait_for(joined, 5)
+        assert served is not None and served.key_id == info.key_id and store.health.down
+    finally:
+        await engine.dispose()

@@ -235,6 +235,22 @@ async def test_under_another_server_a_push_falls_back_to_the_body() -> None:
     assert run.chunks == [b"data: 1\n\n"]
 
 
+async def _read_body(receive: Receive) -> None:
+    while (await receive()).get("more_body"):
+        pass
+
+
+async def _post_then_leave(server: BackgroundServer, waiting: asyncio.Event, size: int) -> None:
+    """A client that posts ``size`` bytes, waits until the app waits, then closes."""
+    _reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % size)
+    writer.write(b"x" * size)
+    await writer.drain()
+    await asyncio.wait_for(waiting.wait(), 5)
+    writer.close()  # the client leaves
+    await writer.wait_closed()
+
+
 @pytest.mark.parametrize("size", [2, 300_000])
 async def test_served_by_uvicorn_a_disconnect_cancels_the_owner_without_a_task(size: int) -> None:
     """On uvicorn's httptools protocol the watcher is a callback on the request's message
@@ -248,8 +264,7 @@ async def test_served_by_uvicorn_a_disconnect_cancels_the_owner_without_a_task(s
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        while (await receive()).get("more_body"):
-            pass
+        await _read_body(receive)
         tasks = len(asyncio.all_tasks())
         watcher = DisconnectWatcher(receive)
         beside = len(asyncio.all_tasks()) - tasks
@@ -265,13 +280,7 @@ async def test_served_by_uvicorn_a_disconnect_cancels_the_owner_without_a_task(s
             watcher.stop()
 
     async with BackgroundServer(app) as server:
-        _reader, writer = await asyncio.open_connection(server.host, server.port)
-        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % size)
-        writer.write(b"x" * size)
-        await writer.drain()
-        await asyncio.wait_for(waiting.wait(), 5)
-        writer.close()  # the client leaves
-        await writer.wait_closed()
+        await _post_then_leave(server, waiting, size)
         assert await asyncio.wait_for(outcome, 5) == (True, 0, 0)
 
 
@@ -284,8 +293,7 @@ async def test_served_by_uvicorn_each_watcher_hooked_is_told_until_it_stops() ->
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        while (await receive()).get("more_body"):
-            pass
+        await _read_body(receive)
         watchers = [DisconnectWatcher(receive) for _ in range(3)]
         watchers[1].stop()
         try:
@@ -302,10 +310,5 @@ async def test_served_by_uvicorn_each_watcher_hooked_is_told_until_it_stops() ->
                 watcher.stop()
 
     async with BackgroundServer(app) as server:
-        _reader, writer = await asyncio.open_connection(server.host, server.port)
-        writer.write(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
-        await writer.drain()
-        await asyncio.wait_for(waiting.wait(), 5)
-        writer.close()
-        await writer.wait_closed()
+        await _post_then_leave(server, waiting, 0)
         assert await asyncio.wait_for(told, 5) == (True, False, True)
