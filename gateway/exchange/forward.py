@@ -343,8 +343,8 @@ async def push_stream(
 ) -> bytes:
     """The relay loop pushed: ``relay_stream``'s rules, with every upstream read relayed and
     written to the client from the connection's read callback (``_Pusher``); this task wakes
-    only when the client is slow, for a continuation, and at the end. Returns the stream's
-    ending (a terminal error event, ``[DONE]``) for the response's end to carry."""
+    only when the client is slow, for a continuation, and at the end. Returns ``[DONE]``, for
+    the response's end to carry once the record is in."""
     pusher = _Pusher(ex, leg, relay, writer, keepalive_s)
     error: BaseException | None = None
     try:
@@ -364,7 +364,9 @@ async def push_stream(
         error = exc
     finally:
         pusher.stop()
-    return b"".join([out async for out in _ending(ex, relay, error)])
+    async for out in _ending(ex, relay, error, done=False):
+        writer.write(out)  # the terminal error event goes out before the record is in
+    return relay.end()
 
 
 _PAUSED = object()  # the client is slow: the upstream is held back until it drains
@@ -457,11 +459,12 @@ class _Pusher:
 
 
 async def _ending(
-    ex: Exchange, relay: StreamRelay, error: BaseException | None
+    ex: Exchange, relay: StreamRelay, error: BaseException | None, *, done: bool = True
 ) -> AsyncIterator[bytes]:
     """A stream's one ending, pulled or pushed: ``[DONE]`` once the record is as durable as
     ``AUDIT_MODE`` says; after a failure (the upstream's, ours, or the ledger refusing the
-    record), first its one terminal error event."""
+    record), first its one terminal error event, at once. ``done=False``: all but ``[DONE]``,
+    which the caller sends itself when this is over (``relay.end()``)."""
     if error is None:
         ex.status = "ok"
         try:
@@ -475,7 +478,8 @@ async def _ending(
         failure = error if isinstance(error, GatewayError) else UpstreamProtocolError(str(error))
         yield _failed(ex, relay, failure)
         await _finish_quietly(ex)
-    yield relay.end()
+    if done:
+        yield relay.end()
 
 
 def _failed(ex: Exchange, relay: StreamRelay, error: GatewayError) -> bytes:
