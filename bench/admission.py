@@ -59,7 +59,6 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any, Literal
 
-import httpx
 import psutil
 import uvloop
 from redis.asyncio import Redis
@@ -157,18 +156,11 @@ class Stack:
 async def admission_stack(redis_url: str) -> AsyncIterator[Stack]:
     settings = Settings(redis_url=redis_url, kv_capacity_tokens=KV_CAPACITY).admission
     redis = open_redis(settings)
-    transport = httpx.MockTransport(_no_network)
     try:
-        yield Stack(
-            open_limiter(settings, redis), open_admission(settings, transport, redis), redis
-        )
+        yield Stack(open_limiter(settings, redis), open_admission(settings, redis), redis)
     finally:
         if redis is not None:
             await redis.aclose()
-
-
-def _no_network(request: httpx.Request) -> httpx.Response:
-    raise AssertionError(f"the benchmark scrapes nothing, yet {request.url} was asked")
 
 
 @contextlib.asynccontextmanager

@@ -280,10 +280,10 @@ async def _start(
     router = Router(settings.routing_section, upstreams)
     router.start()
     stack.push_async_callback(router.aclose)
-    kv = open_admission(settings.admission, transport, redis)
+    kv = open_admission(settings.admission, redis)
     metrics = observe(settings, upstreams, kv, limiter, ledger)
     _siem(stack, settings, engine, metrics, ledger)
-    background = [kv.scrape_forever(upstreams.upstreams), kv.renew_forever(),
+    background = [kv.scrape_forever(upstreams.upstreams, upstreams.get), kv.renew_forever(),
                   upstreams.probe_forever()]  # fmt: skip
     background += kept.purges()
     if ledger is not None:

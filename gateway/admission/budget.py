@@ -6,7 +6,9 @@ Rules:
   discovered from ``vllm:cache_config_info`` on its ``/metrics``. Until an engine's capacity is
   known, requests to it are not KV-limited (and nothing is reserved); such an engine is
   preferred, since it is unknown rather than full.
-- A scraper reads every engine's ``/metrics`` once per ``SCRAPE_S`` and feeds the engine's
+- A scraper reads every engine's ``/metrics`` once per ``SCRAPE_S`` (on the upstream pool's
+  own client, ``UpstreamPool.get``: an ``httpx`` client's request cost the idle gateway
+  more CPU than everything else it does each second) and feeds the engine's
   ``AdmissionController`` (``ratelimit.aimd``): the admitted limit shrinks when KV usage or the
   waiting queue passes its threshold, preemptions rise or metrics go stale, and grows back
   slowly while healthy. An engine whose ``/metrics`` answers 404 exports none there (Ray Serve
@@ -54,7 +56,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +87,11 @@ if TYPE_CHECKING:  # redis-py only where a client is made (REDIS_URL)
 
 log = logging.getLogger("thinkgate")
 
+# ``GET url`` whole within a timeout: (status, body), ``None`` without an answer.
+Get = Callable[[httpx.URL, float], Awaitable[tuple[int, bytes] | None]]
+
 SCRAPE_S = 1.0
+SCRAPE_TIMEOUT_S = 2.0
 LEASE_TTL_S = 30.0
 RECHECK_S = 0.05
 DEFAULT_BLOCK_SIZE = 16
@@ -124,7 +130,6 @@ class _Waiter:
 @dataclass(slots=True)
 class KVAdmission:
     store: Circuit[KVBudgetStore]
-    transport: httpx.AsyncBaseTransport
     fixed_capacity: int | None
     tuning: Tuning
     wait_s: float
@@ -315,16 +320,17 @@ class KVAdmission:
 
     # -- the background work: scraping and lease renewal -----------------------------------
 
-    async def scrape_forever(self, upstreams: Sequence[Upstream]) -> None:
-        async with httpx.AsyncClient(transport=self.transport, timeout=2.0) as client:
-            while True:
-                await asyncio.gather(*(self._scrape(client, u) for u in upstreams))
-                await self._notify()
-                await asyncio.sleep(SCRAPE_S)
+    async def scrape_forever(self, upstreams: Sequence[Upstream], get: Get) -> None:
+        """Every engine's ``/metrics`` each ``SCRAPE_S``, fetched with ``get``
+        (``UpstreamPool.get``)."""
+        while True:
+            await asyncio.gather(*(self._scrape(get, u) for u in upstreams))
+            await self._notify()
+            await asyncio.sleep(SCRAPE_S)
 
-    async def _scrape(self, client: httpx.AsyncClient, upstream: Upstream) -> None:
+    async def _scrape(self, get: Get, upstream: Upstream) -> None:
         now = self.clock()
-        snapshot = await _read_metrics(client, upstream)
+        snapshot = await _read_metrics(get, upstream)
         state = self.engine(upstream)
         if snapshot is NO_METRICS:  # nothing to adapt to: keep the budget, say so once
             if not state.no_metrics_logged:
@@ -403,25 +409,22 @@ def _shed() -> RateLimited:
                        retry_after=1.0, code="kv_budget_exhausted")  # fmt: skip
 
 
-async def _read_metrics(client: httpx.AsyncClient, upstream: Upstream) -> EngineSnapshot | None:
+async def _read_metrics(get: Get, upstream: Upstream) -> EngineSnapshot | None:
     """The engine's snapshot; ``None`` for a failed scrape (unhealthy); ``NO_METRICS`` when
     the engine answers 404: it exports none there (e.g. Ray Serve LLM, whose metrics go to Ray's
     metrics agent), which is no signal rather than a bad one."""
-    url = upstream.base_url.removesuffix("/v1") + "/metrics"
+    answer = await get(upstream.root_url("/metrics"), SCRAPE_TIMEOUT_S)
+    if answer is None or answer[0] not in (200, 404):
+        return None
+    if answer[0] == 404:
+        return NO_METRICS
     try:
-        response = await client.get(url)
-        if response.status_code == 404:
-            return NO_METRICS
-        if response.status_code != 200:
-            return None
-        return parse_engine_metrics(response.text)
-    except (httpx.HTTPError, ValueError):
+        return parse_engine_metrics(answer[1].decode("utf-8", "replace"))
+    except ValueError:
         return None
 
 
-def open_admission(
-    settings: AdmissionSettings, transport: httpx.AsyncBaseTransport, redis: AutoPipeline | None
-) -> KVAdmission:
+def open_admission(settings: AdmissionSettings, redis: AutoPipeline | None) -> KVAdmission:
     """The shared store is Redis when there is one (one budget for all replicas, on the
     process's one client, ``gateway.admission.redisconn``), otherwise this process's memory."""
     local = MemoryKVBudgetStore()
@@ -432,7 +435,7 @@ def open_admission(
     tuning = Tuning(target_utilization=settings.kv_target_utilization)
     weights = {name: p.weight for name, p in settings.tenants.items() if p.weight != 1}
     rules = Rules(weights=weights, waiting_ttl_s=5 * RECHECK_S)
-    return KVAdmission(store, transport, settings.kv_capacity_tokens, tuning,
+    return KVAdmission(store, settings.kv_capacity_tokens, tuning,
                        settings.admission_wait_ms / 1000, rules,
                        settings.admission_queue_max)  # fmt: skip
 

@@ -266,11 +266,10 @@ class UpstreamPool:
                 self._catalogue_at = time.monotonic()
 
     async def _fetch_models(self, upstream: Upstream) -> list[dict[str, Any]]:
+        answer = await self.get(upstream.url("/models"))
         try:
-            async with asyncio.timeout(self._settings.connect_timeout_s):
-                status, raw = await self._exchange(b"GET", upstream.url("/models"), b"")
-            body = orjson.loads(raw) if status == 200 else {}
-        except (httpx.HTTPError, WireError, OSError, TimeoutError, orjson.JSONDecodeError):
+            body = orjson.loads(answer[1]) if answer is not None and answer[0] == 200 else {}
+        except orjson.JSONDecodeError:
             return []
         data = body.get("data") if isinstance(body, dict) else None
         if not isinstance(data, list):
@@ -285,16 +284,22 @@ class UpstreamPool:
             await asyncio.sleep(PROBE_S)
 
     async def _probe(self, upstream: Upstream) -> None:
-        try:
-            async with asyncio.timeout(self._settings.connect_timeout_s):
-                status, _ = await self._exchange(b"GET", upstream.health_url, b"")
-            ok = status < 500  # no /health at all (404) is not a sick engine
-        except (httpx.HTTPError, WireError, OSError, TimeoutError):
-            ok = False
+        answer = await self.get(upstream.health_url)
+        ok = answer is not None and answer[0] < 500  # no /health at all (404) is not sick
         if ok != upstream.health.probe_ok:
             log.warning("model server %s is %s rotation", upstream.base_url,
                         "back in" if ok else "out of")  # fmt: skip
         upstream.health.probed(ok)
+
+    async def get(self, url: httpx.URL, timeout_s: float | None = None) -> tuple[int, bytes] | None:
+        """``GET url`` whole within ``timeout_s`` (default the connect timeout), on the
+        requests' own client: its status and body, ``None`` when there is no answer (refused,
+        timed out, broken HTTP). The probes, the catalogue and the KV scraper use it."""
+        try:
+            async with asyncio.timeout(timeout_s or self._settings.connect_timeout_s):
+                return await self._exchange(b"GET", url, b"")
+        except (httpx.HTTPError, WireError, OSError, TimeoutError):
+            return None
 
     # -- requests ----------------------------------------------------------------------------
 

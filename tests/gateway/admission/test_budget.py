@@ -20,6 +20,7 @@ from gateway.errors import InvalidRequest, PermissionDenied, RateLimited
 from gateway.settings import Settings
 from gateway.side.sim.app import SimConfig, create_sim_app
 from gateway.upstream.engine import Upstream
+from gateway.upstream.pool import UpstreamPool
 from ratelimit.aimd import Tuning
 from ratelimit.fairness import Priority
 from ratelimit.kvbudget import Ask, KVBudgetStore, Lease, MemoryKVBudgetStore, Placement, Rules
@@ -28,12 +29,17 @@ from tests.gateway.admission.outage import Outage
 from tests.waiting import eventually
 
 
+def _pool() -> UpstreamPool:
+    """The gateway's own client for the scrapes (``UpstreamPool.get``), as the app passes it."""
+    return UpstreamPool(httpx.AsyncHTTPTransport(), Settings().upstream)
+
+
 def admission(
     capacity: int | None, wait_s: float = 0.0, *, rules: Rules | None = None, queue_max: int = 64
 ) -> KVAdmission:
     local = MemoryKVBudgetStore()
     store: Circuit[KVBudgetStore] = Circuit("KV budget", local, local, fail="open", errors=())
-    return KVAdmission(store, httpx.AsyncHTTPTransport(), capacity, Tuning(), wait_s,
+    return KVAdmission(store, capacity, Tuning(), wait_s,
                        rules or Rules(), queue_max)  # fmt: skip
 
 
@@ -169,9 +175,9 @@ async def test_the_simulators_metrics_drive_the_admitted_limit(
     sim: tuple[BackgroundServer, str],
 ) -> None:
     _server, base = sim
-    kv = open_admission(Settings(), httpx.AsyncHTTPTransport(), None)
+    kv = open_admission(Settings(), None)
     engine = Upstream(base)
-    scraper = asyncio.create_task(kv.scrape_forever([engine]))
+    scraper = asyncio.create_task(kv.scrape_forever([engine], _pool().get))
     try:
         await eventually(lambda: kv.engine(engine).controller is not None, within_s=5)
         controller = kv.engine(engine).controller
@@ -228,7 +234,7 @@ async def test_an_engine_without_metrics_keeps_its_budget_a_failing_one_loses_it
         engine = Upstream(f"{server.url}/v1")
         controller = kv.engine(engine).controller
         assert controller is not None and controller.limit == 850
-        scraper = asyncio.create_task(kv.scrape_forever([engine]))
+        scraper = asyncio.create_task(kv.scrape_forever([engine], _pool().get))
         try:
             await eventually(lambda: app.scrapes >= 2, within_s=10)
         finally:
@@ -300,7 +306,7 @@ async def granted_on_both() -> tuple[KVAdmission, FlakyStore, FlakyStore, Grant,
     shared, local = FlakyStore(clock), FlakyStore(clock)
     store: Circuit[KVBudgetStore] = Circuit("KV budget", shared, local, fail="open",
                                             errors=redis_errors(), clock=clock)  # fmt: skip
-    kv = KVAdmission(store, httpx.AsyncHTTPTransport(), 1000, Tuning(), 0.0)
+    kv = KVAdmission(store, 1000, Tuning(), 0.0)
     by_shared, _ = await kv.admit([ENGINE], "acme", "standard", 100)
     shared.down = True
     by_local, _ = await kv.admit([ENGINE], "acme", "standard", 200)

@@ -11,7 +11,6 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
-import httpx
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -44,7 +43,7 @@ async def make_gate(redis_at: tuple[str, str] | None) -> AsyncIterator[GateFacto
 
     def make(admission_wait_ms: int = 0) -> Gate:
         settings = Settings(kv_capacity_tokens=CAPACITY, admission_wait_ms=admission_wait_ms)
-        kv = open_admission(settings.admission, httpx.AsyncHTTPTransport(), None)
+        kv = open_admission(settings.admission, None)
         redis = open_redis(Settings(redis_url=url)) if url else None
         if redis is None:
             return Gate(open_limiter(settings.admission, None), kv)

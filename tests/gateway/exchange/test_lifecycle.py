@@ -10,7 +10,6 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import httpx
 import orjson
 import pytest
 
@@ -72,7 +71,7 @@ async def open_exchange(
 ) -> Setup:
     """An admitted streaming chat exchange (500 tokens reserved, a KV lease held)."""
     limiter = limiter or CountingLimiter()
-    kv = open_admission(Settings(kv_capacity_tokens=1000), httpx.AsyncHTTPTransport(), None)
+    kv = open_admission(Settings(kv_capacity_tokens=1000), None)
     gate = Gate(limiter, kv)
     ticket, _ = await gate.admit(KEY, [Upstream(ENGINE)], "standard", RESERVED)
     body = {"model": "m1", "stream": True, "messages": [{"role": "user", "content": "hi"}]}

@@ -50,7 +50,7 @@ async def state(sqlite_url: str) -> AsyncIterator[AppState]:
         yield AppState(settings=settings, transport=transport,
                        upstreams=UpstreamPool(transport, settings.upstream), engine=engine,
                        keys=KeyStore(engine), limiter=Unlimited(),
-                       kv=open_admission(settings.admission, transport, None), sink=RecordingSink(),
+                       kv=open_admission(settings.admission, None), sink=RecordingSink(),
                        ledger=None, metrics=Metrics())  # fmt: skip
     finally:
         await engine.dispose()
