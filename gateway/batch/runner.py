@@ -352,14 +352,18 @@ class BatchRunner:
             await asyncio.sleep(self.poll_s)
 
     async def sweep(self) -> None:
-        """Expire batches past their window, end those with no open line, and report."""
-        expired = await self.store.expire()
-        if expired:
-            self.stop(dict.fromkeys(expired, "expired"))
-        for batch_id, tenant, api in await self.store.unfinished():
-            await self.store.finalize(tenant, batch_id, api, openai_files)  # type: ignore[arg-type]
+        """Expire batches past their window, end those with no open line, and report. Without
+        an active batch there is nothing to expire or end and no line open: one query, the
+        idle replica's whole sweep (it was four each second, through the async engine)."""
+        oldest = await self.store.oldest_active()
+        if oldest is not None:
+            expired = await self.store.expire()
+            if expired:
+                self.stop(dict.fromkeys(expired, "expired"))
+            for batch_id, tenant, api in await self.store.unfinished():
+                await self.store.finalize(tenant, batch_id, api, openai_files)  # type: ignore[arg-type]
         if self.metrics is not None:
-            queued, running, oldest = await self.store.gauges()
+            queued, running = (0, 0) if oldest is None else await self.store.open_lines()
             self.metrics.batch_lines.labels("queued").set(queued)
             self.metrics.batch_lines.labels("running").set(running)
             age = 0.0 if oldest is None else max(time.time() - oldest, 0.0)

@@ -72,6 +72,12 @@ from gateway.batch.rows import (
 from gateway.conversation.retention import EVERY_S, purge_forever
 from gateway.conversation.sealedstore import SealedStore
 
+# The runner's sweep asks these every second: built once, not per call.
+_OLDEST_ACTIVE = select(func.min(batches.c.created_at)).where(batches.c.status.in_(ACTIVE))
+_OPEN_LINES = (
+    select(lines.c.state, func.count()).where(lines.c.state.in_(OPEN)).group_by(lines.c.state)
+)
+
 
 class BatchStore(SealedStore):
     info = b"thinkgate/batches/v1"
@@ -620,25 +626,19 @@ class BatchStore(SealedStore):
         self._boxes.pop(batch_id, None)
         return bool(gone.rowcount)
 
-    async def gauges(self) -> tuple[int, int, float | None]:
-        """Lines queued and running (every replica's), and when the oldest active batch
-        was made."""
+    async def oldest_active(self) -> float | None:
+        """When the oldest active batch was made (every replica's); ``None``: there is none,
+        and so no line open either (a batch ends only once none of its lines is open)."""
         async with self._engine.connect() as conn:
-            states: dict[str, int] = dict(
-                (
-                    await conn.execute(
-                        select(lines.c.state, func.count())
-                        .where(lines.c.state.in_(OPEN))
-                        .group_by(lines.c.state)
-                    )
-                ).all()
-            )
-            oldest = (
-                await conn.execute(
-                    select(func.min(batches.c.created_at)).where(batches.c.status.in_(ACTIVE))
-                )
-            ).scalar()
-        return int(states.get("queued", 0)), int(states.get("running", 0)), oldest
+            oldest = (await conn.execute(_OLDEST_ACTIVE)).scalar()
+        return None if oldest is None else float(oldest)
+
+    async def open_lines(self) -> tuple[int, int]:
+        """Lines queued and running (every replica's)."""
+        async with self._engine.connect() as conn:
+            rows = (await conn.execute(_OPEN_LINES)).all()
+        states = {state: count for state, count in rows}
+        return int(states.get("queued", 0)), int(states.get("running", 0))
 
     async def purge_forever(self, every_s: float = EVERY_S) -> None:
         await purge_forever(self.purge, "batches", every_s)

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 import pytest
+from sqlalchemy import event
 from starlette.types import Receive, Scope, Send
 
 from audit import migrate
@@ -24,6 +25,7 @@ from gateway.batch.runner import BatchRunner
 from gateway.batch.shapes import openai_files
 from gateway.batch.store import BatchStore
 from gateway.db import create_engine, upgrade_schema
+from gateway.telemetry.metrics import Metrics
 from tests.waiting import eventually
 
 
@@ -177,3 +179,33 @@ async def test_a_shutdown_gives_the_running_lines_back(store: BatchStore) -> Non
         await eventually(lambda: len(runner.runs) >= 1, within_s=10)
     [again, *_] = await store.claim("r2", 2)  # back in the queue at once, not after a lease
     assert again.attempt == 1 and again.batch_id == batch.id
+
+
+async def test_the_sweep_of_an_idle_replica_asks_once_and_reports_the_open_lines(
+    store: BatchStore,
+) -> None:
+    """No active batch: one query, every gauge at zero. An active one: its lines counted."""
+    statements: list[str] = []
+    sync = store._engine.sync_engine
+    listen = event.listens_for(sync, "before_cursor_execute")
+    listen(lambda conn, cursor, statement, *rest: statements.append(statement))
+    metrics = Metrics()
+    runner = BatchRunner(store, lambda: Engine(), "r1", most=2, metrics=metrics)
+    await runner.sweep()
+    assert len(statements) == 1, statements
+    assert gauges(metrics) == (0.0, 0.0, 0.0)
+    await store.create("acme", "k1", "openai", "/v1/chat/completions", chat(3),
+                       window_s=3600, limits=(10, 100))  # fmt: skip
+    statements.clear()
+    await runner.sweep()
+    assert len(statements) > 1  # expiry, the batches to end, the lines
+    queued, running, age = gauges(metrics)
+    assert (queued, running) == (3.0, 0.0) and 0.0 <= age < 60.0
+
+
+def gauges(metrics: Metrics) -> tuple[float | None, ...]:
+    """The batch gauges: lines queued, running, the oldest batch's age."""
+    value = metrics.registry.get_sample_value
+    return (value("thinkgate_batch_lines", {"state": "queued"}),
+            value("thinkgate_batch_lines", {"state": "running"}),
+            value("thinkgate_batch_oldest_age_seconds"))  # fmt: skip
