@@ -121,6 +121,12 @@ bench-sla-vllm: $(VENV)/.installed-dev $(VLLM_VENV)/.installed $(LOADTOOLS_ENV) 
 bench-realistic: $(VENV)/.installed-dev $(BENCH_ENV)
 	$(BIN)/python -m bench.realistic --bench-venv $(BENCH_VENV) $(if $(BEFORE),--before $(BEFORE))
 
+# This tree's gateway and another's (BEFORE=a git worktree) driven at the same time: the ratio
+# of their CPU per chunk or request, round by round, free of the machine's drift.
+.PHONY: bench-sidebyside
+bench-sidebyside: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.sidebyside --before $(BEFORE)
+
 # One relay behind three front doors (uvicorn's ASGI, Granian's RSGI, an asyncio protocol of
 # its own): what leaving ASGI could save (issue 44). Prints a table.
 .PHONY: bench-frontdoors
