@@ -294,7 +294,10 @@ class UpstreamPool:
     async def get(self, url: httpx.URL, timeout_s: float | None = None) -> tuple[int, bytes] | None:
         """``GET url`` whole within ``timeout_s`` (default the connect timeout), on the
         requests' own client: its status and body, ``None`` when there is no answer (refused,
-        timed out, broken HTTP). The probes, the catalogue and the KV scraper use it."""
+        timed out, broken HTTP). The probes, the catalogue and the KV scraper use it. It takes
+        a connection slot as a request does: with all ``MAX_CONNECTIONS`` streaming it waits,
+        and one that gets none in time has no answer (a KV scrape then admits less, the safe
+        way while the gateway is at its own connection limit)."""
         try:
             async with asyncio.timeout(timeout_s or self._settings.connect_timeout_s):
                 return await self._exchange(b"GET", url, b"")
