@@ -8,7 +8,8 @@ disappears in it. Here both gateways run in the production configuration (as
 two load processes drive them at once, one each, with the same cell; each gateway's CPU is read
 over the same window. The figure is the ratio of the two costs per round (this tree's over
 ``--before``'s), its median and range: both saw the same neighbours, the same frequency, the
-same upstream.
+same upstream. Beside it, the difference of their TTFT p50s in the same window (the ``c=1``
+cell: the added TTFT of a request's own work, change against change).
 
 The two gateways share the machine's CPUs, so each is slower than it would be alone; at the
 cells' loads (c = 32 paced is about a tenth of a CPU each) that changes little, and it changes
@@ -46,6 +47,7 @@ MARGIN_S = 0.3  # the CPU window starts this long after the loads and ends as lo
 class Round:
     after: float  # CPU µs per chunk (or per request) of this tree's gateway
     before: float  # the same of --before's
+    ttft_ms: float = 0.0  # this tree's TTFT p50 less --before's, in the same window
 
     @property
     def ratio(self) -> float:
@@ -62,12 +64,15 @@ def _load(system: System, cell: CellSpec, seconds: float, out: multiprocessing.Q
     plan = LoadPlan(system.key, seconds, 0, max_tokens=512, model=cell.model)
     result = drive(plan, system.base_url, cell.concurrency, _NoMeter(), api=cell.api,
                    context=cell.context)  # fmt: skip
-    out.put((system.name, result.requests, result.chunks, result.errors))
+    out.put((system.name, result.requests, result.chunks, result.errors, result.ttft.p50))
 
 
-def one_round(cell: CellSpec, systems: Sequence[System], seconds: float) -> dict[str, float] | None:
+def one_round(
+    cell: CellSpec, systems: Sequence[System], seconds: float
+) -> dict[str, tuple[float, float]] | None:
     """Drive every system at once for ``seconds``; each one's CPU µs per unit of the cell over
-    the middle of the window; ``None`` when a request failed on either side."""
+    the middle of the window and its TTFT p50 (s); ``None`` when a request failed on either
+    side."""
     servers = {s.name: s.server.process for s in systems if s.server is not None}
     meter = CpuMeter(servers)
     done: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
@@ -80,29 +85,43 @@ def one_round(cell: CellSpec, systems: Sequence[System], seconds: float) -> dict
     meter.stop()
     counts = {}
     for _ in loads:
-        name, requests, chunks, errors = done.get()
-        counts[name] = (requests, chunks, errors)
+        name, requests, chunks, errors, ttft = done.get()
+        counts[name] = (requests, chunks, errors, ttft)
     for load in loads:
         load.join()
-    if any(errors for _, _, errors in counts.values()):
+    if any(errors for _, _, errors, _ in counts.values()):
         print(f"a round with failed requests, left out: {counts}", file=sys.stderr)
         return None
     costs = {}
-    for name, (requests, chunks, _) in counts.items():
+    for name, (requests, chunks, _, ttft) in counts.items():
         units = (requests if cell.per_request else chunks) * (seconds - 2 * MARGIN_S) / seconds
-        costs[name] = meter.cpu_s[name] / units * 1e6
+        costs[name] = (meter.cpu_s[name] / units * 1e6, ttft)
     return costs
 
 
+def measured(cell: CellSpec, systems: Sequence[System], args: argparse.Namespace) -> Round | None:
+    """One round of ``cell`` on both gateways, printed as it ends; ``None`` if it failed."""
+    costs = one_round(cell, systems, args.duration)
+    if costs is None:
+        return None
+    (after, ttft), (before, then) = costs["thinkgate"], costs["thinkgate@before"]
+    done = Round(after, before, (ttft - then) * 1000)
+    print(f"  {cell.name}: {done.after:.1f} against {done.before:.1f} ({done.ratio:.3f}), "
+          f"TTFT p50 {done.ttft_ms:+.2f} ms", flush=True)  # fmt: skip
+    return done
+
+
 def summary(cell: CellSpec, rounds: Sequence[Round]) -> str:
-    """One line: the medians, and the ratio's median and range over the rounds."""
+    """One line: the medians, the ratio's median and range over the rounds, and the median
+    difference of the TTFT p50s."""
     unit = "request" if cell.per_request else "chunk"
     ratios = [r.ratio for r in rounds]
     after, before = (statistics.median(r.after for r in rounds),
                      statistics.median(r.before for r in rounds))  # fmt: skip
+    ttft = statistics.median(r.ttft_ms for r in rounds)
     return (f"{cell.name}: CPU µs per {unit}, this tree {after:.1f}, before {before:.1f}; ratio "
-            f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f}) over "
-            f"{len(rounds)} rounds")  # fmt: skip
+            f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f}); TTFT p50 "
+            f"{ttft:+.2f} ms; {len(rounds)} rounds")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,14 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 started.append(systems[-1].server)  # type: ignore[arg-type]
             for cell in cells:
                 one_round(cell, systems, min(3.0, args.duration))  # warm-up
-                rounds = []
-                for _ in range(args.rounds):
-                    costs = one_round(cell, systems, args.duration)
-                    if costs is not None:
-                        rounds.append(Round(costs["thinkgate"], costs["thinkgate@before"]))
-                        last = rounds[-1]
-                        print(f"  {cell.name}: {last.after:.1f} against {last.before:.1f} "
-                              f"({last.ratio:.3f})", flush=True)  # fmt: skip
+                rounds = [r for _ in range(args.rounds) if (r := measured(cell, systems, args))]
                 if rounds:
                     print(summary(cell, rounds), flush=True)
         finally:
