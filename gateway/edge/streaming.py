@@ -28,7 +28,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 # The server's own ``send``, kept by the front door when frameworks wrap it (their wrappers
@@ -137,11 +137,39 @@ class DirectWriter:
     ``drain()`` waits until it reads again. Writes after the client left are dropped (the
     disconnect cancels the request's task)."""
 
-    __slots__ = ("_cycle", "_transport")
+    __slots__ = ("_cycle", "_head", "_transport")
 
-    def __init__(self, cycle: RequestResponseCycle) -> None:
+    def __init__(self, cycle: RequestResponseCycle, head: bytes = b"") -> None:
         self._cycle = cycle
         self._transport = cycle.transport
+        self._head = head  # the response head, until a piece of the body carries it
+
+    @classmethod
+    async def start(cls, send: Send, raw: Send, message: Message) -> DirectWriter | None:
+        """Send the response's start through ``send`` (``raw``: uvicorn's own, under the
+        framework's wrappers) and return the writer under it, as ``of`` does. On uvicorn's
+        httptools protocol the head uvicorn builds is held back, to go out in one write with
+        the body's first piece: one system call and one segment fewer per response, and the
+        client's first token arrives with its head. ``flush`` sends it alone once the first
+        piece had nothing for the client (withheld reasoning), so the head is never later
+        than the engine's first bytes were relayed."""
+        cycle = getattr(raw, "__self__", None)
+        if not isinstance(cycle, RequestResponseCycle) or cycle.response_started:
+            await send(message)
+            return cls.of(raw)
+        held, transport = _Held(), cycle.transport
+        cycle.transport = held  # type: ignore[assignment]  # uvicorn writes the head, once
+        try:
+            await send(message)
+        finally:
+            cycle.transport = transport
+        writer = cls.of(raw)
+        if writer is None:  # not chunked (an HTTP/1.0 client): the head goes as it is
+            if held.head and not cycle.disconnected:
+                transport.write(held.head)
+            return None
+        writer._head = held.head
+        return writer
 
     @classmethod
     def of(cls, send: Send) -> DirectWriter | None:
@@ -159,7 +187,17 @@ class DirectWriter:
 
     def write(self, data: bytes) -> None:
         if data and not self._cycle.disconnected:
-            self._transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+            framed = b"%x\r\n%b\r\n" % (len(data), data)
+            if self._head:
+                framed, self._head = self._head + framed, b""
+            self._transport.write(framed)
+
+    def flush(self) -> None:
+        """The held head, alone, if no piece of the body has carried it yet."""
+        if self._head:
+            head, self._head = self._head, b""
+            if not self._cycle.disconnected:
+                self._transport.write(head)
 
     @property
     def paused(self) -> bool:
@@ -168,6 +206,18 @@ class DirectWriter:
     async def drain(self) -> None:
         if self._cycle.flow.write_paused and not self._cycle.disconnected:
             await self._cycle.flow.drain()
+
+
+class _Held:
+    """Stands for the client's transport while uvicorn writes a response's head: keeps it."""
+
+    __slots__ = ("head",)
+
+    def __init__(self) -> None:
+        self.head = b""
+
+    def write(self, data: bytes) -> None:
+        self.head += data
 
 
 class RelayResponse(Response):
@@ -210,8 +260,12 @@ class RelayResponse(Response):
             await asyncio.shield(self._cleanup(disconnected and not self._completed))
 
     async def _stream(self, scope: Scope, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        writer = None if self._push is None else DirectWriter.of(scope.get(RAW_SEND, send))
+        start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+        writer = None
+        if self._push is None:
+            await send(start)
+        else:  # the head goes out with the first piece
+            writer = await DirectWriter.start(send, scope.get(RAW_SEND, send), start)
         last = b""
         try:
             if writer is not None and self._push is not None:
@@ -220,6 +274,8 @@ class RelayResponse(Response):
                 async for chunk in self._body:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         finally:
+            if writer is not None:
+                writer.flush()  # before the server's own writes (the end, or its abort)
             aclose = getattr(self._body, "aclose", None)
             if aclose is not None:
                 await aclose()

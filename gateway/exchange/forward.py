@@ -404,6 +404,7 @@ class _Pusher:
                 self._pushing = True
                 if not self._leg.stream.push(self):
                     raise AssertionError("a pushed relay needs a stream that pushes")
+                self._writer.flush()  # the first read gave the client nothing: the head alone
             elif self._held:  # the client drained: read on
                 self._held = False
                 self._leg.stream.resume()
