@@ -139,10 +139,10 @@ class DirectWriter:
 
     __slots__ = ("_cycle", "_head", "_transport")
 
-    def __init__(self, cycle: RequestResponseCycle, head: bytes = b"") -> None:
+    def __init__(self, cycle: RequestResponseCycle) -> None:
         self._cycle = cycle
         self._transport = cycle.transport
-        self._head = head  # the response head, until a piece of the body carries it
+        self._head = b""  # the response head ``start`` held, until a piece of the body carries it
 
     @classmethod
     async def start(cls, send: Send, raw: Send, message: Message) -> DirectWriter | None:
