@@ -7,6 +7,7 @@ prefix, the circuit ``closed`` so a Redis failure fails the test instead of fall
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from ratelimit.limits import MemoryBackend, RateLimitBackend, RedisBackend, Scop
 from ratelimit.money import Money
 from tests.clock import FakeClock
 from tests.gateway.admission.outage import Outage
+from tests.ratelimit.test_autopipe import FakeRedis
 
 LimiterFactory = Callable[..., KeyLimiter]
 UNREACHABLE = "redis://127.0.0.1:1/0"
@@ -198,6 +200,23 @@ async def test_fail_closed_answers_service_unavailable() -> None:
             assert refused.value.status == 503
     finally:
         await redis.aclose()
+
+
+async def test_a_redis_that_hangs_costs_the_pipelines_timeout() -> None:
+    """The process's client has no socket timeout of its own (it would wrap every write in a
+    task): the auto-pipeline's per-exchange timeout is what bounds a Redis that stops
+    answering, and the circuit's policy then takes over."""
+    async with FakeRedis() as fake:
+        redis = open_redis(Settings(redis_url=f"redis://127.0.0.1:{fake.port}/0").admission)
+        assert redis is not None
+        try:
+            await redis.ping()
+            fake.hang = True
+            async with asyncio.timeout(5):  # unbounded, it would wait here for ever
+                with pytest.raises(TimeoutError):
+                    await redis.ping()
+        finally:
+            await redis.aclose()
 
 
 # -- a refund goes to the backend that took the reservation -----------------------------------
