@@ -113,20 +113,18 @@ class AutoPipeline:
     def _queue(self, command: Command) -> asyncio.Future[Any]:
         if self._closed:
             raise RuntimeError("the Redis client is closed")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        if not self._pending:
-            loop.call_soon(self._flush)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if not self._pending:  # the flush: its task's first step runs on the loop's next turn
+            task = asyncio.ensure_future(self._send())
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
         self._pending.append((command, future))
         return future
 
-    def _flush(self) -> None:
+    async def _send(self) -> None:
+        """Send what was queued until this task's first step (the loop's turn after the
+        first command of the batch): one write, one round trip."""
         batch, self._pending = self._pending, []
-        task = asyncio.ensure_future(self._send(batch))
-        self._flushes.add(task)
-        task.add_done_callback(self._flushes.discard)
-
-    async def _send(self, batch: list[tuple[Command, asyncio.Future[Any]]]) -> None:
         self.round_trips += 1
         try:
             async with asyncio.timeout(self._timeout_s):

@@ -4,7 +4,6 @@ tenant, KV budget) is one round trip, and so is its settlement (refund and relea
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -25,9 +24,9 @@ class Recorder:
         self.batches: list[list[str]] = []
         send = pipe._send
 
-        async def recording(batch: list[tuple[tuple[Any, ...], Any]]) -> None:
-            self.batches.append([str(command[0]) for command, _ in batch])
-            await send(batch)
+        async def recording() -> None:  # the flush's task: it sends what is pending as it starts
+            self.batches.append([str(command[0]) for command, _ in pipe._pending])
+            await send()
 
         pipe._send = recording  # type: ignore[method-assign]
 
