@@ -158,6 +158,14 @@ class KVAdmission:
     def waiting(self) -> int:
         return sum(len(q) for q in self.queues.values())
 
+    def at_once(self, candidates: Sequence[Upstream]) -> tuple[Grant, list[Upstream]] | None:
+        """The grant when one of ``candidates`` has no known KV capacity (its budget is not
+        kept: that engine, first, with no lease and no store asked); ``None``: ``admit`` asks."""
+        for upstream in candidates:
+            if self.engine(upstream).controller is None:
+                return Grant(upstream), _first(upstream, candidates)
+        return None
+
     async def admit(
         self,
         candidates: Sequence[Upstream],
@@ -168,9 +176,8 @@ class KVAdmission:
     ) -> tuple[Grant, list[Upstream]]:
         """The grant and the candidates reordered (the granted engine first); the first
         ``preferred`` are tried first (the router's choice), the rest by free budget."""
-        unknown = [u for u in candidates if self.engine(u).controller is None]
-        if unknown:
-            return Grant(unknown[0]), _first(unknown[0], candidates)
+        if (unmeasured := self.at_once(candidates)) is not None:
+            return unmeasured
         ask = self._ask(candidates, tenant, priority, tokens, preferred)
         started = self.clock()
         try:

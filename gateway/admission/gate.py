@@ -3,7 +3,11 @@
 ``Gate.admit(key, candidates, priority, tokens) -> (Ticket, candidates in order)`` asks the
 limiter and the KV budget together (with Redis, their two scripts share one round trip,
 ``ratelimit.autopipe``); whichever refuses, the other's reservation is given back before the
-refusal propagates. A ``Ticket`` is settled exactly once by its owner (``exchange``):
+refusal propagates. When one of them has nothing to ask (a key no limit counts and no budget
+is kept for; an engine whose KV capacity is unknown), the other is asked alone, in the
+request's own task: a task beside it would cost two turns of the event loop before its
+script is sent and one after its reply, which is most of the admission's time on a busy
+replica (``bench/RESULTS.md``). A ``Ticket`` is settled exactly once by its owner (``exchange``):
 ``settle(used)`` refunds the unused tokens and releases the KV lease at once (each to the
 backend that reserved it), and reports the failures of either without raising (unrefunded tokens
 refill, a lease expires).
@@ -66,6 +70,13 @@ class Gate:
     ) -> tuple[Ticket, list[Upstream]]:
         """``preferred``: how many of the first candidates the router chose (tried first);
         ``spend``: the money to reserve against the key's budgets, with its rate limits."""
+        if (unlimited := self.limiter.at_once(key, tokens, spend)) is not None:
+            grant, ordered = await self.kv.admit(list(candidates), key.tenant, priority, tokens,
+                                                 preferred)  # fmt: skip
+            return Ticket(unlimited, grant), ordered
+        if (unmeasured := self.kv.at_once(candidates)) is not None:
+            grant, ordered = unmeasured
+            return Ticket(await self.limiter.admit(key, tokens, spend), grant), ordered
         kv = asyncio.ensure_future(
             self.kv.admit(list(candidates), key.tenant, priority, tokens, preferred)
         )
@@ -89,10 +100,23 @@ class Gate:
         self, ticket: Ticket, used_tokens: int, usage: Usage | None = None
     ) -> list[BaseException]:
         """Refund (tokens, and money by ``usage``) and release at once; the failures of
-        either, for the caller to log."""
-        done = await asyncio.gather(
-            self.limiter.settle(ticket.admission, used_tokens, usage),
-            self.kv.release(ticket.grant),
-            return_exceptions=True,
-        )
-        return [failure for failure in done if isinstance(failure, BaseException)]
+        either, for the caller to log. When at most one of them has a store to ask (an
+        admission no backend took, a grant without a lease), one after the other in this
+        task."""
+        if ticket.admission.backend is not None and ticket.grant.lease is not None:
+            done = await asyncio.gather(
+                self.limiter.settle(ticket.admission, used_tokens, usage),
+                self.kv.release(ticket.grant),
+                return_exceptions=True,
+            )
+            return [failure for failure in done if isinstance(failure, BaseException)]
+        failures: list[BaseException] = []
+        try:
+            await self.limiter.settle(ticket.admission, used_tokens, usage)
+        except Exception as exc:
+            failures.append(exc)
+        try:
+            await self.kv.release(ticket.grant)
+        except Exception as exc:
+            failures.append(exc)
+        return failures

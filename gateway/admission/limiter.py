@@ -36,6 +36,11 @@ class Admission:
 
 
 class Limiter(Protocol):
+    def at_once(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission | None:
+        """The admission when there is nothing to ask (no limit counts the key, no budget is
+        kept for it): nothing reserved, nothing to settle. ``None``: ``admit`` must ask."""
+        ...
+
     async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
         """Reserve ``tokens`` for ``key``, and ``spend`` against its budgets, all or nothing;
         ``RateLimited`` (429) when a limit or a budget refuses."""
@@ -52,8 +57,11 @@ class Limiter(Protocol):
 class Unlimited:
     """Admits everything, budgets unkept: the gateway without limits (relay benchmarks)."""
 
-    async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
+    def at_once(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
         return Admission(key.key_id, key.tenant, tokens)
+
+    async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
+        return self.at_once(key, tokens, spend)
 
     async def settle(
         self, admission: Admission, used_tokens: int, usage: Usage | None = None

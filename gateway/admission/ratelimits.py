@@ -65,10 +65,15 @@ class KeyLimiter:
             Scope("tenant", Limits(rpm=tenant.rpm, tpm=tenant.tpm)),
         ]))  # fmt: skip
 
-    async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
-        scopes = self.scopes(key)
-        if not scopes and spend is None:
+    def at_once(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission | None:
+        if spend is None and not self.scopes(key):
             return Admission(key.key_id, key.tenant, tokens)
+        return None
+
+    async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
+        if (unlimited := self.at_once(key, tokens, spend)) is not None:
+            return unlimited
+        scopes = self.scopes(key)
         money = None if spend is None else spend.money
 
         async def reserve(backend: RateLimitBackend) -> tuple[Verdict, RateLimitBackend]:

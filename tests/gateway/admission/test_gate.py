@@ -10,6 +10,7 @@ import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -98,6 +99,9 @@ class AfterGrant:
     kv: KVAdmission
     leases_before: int
 
+    def at_once(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission | None:
+        return self.limiter.at_once(key, tokens, spend)
+
     async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
         await eventually(lambda: len(self.kv.leases) > self.leases_before, within_s=2)
         return await self.limiter.admit(key, tokens, spend)
@@ -175,6 +179,9 @@ class BrokenSettle:
 
     limiter: Limiter
 
+    def at_once(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission | None:
+        return self.limiter.at_once(key, tokens, spend)
+
     async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
         return await self.limiter.admit(key, tokens, spend)
 
@@ -215,13 +222,15 @@ async def test_cancelled_while_waiting_for_the_budget_nothing_stays_reserved(
     assert dict(again.headers)["x-ratelimit-remaining-tokens"] == "400"
 
 
+@pytest.mark.parametrize("limited", [True, False], ids=["both-asked", "kv-alone"])
 @pytest.mark.parametrize("cancels", [1, 2])
 async def test_a_caller_cancelled_at_any_point_of_admission_leaves_nothing_reserved(
-    make_gate: GateFactory, cancels: int
+    make_gate: GateFactory, cancels: int, limited: bool
 ) -> None:
     """Cancelled after 0, 1, 2 ... turns of the loop (and once more a turn later: a client
     gone and a server shutting down), whatever both had granted by then is given back; one
-    that got its ticket before the cancellation is settled, as its owner would."""
+    that got its ticket before the cancellation is settled, as its owner would. The same for
+    a key no limit counts, whose KV admission runs in the caller's own task."""
     gate = make_gate()
     engine = Upstream("http://engine/v1")
 
@@ -229,7 +238,8 @@ async def test_a_caller_cancelled_at_any_point_of_admission_leaves_nothing_reser
         return await reserved(gate.kv, engine) == 0 and not gate.kv.leases
 
     for turns in range(30):
-        task = asyncio.create_task(gate.admit(key(), [engine], "standard", 300))
+        caller = key() if limited else key(tpm=0)
+        task = asyncio.create_task(gate.admit(caller, [engine], "standard", 300))
         for _ in range(turns):
             await asyncio.sleep(0)  # one turn of the loop: where the cancellation lands
         for _ in range(cancels):
@@ -242,3 +252,54 @@ async def test_a_caller_cancelled_at_any_point_of_admission_leaves_nothing_reser
         else:
             assert await gate.settle(ticket, 0) == []
         await eventually(nothing_reserved, within_s=2)
+
+
+class TaskCount:
+    """The tasks made on the running loop while installed (its task factory)."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def __enter__(self) -> TaskCount:
+        loop = asyncio.get_running_loop()
+        self._before = loop.get_task_factory()
+
+        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+            self.made += 1
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        loop.set_task_factory(factory)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.get_running_loop().set_task_factory(self._before)
+
+
+@pytest.mark.parametrize(
+    ("limited", "measured", "tasks"),
+    [(False, True, 0), (True, False, 0), (True, True, 1)],
+    ids=["kv-alone", "limiter-alone", "both-asked"],
+)
+async def test_only_two_stores_to_ask_take_a_task_beside_the_request(
+    make_gate: GateFactory, redis_at: tuple[str, str] | None, limited: bool, measured: bool,
+    tasks: int,
+) -> None:  # fmt: skip
+    """A key no limit counts asks the KV budget alone, and an engine whose KV capacity is not
+    known asks the limiter alone, in the caller's own task; both are asked side by side (one
+    task for the KV budget) only when both have something to ask. On Redis, the
+    auto-pipeline's one flush per round trip comes on top, whatever the path."""
+    gate = make_gate()
+    engine = Upstream("http://engine/v1")
+    if not measured:
+        gate.kv.engine(engine).controller = None  # as before the first scrape of its capacity
+    ticket, ordered = await gate.admit(key(tpm=1000 if limited else 0), [engine], "standard", 300)
+    assert await gate.settle(ticket, 0) == []  # warm: Redis scripts loaded, connections made
+    with TaskCount() as count:
+        ticket, ordered = await gate.admit(key(tpm=1000 if limited else 0), [engine],
+                                           "standard", 300)  # fmt: skip
+    assert ordered == [engine]
+    assert (ticket.grant.lease is not None) == measured
+    assert bool(ticket.admission.scopes) == limited
+    flushes = 1 if redis_at else 0  # a batch of one or two scripts
+    assert count.made == tasks + flushes
+    assert await gate.settle(ticket, 0) == []
