@@ -8,8 +8,10 @@ disappears in it. Here both gateways run in the production configuration (as
 two load processes drive them at once, one each, with the same cell; each gateway's CPU is read
 over the same window. The figure is the ratio of the two costs per round (this tree's over
 ``--before``'s), its median and range: both saw the same neighbours, the same frequency, the
-same upstream. Beside it, the difference of their TTFT p50s in the same window (the ``c=1``
-cell: the added TTFT of a request's own work, change against change).
+same upstream. Beside it, the difference of their TTFT p50s and p99s in the same window (the
+``c=1`` cell: the added TTFT of a request's own work, change against change). ``--pg``: both on
+PostgreSQL and Redis, with rate limits (``bench.realistic``'s ``thinkgate_pg``), where
+admission is a Redis round trip.
 
 The two gateways share the machine's CPUs, so each is slower than it would be alone; at the
 cells' loads (c = 32 paced is about a tenth of a CPU each) that changes little, and it changes
@@ -48,6 +50,7 @@ class Round:
     after: float  # CPU µs per chunk (or per request) of this tree's gateway
     before: float  # the same of --before's
     ttft_ms: float = 0.0  # this tree's TTFT p50 less --before's, in the same window
+    ttft_p99_ms: float = 0.0  # the same of the TTFT p99s
 
     @property
     def ratio(self) -> float:
@@ -64,15 +67,16 @@ def _load(system: System, cell: CellSpec, seconds: float, out: multiprocessing.Q
     plan = LoadPlan(system.key, seconds, 0, max_tokens=512, model=cell.model)
     result = drive(plan, system.base_url, cell.concurrency, _NoMeter(), api=cell.api,
                    context=cell.context)  # fmt: skip
-    out.put((system.name, result.requests, result.chunks, result.errors, result.ttft.p50))
+    out.put((system.name, result.requests, result.chunks, result.errors,
+             (result.ttft.p50, result.ttft.p99)))  # fmt: skip
 
 
 def one_round(
     cell: CellSpec, systems: Sequence[System], seconds: float
-) -> dict[str, tuple[float, float]] | None:
+) -> dict[str, tuple[float, tuple[float, float]]] | None:
     """Drive every system at once for ``seconds``; each one's CPU µs per unit of the cell over
-    the middle of the window and its TTFT p50 (s); ``None`` when a request failed on either
-    side."""
+    the middle of the window and its TTFT p50 and p99 (s); ``None`` when a request failed on
+    either side."""
     servers = {s.name: s.server.process for s in systems if s.server is not None}
     meter = CpuMeter(servers)
     done: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
@@ -104,10 +108,12 @@ def measured(cell: CellSpec, systems: Sequence[System], args: argparse.Namespace
     costs = one_round(cell, systems, args.duration)
     if costs is None:
         return None
-    (after, ttft), (before, then) = costs["thinkgate"], costs["thinkgate@before"]
-    done = Round(after, before, (ttft - then) * 1000)
+    this, other = (s.name for s in systems)
+    (after, ttft), (before, then) = costs[this], costs[other]
+    done = Round(after, before, (ttft[0] - then[0]) * 1000, (ttft[1] - then[1]) * 1000)
     print(f"  {cell.name}: {done.after:.1f} against {done.before:.1f} ({done.ratio:.3f}), "
-          f"TTFT p50 {done.ttft_ms:+.2f} ms", flush=True)  # fmt: skip
+          f"TTFT p50 {done.ttft_ms:+.2f} ms, p99 {done.ttft_p99_ms:+.2f} ms",
+          flush=True)  # fmt: skip
     return done
 
 
@@ -119,9 +125,10 @@ def summary(cell: CellSpec, rounds: Sequence[Round]) -> str:
     after, before = (statistics.median(r.after for r in rounds),
                      statistics.median(r.before for r in rounds))  # fmt: skip
     ttft = statistics.median(r.ttft_ms for r in rounds)
+    p99 = statistics.median(r.ttft_p99_ms for r in rounds)
     return (f"{cell.name}: CPU µs per {unit}, this tree {after:.1f}, before {before:.1f}; ratio "
             f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–{max(ratios):.3f}); TTFT p50 "
-            f"{ttft:+.2f} ms; {len(rounds)} rounds")  # fmt: skip
+            f"{ttft:+.2f} ms, p99 {p99:+.2f} ms; {len(rounds)} rounds")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = [upstream]
         try:
             systems = []
-            for name, tree in (("thinkgate", ROOT), ("thinkgate@before", args.before.resolve())):
+            name = "thinkgate_pg" if args.pg else "thinkgate"
+            for name, tree in ((name, ROOT), (f"{name}@before", args.before.resolve())):
                 systems.append(start_thinkgate(work, upstream, name, tree))
                 started.append(systems[-1].server)  # type: ignore[arg-type]
             for cell in cells:
@@ -157,6 +165,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="a source tree (a git worktree) of the code before")  # fmt: skip
     parser.add_argument("--cells", nargs="+", default=["c=32, 10 ms", "c=32, 3-chunk answers"],
                         help="cells of bench.realistic, by name")  # fmt: skip
+    parser.add_argument("--pg", action="store_true", help="both on PostgreSQL and Redis, with "
+                        "rate limits (bench.realistic's thinkgate_pg)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=float, default=12.0, help="window per round, s")
     return parser
