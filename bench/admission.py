@@ -290,10 +290,10 @@ class CommandLog:
     def installed(self) -> Iterator[CommandLog]:
         original = AutoPipeline._send
 
-        async def counting(pipe: AutoPipeline, batch: list[tuple[Any, Any]]) -> None:
+        async def counting(pipe: AutoPipeline) -> None:  # sends what is pending as it starts
             if self.active:
-                self.sent += [str(command[0]).upper() for command, _ in batch]
-            await original(pipe, batch)
+                self.sent += [str(command[0]).upper() for command, _ in pipe._pending]
+            await original(pipe)
 
         AutoPipeline._send = counting  # type: ignore[method-assign,assignment]
         try:
