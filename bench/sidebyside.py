@@ -143,8 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = [upstream]
         try:
             systems = []
-            name = "thinkgate_pg" if args.pg else "thinkgate"
-            for name, tree in ((name, ROOT), (f"{name}@before", args.before.resolve())):
+            this = "thinkgate_pg" if args.pg else "thinkgate"
+            for name, tree in ((this, ROOT), (f"{this}@before", args.before.resolve())):
                 systems.append(start_thinkgate(work, upstream, name, tree))
                 started.append(systems[-1].server)  # type: ignore[arg-type]
             for cell in cells:
