@@ -71,9 +71,9 @@ class KeyLimiter:
         return None
 
     async def admit(self, key: KeyInfo, tokens: int, spend: SpendAsk | None = None) -> Admission:
-        if (unlimited := self.at_once(key, tokens, spend)) is not None:
-            return unlimited
-        scopes = self.scopes(key)
+        scopes = self.scopes(key)  # once: ``at_once``'s rule, without building them twice
+        if not scopes and spend is None:
+            return Admission(key.key_id, key.tenant, tokens)
         money = None if spend is None else spend.money
 
         async def reserve(backend: RateLimitBackend) -> tuple[Verdict, RateLimitBackend]:
