@@ -23,6 +23,10 @@ Rules:
   Redis even while the circuit is open, one granted in process during an outage goes back
   here after it. A renewal or release the granting Redis cannot take (it is away) is lost: the
   lease expires there; a lease the store no longer knows (Redis restarted) is renewed no more.
+- An admission the shared store failed (the circuit then fell back or refused) may have booked
+  its lease there all the same: a reply that timed out after the script ran. As for an admission
+  whose caller was cancelled, once that store has run what was sent to it, the lease is
+  released there.
 - One store call per attempt routes and reserves together (``fairness.route``: the engine with
   the most free budget, fair share between tenants weighted by ``tenants.<name>.weight``,
   priority with headroom for ``critical``).
@@ -269,14 +273,21 @@ class KVAdmission:
             return await store.admit(ask, LEASE_TTL_S, self.rules), store
 
         try:
-            return await self.store.call(place)
-        except asyncio.CancelledError:
-            # The script may still run: once it has (``settled``), whatever it reserved is
-            # given back. (Released at once instead, the release could reach Redis before the
+            granted = await self.store.call(place)
+        except BaseException:
+            # Cancelled, or refused once the shared store failed (a closed circuit): a script
+            # sent may still run. Once it has (``settled``), whatever it reserved is given
+            # back. (Released at once instead, the release could reach Redis before the
             # admission, on another pooled connection, and leave the lease booked until it
             # expired.)
             self._spawn(self._forget(ask, asked))
             raise
+        if len(asked) > 1:
+            # The shared store failed and the local one answered. A shared store whose reply
+            # timed out may have run the script all the same: what it booked is given back
+            # there, or it would stay reserved until the lease's TTL.
+            self._spawn(self._forget(ask, asked[:-1]))
+        return granted
 
     async def _forget(self, ask: Ask, stores: Sequence[KVBudgetStore]) -> None:
         for store in stores:

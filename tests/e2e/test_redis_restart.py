@@ -5,16 +5,18 @@ scripts) and the load goes on for a few seconds.
 
 What must hold: each circuit (rate limits, KV budget) opens once, for the outage, and closes
 once: never again after Redis is back (a pooled connection to the dead server is sent again on
-a new one, ``ratelimit.autopipe``). Within 1 s of the end of the load no KV token is reserved,
-neither in Redis nor in the gateway's in-process store (each lease goes back to the store that
-granted it, ``gateway.admission.budget``). Every request either succeeded or got a clean error
-(429 or 503 with an error object, never a 500).
+a new one, ``ratelimit.autopipe``), save for a reply later than the client's timeout on a
+starved machine, which is no connection's error. Within 1 s of the end of the load no KV token
+is reserved, neither in Redis nor in the gateway's in-process store (each lease goes back to
+the store that granted it, ``gateway.admission.budget``). Every request either succeeded or
+got a clean error (429 or 503 with an error object, never a 500).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -81,13 +83,18 @@ class Load:
             self.unclean.append(f"{status} without an error object: {text[:200]!r}")
 
 
-def watch(circuit: Circuit[Any], name: str, seen: list[tuple[str, bool]]) -> None:
-    """Record the circuit's transitions (``True``: the shared backend became unreachable),
-    still telling the gateway's metric."""
+def watch(
+    circuit: Circuit[Any], name: str, seen: list[tuple[str, bool]], causes: list[str]
+) -> None:
+    """Record the circuit's transitions (``True``: the shared backend became unreachable) and
+    what opened it each time (the error's type: the circuit tells its change while handling
+    it), still telling the gateway's metric."""
     told = circuit.on_change
 
     def changed(down: bool) -> None:
         seen.append((name, down))
+        if down:
+            causes.append(type(sys.exc_info()[1]).__name__)
         if told is not None:
             told(down)
 
@@ -137,9 +144,10 @@ async def test_a_redis_restart_under_load_trips_once_and_leaks_no_lease(tmp_path
                 await eventually(lambda: hasattr(framework, "tg"), within_s=10)  # started
                 state: AppState = framework.tg
                 transitions: list[tuple[str, bool]] = []
-                watch(state.kv.store, "kv_budget", transitions)
+                causes: dict[str, list[str]] = {"kv_budget": [], "rate_limits": []}
+                watch(state.kv.store, "kv_budget", transitions, causes["kv_budget"])
                 assert isinstance(state.limiter, KeyLimiter)
-                watch(state.limiter.circuit, "rate_limits", transitions)
+                watch(state.limiter.circuit, "rate_limits", transitions, causes["rate_limits"])
                 load = Load(client, key)
                 running = asyncio.ensure_future(load.run())
                 try:
@@ -153,6 +161,7 @@ async def test_a_redis_restart_under_load_trips_once_and_leaks_no_lease(tmp_path
                     # close again). The outage's own transitions are those from the kill on.
                     await eventually(lambda: tripped(transitions) == 0, within_s=10)
                     killed_at = len(transitions)
+                    trips_before = {name: len(found) for name, found in causes.items()}
                     first.kill()  # mid-load, with leases held in Redis
                     first.wait()
                     await eventually(lambda: tripped(transitions) == 2, within_s=10)
@@ -185,5 +194,11 @@ async def test_a_redis_restart_under_load_trips_once_and_leaks_no_lease(tmp_path
     assert after >= WORKERS, after
     assert not load.unclean, (load.unclean[:5], load.statuses)
     assert load.statuses[500] == 0
-    for name in ("kv_budget", "rate_limits"):  # the outage itself, then never again
-        assert [down for c, down in seen if c == name] == [True, False], seen
+    for name in ("kv_budget", "rate_limits"):
+        # The outage itself, then never again for a connection's error: a socket to the dead
+        # server sent again would open it so. One more opening by a timeout is the starved
+        # machine's case (a reply later than the client's 0.5 s; see above), not that error.
+        downs = [down for c, down in seen if c == name]
+        again = causes[name][trips_before[name] + 1:]
+        assert downs == [True, False] * (1 + len(again)), (seen, causes)
+        assert set(again) <= {"TimeoutError"}, (seen, causes)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -16,7 +16,7 @@ from gateway.admission import budget
 from gateway.admission.budget import Grant, KVAdmission, open_admission, priority_of
 from gateway.admission.circuit import Circuit, redis_errors
 from gateway.edge.servers import BackgroundServer
-from gateway.errors import InvalidRequest, PermissionDenied, RateLimited
+from gateway.errors import InvalidRequest, PermissionDenied, RateLimited, ServiceUnavailable
 from gateway.settings import Settings
 from gateway.side.sim.app import SimConfig, create_sim_app
 from gateway.upstream.engine import Upstream
@@ -272,10 +272,14 @@ class FlakyStore(Outage):
     def __init__(self, clock: FakeClock) -> None:
         super().__init__()
         self.inner = MemoryKVBudgetStore(clock)
+        self.replies_lost = False  # each admission runs, and its reply times out
 
     async def admit(self, ask: Ask, ttl_s: float, rules: Rules) -> Placement:
         self._asked("admit")
-        return await self.inner.admit(ask, ttl_s, rules)
+        placement = await self.inner.admit(ask, ttl_s, rules)
+        if self.replies_lost:
+            raise TimeoutError("the reply came too late")
+        return placement
 
     async def renew(self, lease: Lease, ttl_s: float) -> bool:
         self._asked("renew")
@@ -336,6 +340,34 @@ async def test_a_release_the_granting_store_cannot_take_is_lost_not_misplaced() 
     assert by_shared.lease is not None and by_shared.lease.lease_id not in kv.leases
     assert await shared.reserved(ENGINE.base_url) == 112  # until it expires
     assert await local.reserved(ENGINE.base_url) == 208 and local.calls["release"] == 0
+
+
+@pytest.mark.parametrize("fail", ["open", "closed"])
+async def test_a_lease_booked_by_a_shared_store_whose_reply_timed_out_is_given_back(
+    fail: Literal["open", "closed"],
+) -> None:
+    """The script ran in Redis but its reply came too late: the circuit fell back to the local
+    store (open) or refused (closed), and what Redis booked is released there, not left until
+    the lease's TTL."""
+    clock = FakeClock()
+    shared, local = FlakyStore(clock), FlakyStore(clock)
+    store: Circuit[KVBudgetStore] = Circuit("KV budget", shared, local, fail=fail,
+                                            errors=redis_errors(), clock=clock)  # fmt: skip
+    kv = KVAdmission(store, 1000, Tuning(), 0.0)
+    shared.replies_lost = True
+    if fail == "open":
+        grant, _ = await kv.admit([ENGINE], "acme", "standard", 100)
+        assert grant.store is local and await local.reserved(ENGINE.base_url) == 112
+    else:
+        with pytest.raises(ServiceUnavailable):
+            await kv.admit([ENGINE], "acme", "standard", 100)
+    assert shared.calls["admit"] == 1
+    await eventually(lambda: shared.calls["release"] == 1, within_s=5)
+    assert await shared.reserved(ENGINE.base_url) == 0
+    if fail == "open":
+        assert local.calls["release"] == 0  # the lease it granted is held
+        await kv.release(grant)
+        assert await local.reserved(ENGINE.base_url) == 0
 
 
 async def test_a_lease_is_renewed_in_the_store_that_granted_it(
