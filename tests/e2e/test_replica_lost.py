@@ -2,7 +2,8 @@
 PostgreSQL + Redis, 16 streams on one of them past their first chunk, then ``kill -9``.
 
 - With the database up, the survivor appends one ``replica_lost`` record per stream within
-  ``BACKGROUND_STALE_S`` (the default, 30 s) and a few seconds: the request (readable by the
+  ``BACKGROUND_STALE_S × 13/12`` (6 s here: the cadence scales with it, the default's 30 s
+  would only wait longer) and a few seconds: the request (readable by the
   auditor), the engine it ran on, its first token and the tokens streamed so far; no request
   twice; ``thinkgate ledger verify`` passes.
 - With the database away during the kill, the intents are in the dead replica's spool only:
@@ -39,6 +40,7 @@ from tests.waiting import eventually
 pytestmark = [pytest.mark.xdist_group("private_postgres"), pytest.mark.timeout(150)]
 
 STREAMS = 16
+STALE_S = 6  # BACKGROUND_STALE_S: how long a replica may go without a beat
 # some 100 s of answer: none of them can end before the kill
 LONG = {**request_body(True, max_tokens=2000), "sim": {"itl_ms": 50}}
 
@@ -106,7 +108,7 @@ async def assert_lost_once_each(cluster: Cluster, held: dict[str, RawRequest]) -
 async def test_a_killed_replicas_streams_are_recorded_by_the_survivor(
     cluster_factory: ClusterFactory,  # noqa: F811
 ) -> None:
-    cluster = await cluster_factory()
+    cluster = await cluster_factory(THINKGATE_BACKGROUND_STALE_S=str(STALE_S))
     doomed, survivor = cluster.gateways
     held = await held_streams(cluster, doomed.url)
     # the owner's beat has told the database of each stream's first token (within a second)
@@ -117,8 +119,8 @@ async def test_a_killed_replicas_streams_are_recorded_by_the_survivor(
         await request.read_to_end()
         assert b"[DONE]" not in request.received and b"event: error" not in request.received
 
-    await eventually(lambda: recorded(cluster, held), within_s=40)
-    assert time.monotonic() - killed_at < 35
+    await eventually(lambda: recorded(cluster, held), within_s=STALE_S * 13 / 12 + 10)
+    assert time.monotonic() - killed_at < STALE_S * 13 / 12 + 5
     await assert_lost_once_each(cluster, held)
     assert await metric(survivor.url, "thinkgate_ledger_replica_lost_total") == STREAMS
     for row in await lost_rows(cluster):  # what the owner's last beat knew
