@@ -286,8 +286,9 @@ async def test_only_two_stores_to_ask_take_a_task_beside_the_request(
 ) -> None:  # fmt: skip
     """A key no limit counts asks the KV budget alone, and an engine whose KV capacity is not
     known asks the limiter alone, in the caller's own task; both are asked side by side (one
-    task for the KV budget) only when both have something to ask. On Redis, the
-    auto-pipeline's one flush per round trip comes on top, whatever the path."""
+    task for the KV budget) only when both have something to ask; settling, likewise (one
+    task for the release). On Redis, the auto-pipeline's one flush per round trip comes on
+    top, whatever the path."""
     gate = make_gate()
     engine = Upstream("http://engine/v1")
     if not measured:
@@ -302,4 +303,6 @@ async def test_only_two_stores_to_ask_take_a_task_beside_the_request(
     assert bool(ticket.admission.scopes) == limited
     flushes = 1 if redis_at else 0  # a batch of one or two scripts
     assert count.made == tasks + flushes
-    assert await gate.settle(ticket, 0) == []
+    with TaskCount() as count:  # settled the same way: the release beside the refund
+        assert await gate.settle(ticket, 0) == []
+    assert count.made == tasks + flushes
