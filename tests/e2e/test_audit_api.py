@@ -33,9 +33,12 @@ from gateway.settings import Settings
 from gateway.side.sim.app import SimConfig
 from tests.e2e.conftest import Stack, log_origin, spool_cannot_take
 from tests.openai_errors import assert_openai_error
+from tests.waiting import eventually
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Why is the sky blue?"}]
 MODEL = "deepseek-r1"
+ITL_MS = 500  # between the answer's pieces: the lock is taken meanwhile
+HELD_S = 1.0  # how long the lock is held once the answer is in
 LISTED_FIELDS = {"index", "request_id", "tenant", "key_id", "model", "status", "leaf_hash"}
 
 
@@ -235,7 +238,7 @@ async def test_done_waits_for_the_record_when_the_stream_succeeds(
 ) -> None:
     """While another connection holds the database's write lock the record cannot commit, so
     a strict gateway must hold back [DONE], and send it once the record is in."""
-    sim = {"chunks": ["Rayleigh", "</think>", "\n\nBlue", " sky."]}
+    sim = {"chunks": ["Rayleigh", "</think>", "\n\nBlue", " sky."], "itl_ms": ITL_MS}
     await ordering_of_done_and_record(stack_factory, tmp_path, sim, expect_error=False)
 
 
@@ -244,8 +247,14 @@ async def test_done_waits_for_the_record_when_the_stream_fails(
 ) -> None:
     """The same promise for a stream the upstream cut off: the terminal error event, then
     [DONE] only once the failed completion is on record."""
-    sim = {"chunks": ["Rayleigh", "</think>", "\n\nBlue", " sky."], "fail": "drop", "fail_after": 3}
+    sim = {"chunks": ["Rayleigh", "</think>", "\n\nBlue", " sky."], "fail": "drop", "fail_after": 3,
+           "itl_ms": ITL_MS}  # fmt: skip
     await ordering_of_done_and_record(stack_factory, tmp_path, sim, expect_error=True)
+
+
+async def raw_into(response: httpx.Response, received: bytearray) -> None:
+    async for chunk in response.aiter_raw():
+        received += chunk
 
 
 async def ordering_of_done_and_record(
@@ -259,20 +268,30 @@ async def ordering_of_done_and_record(
     headers = {"authorization": f"Bearer {stack.keys['visible']}"}
     async with httpx.AsyncClient(timeout=30) as client:
         with raw_sql(tmp_path) as lock:  # off the loop, as ledger_table_gone says why
-            await asyncio.to_thread(lock.execute, "BEGIN IMMEDIATE")  # the writer waits now
             try:
                 async with client.stream(
                     "POST", f"{stack.url}/chat/completions", json=body, headers=headers
                 ) as response:
                     request_id = response.headers["x-request-id"]
-                    chunks = response.aiter_raw()
-                    async with asyncio.timeout(5):
-                        while last_piece not in received:
-                            received += await anext(chunks)
-                    done_while_locked = b"data: [DONE]" in received
-                    await asyncio.to_thread(lock.execute, "COMMIT")
-                    async for chunk in chunks:
-                        received += chunk
+                    reading = asyncio.ensure_future(raw_into(response, received))
+                    try:
+                        await eventually(lambda: bool(received), within_s=5)
+                        # Locked once the stream runs (its write-ahead intent is in: locked
+                        # before it, the request waits out the busy timeout and the spool
+                        # takes it), the answer's pieces still ITL_MS apart: the record's
+                        # commit waits now.
+                        await asyncio.to_thread(lock.execute, "BEGIN IMMEDIATE")
+                        await eventually(lambda: last_piece in received, within_s=5)
+                        # [DONE] must not come while the lock is held, however long it is
+                        # given (a gateway that does not wait sends it within milliseconds)
+                        with contextlib.suppress(TimeoutError):
+                            await eventually(lambda: b"data: [DONE]" in received,
+                                             within_s=HELD_S)  # fmt: skip
+                        done_while_locked = b"data: [DONE]" in received
+                        await asyncio.to_thread(lock.execute, "COMMIT")
+                        await asyncio.wait_for(reading, 10)
+                    finally:
+                        reading.cancel()
             finally:
                 if lock.in_transaction:
                     await asyncio.to_thread(lock.execute, "ROLLBACK")
