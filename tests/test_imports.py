@@ -52,6 +52,8 @@ OPTIONAL = {
     "opentelemetry.sdk": "an OTLP endpoint (OTEL_EXPORTER_OTLP_ENDPOINT, ~3 MB)",
     "phonenumbers": "a guardrail policy's phone detector, at its first candidate (~1 MB)",
     "stdnum": "a guardrail policy's IBAN detector, at its first candidate (~1 MB)",
+    "regex": "a guardrail policy: its detectors and scanner, at its load (~2 MB with them)",
+    "gateway.guard.detectors": "a guardrail policy, at its load (with regex, above)",
 }
 
 

@@ -38,7 +38,7 @@ import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import httpx
 import yaml
@@ -53,8 +53,8 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.guard.detectors import BUILTIN, Detector, PatternError, builtin, custom
-from gateway.guard.secrets import secret_rules
+if TYPE_CHECKING:  # the detectors (and ``regex``) load with a policy that names them
+    from gateway.guard.detectors import Detector
 
 Action = Literal["redact", "block", "flag"]
 Channel = Literal["reasoning", "answer", "prompt"]
@@ -191,9 +191,10 @@ class _PolicySpec(_Strict):
     @field_validator("detect", mode="before")
     @classmethod
     def _known(cls, value: Any) -> Any:
+        builtin = _builtin_names()
         for item in value if isinstance(value, list) else ():
-            if isinstance(item, str) and item not in (*BUILTIN, "secret_rules"):
-                raise ValueError(f"unknown detector {item!r} (one of {', '.join(BUILTIN)}, "
+            if isinstance(item, str) and item not in (*builtin, "secret_rules"):
+                raise ValueError(f"unknown detector {item!r} (one of {', '.join(builtin)}, "
                                  "secret_rules, {secret_key: {rules: [...]}}, "
                                  "{regex: ...}, {phone: {regions: [XX, ...]}}, "
                                  "{us_ssn: {bare: true}} or "
@@ -304,7 +305,16 @@ def parse(text: str, source: str = "<guardrails>") -> Guardrails:
     return Guardrails(tuple(_policy(p, source, node, i) for i, p in enumerate(spec.policies)))
 
 
+def _builtin_names() -> tuple[str, ...]:
+    from gateway.guard.detectors import BUILTIN
+
+    return tuple(BUILTIN)
+
+
 def _policy(spec: _PolicySpec, source: str, node: Any, index: int) -> GuardPolicy:
+    from gateway.guard.detectors import PatternError, builtin, custom
+    from gateway.guard.secrets import secret_rules
+
     detectors: list[Detector] = []
     judges: list[GuardModel] = []
     for position, item in enumerate(spec.detect):

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.guard.policy import GuardPolicy
-from gateway.guard.scanner import ChannelScanner
 from gateway.relay.guarding import GuardAct
 
 _NAMING_KEYS = frozenset({"role", "type", "id", "name", "tool_call_id", "call_id"})
@@ -46,6 +45,8 @@ class ScreenedPrompt:
 def screen_prompt(
     policies: Sequence[GuardPolicy], body: dict[str, Any], messages: list[Any]
 ) -> ScreenedPrompt:
+    from gateway.guard.scanner import ChannelScanner  # with a policy only (``guard.stream``)
+
     rules = [(p, d) for p in policies if "prompt" in p.channels for d in p.detectors]
     acts: list[GuardAct] = []
 

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from gateway.guard.detectors import Detector
 from gateway.guard.policy import Channel, GuardPolicy
-from gateway.guard.scanner import ChannelScanner
 from gateway.relay.guarding import GuardAct, Guarded
+
+if TYPE_CHECKING:  # a guard is made only for a request some policy applies to (and so are
+    # the scanner, its detectors and ``regex``: a gateway without guardrails never loads them)
+    from gateway.guard.detectors import Detector
+    from gateway.guard.scanner import ChannelScanner
 
 
 @dataclass(slots=True)
@@ -47,6 +51,8 @@ class ChoiceGuard:
     _lanes: dict[str, _Lane | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from gateway.guard.scanner import ChannelScanner
+
         for channel in ("reasoning", "answer"):
             owners = [(p, d) for p in self.policies if channel in p.channels
                       for d in p.detectors]  # fmt: skip
@@ -81,7 +87,9 @@ class ChoiceGuard:
         if lane is None:
             return text, text
         if lane.closed and text:  # more after the channel closed (reasoning after an answer
-            lane = self._lanes[channel] = _Lane(lane.name, ChannelScanner(  # began): scanned anew
+            from gateway.guard.scanner import ChannelScanner  # began): scanned anew
+
+            lane = self._lanes[channel] = _Lane(lane.name, ChannelScanner(
                 [d for _, d in lane.owners]), lane.owners)  # fmt: skip
         if lane.closed or not (text or final):
             return ("", "") if lane.closed else (text, text)
