@@ -25,8 +25,12 @@ Rules:
   lease expires there; a lease the store no longer knows (Redis restarted) is renewed no more.
 - An admission the shared store failed (the circuit then fell back or refused) may have booked
   its lease there all the same: a reply that timed out after the script ran. As for an admission
-  whose caller was cancelled, once that store has run what was sent to it, the lease is
-  released there.
+  whose caller was cancelled, the lease is released there once the client has had every reply
+  it waits for (``settled``), outside the circuit's count (a clean-up says nothing of the
+  store's health). Best effort: a Redis stalled past the client's timeout may still run the
+  admission after that release, and the lease then expires after ``LEASE_TTL_S``. Each attempt
+  of a waiting request asks under a lease id of its own, so a release meant for an earlier
+  attempt never takes back a later one's grant.
 - One store call per attempt routes and reserves together (``fairness.route``: the engine with
   the most free budget, fair share between tenants weighted by ``tenants.<name>.weight``,
   priority with headroom for ``critical``).
@@ -54,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -248,6 +253,8 @@ class KVAdmission:
                 await self._wait(min(RECHECK_S, deadline - self.clock()))
                 if queue_order(queue)[0] is not waiter:
                     continue
+                # an id of its own: an earlier attempt's may still be forgotten (``_attempt``)
+                ask = dataclasses.replace(ask, lease_id=secrets.token_hex(8))
                 placement, store = await self._attempt(ask)
                 if placement.decision == "admit":
                     return placement, store
@@ -274,13 +281,14 @@ class KVAdmission:
 
         try:
             granted = await self.store.call(place)
-        except BaseException:
+        except (Exception, asyncio.CancelledError):
             # Cancelled, or refused once the shared store failed (a closed circuit): a script
             # sent may still run. Once it has (``settled``), whatever it reserved is given
             # back. (Released at once instead, the release could reach Redis before the
             # admission, on another pooled connection, and leave the lease booked until it
             # expired.)
-            self._spawn(self._forget(ask, asked))
+            if asked:
+                self._spawn(self._forget(ask, asked))
             raise
         if len(asked) > 1:
             # The shared store failed and the local one answered. A shared store whose reply
@@ -290,6 +298,9 @@ class KVAdmission:
         return granted
 
     async def _forget(self, ask: Ask, stores: Sequence[KVBudgetStore]) -> None:
+        """Release ``ask``'s lease in each of ``stores`` (on every engine it could have got),
+        straight to the store: a store that fails here neither opens nor prolongs an outage
+        (the lease then expires there)."""
         for store in stores:
             with contextlib.suppress(Exception):
                 await store.settled()
@@ -297,7 +308,7 @@ class KVAdmission:
                 lease = Lease(choice.engine, ask.lease_id, choice.tokens, ask.tenant,
                               ask.priority)  # fmt: skip
                 with contextlib.suppress(Exception):
-                    await self.store.call_on(store, functools.partial(_release, lease=lease))
+                    await store.release(lease)
         await self._notify()
 
     def abandon(self, admitting: asyncio.Future[tuple[Grant, list[Upstream]]]) -> None:

@@ -23,7 +23,15 @@ from gateway.upstream.engine import Upstream
 from gateway.upstream.pool import UpstreamPool
 from ratelimit.aimd import Tuning
 from ratelimit.fairness import Priority
-from ratelimit.kvbudget import Ask, KVBudgetStore, Lease, MemoryKVBudgetStore, Placement, Rules
+from ratelimit.kvbudget import (
+    Ask,
+    Choice,
+    KVBudgetStore,
+    Lease,
+    MemoryKVBudgetStore,
+    Placement,
+    Rules,
+)
 from tests.clock import FakeClock
 from tests.gateway.admission.outage import Outage
 from tests.waiting import eventually
@@ -272,12 +280,15 @@ class FlakyStore(Outage):
     def __init__(self, clock: FakeClock) -> None:
         super().__init__()
         self.inner = MemoryKVBudgetStore(clock)
-        self.replies_lost = False  # each admission runs, and its reply times out
+        self.replies_lost = 0  # the next admissions that run, and whose reply times out
+        self.settling = asyncio.Event()  # ``settled`` returns once it is set
+        self.settling.set()
 
     async def admit(self, ask: Ask, ttl_s: float, rules: Rules) -> Placement:
         self._asked("admit")
         placement = await self.inner.admit(ask, ttl_s, rules)
         if self.replies_lost:
+            self.replies_lost -= 1
             raise TimeoutError("the reply came too late")
         return placement
 
@@ -296,6 +307,7 @@ class FlakyStore(Outage):
         return await self.inner.by_tenant(engine)
 
     async def settled(self) -> None:
+        await self.settling.wait()
         await self.inner.settled()
 
 
@@ -354,7 +366,7 @@ async def test_a_lease_booked_by_a_shared_store_whose_reply_timed_out_is_given_b
     store: Circuit[KVBudgetStore] = Circuit("KV budget", shared, local, fail=fail,
                                             errors=redis_errors(), clock=clock)  # fmt: skip
     kv = KVAdmission(store, 1000, Tuning(), 0.0)
-    shared.replies_lost = True
+    shared.replies_lost = 1
     if fail == "open":
         grant, _ = await kv.admit([ENGINE], "acme", "standard", 100)
         assert grant.store is local and await local.reserved(ENGINE.base_url) == 112
@@ -368,6 +380,31 @@ async def test_a_lease_booked_by_a_shared_store_whose_reply_timed_out_is_given_b
         assert local.calls["release"] == 0  # the lease it granted is held
         await kv.release(grant)
         assert await local.reserved(ENGINE.base_url) == 0
+
+
+async def test_a_late_release_of_an_earlier_attempt_leaves_a_waiting_requests_grant() -> None:
+    """The shared store booked the first attempt but its reply timed out; the local store
+    said wait; the request asked again, the circuit closed, and the shared store granted it.
+    The first attempt's release, sent once that store settled (here: after the grant), takes
+    back only what that attempt booked: each attempt asks under a lease id of its own."""
+    clock = FakeClock()
+    shared, local = FlakyStore(clock), FlakyStore(clock)
+    store: Circuit[KVBudgetStore] = Circuit("KV budget", shared, local, fail="open",
+                                            errors=redis_errors(), retry_s=0.0,
+                                            clock=clock)  # fmt: skip
+    kv = KVAdmission(store, 1000, Tuning(), wait_s=60.0)
+    full = Ask("full", "globex", "critical", (Choice(ENGINE.base_url, 1000, 1000),))
+    assert (await local.inner.admit(full, 60, Rules())).decision == "admit"  # no room here
+    shared.replies_lost, shared.settling = 1, asyncio.Event()
+    grant, _ = await asyncio.wait_for(kv.admit([ENGINE], "acme", "standard", 100), 10)
+    assert grant.store is shared and shared.calls["admit"] == 2
+    assert await shared.reserved(ENGINE.base_url) == 2 * 112  # the lost reply's, and the grant
+    shared.settling.set()  # the first attempt's release goes out now
+    await eventually(lambda: shared.calls["release"] == 1, within_s=5)
+    assert await shared.reserved(ENGINE.base_url) == 112  # the grant's lease, still held
+    assert grant.lease is not None and await shared.renew(grant.lease, 30)
+    await kv.release(grant)
+    assert await shared.reserved(ENGINE.base_url) == 0
 
 
 async def test_a_lease_is_renewed_in_the_store_that_granted_it(
