@@ -108,6 +108,9 @@ class Gate:
         releasing = None
         if ticket.admission.backend is not None and ticket.grant.lease is not None:
             releasing = asyncio.ensure_future(self.kv.release(ticket.grant))
+            # its outcome is read below, or, should this caller be cancelled first, dropped
+            # here as gather's was (the release itself goes on)
+            releasing.add_done_callback(_observed)
         try:
             await self.limiter.settle(ticket.admission, used_tokens, usage)
         except Exception as exc:
@@ -117,3 +120,8 @@ class Gate:
         except Exception as exc:
             failures.append(exc)
         return failures
+
+
+def _observed(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -281,6 +281,7 @@ async def ordering_of_done_and_record(
                         # takes it), the answer's pieces still ITL_MS apart: the record's
                         # commit waits now.
                         await asyncio.to_thread(lock.execute, "BEGIN IMMEDIATE")
+                        assert last_piece not in received, "locked too late: the loop stalled"
                         await eventually(lambda: last_piece in received, within_s=5)
                         # [DONE] must not come while the lock is held, however long it is
                         # given (a gateway that does not wait sends it within milliseconds)
@@ -292,6 +293,7 @@ async def ordering_of_done_and_record(
                         await asyncio.wait_for(reading, 10)
                     finally:
                         reading.cancel()
+                        await asyncio.gather(reading, return_exceptions=True)
             finally:
                 if lock.in_transaction:
                     await asyncio.to_thread(lock.execute, "ROLLBACK")

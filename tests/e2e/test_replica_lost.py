@@ -2,8 +2,9 @@
 PostgreSQL + Redis, 16 streams on one of them past their first chunk, then ``kill -9``.
 
 - With the database up, the survivor appends one ``replica_lost`` record per stream within
-  ``BACKGROUND_STALE_S × 13/12`` (6 s here: the cadence scales with it, the default's 30 s
-  would only wait longer) and a few seconds: the request (readable by the
+  ``BACKGROUND_STALE_S`` and a sweep's interval (6 s here and about a second, the beat's
+  tick; the default's 30 s and 2.5 s would only wait longer) and a few seconds: the request
+  (readable by the
   auditor), the engine it ran on, its first token and the tokens streamed so far; no request
   twice; ``thinkgate ledger verify`` passes.
 - With the database away during the kill, the intents are in the dead replica's spool only:
