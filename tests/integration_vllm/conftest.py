@@ -12,9 +12,13 @@ Three servers start side by side from the same tiny model (``tinymodel.py``):
 - ``embed``: the same weights behind vLLM's pooling runner, served as ``tiny-embed``
   (``/v1/embeddings``).
 
-Two more, ``routing_servers``, start when a test of prefix routing first asks for them: both
-serve ``tiny-route`` with prefix caching, cached tokens in usage, KV events published over ZMQ
-(with a replay endpoint) and ``VLLM_SERVER_DEV_MODE=1`` (``/reset_prefix_cache``).
+The two generating servers also serve ``tiny-route``, the prefix-routing tests' model
+(``routing_servers``: two engines of one model), with prefix caching, cached tokens in usage,
+KV events published over ZMQ (with a replay endpoint) and ``VLLM_SERVER_DEV_MODE=1``
+(``/reset_prefix_cache``). Every test's gateway in front of them thus follows real KV events.
+Two servers of their own for routing would cost the suite two more starts of vLLM (about a
+minute on two CPUs); the tests run one at a time on one worker, and each routing test clears
+both caches before it measures.
 
 The two generating servers load ``enginepace.py``, a logits processor: a request sent with
 ``vllm_xargs: {"pace_s": S}`` takes the engine at least S seconds a step, so a test can have
@@ -48,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 START_TIMEOUT_S = 240
 RAW_NAMES = ("tiny-r1", "tiny-r1-tags", "tiny-v4", "tiny-k3", "tiny-minimax")
+ROUTE = "tiny-route"  # served by both generating servers (the prefix-routing tests)
 
 
 @dataclass(frozen=True)
@@ -210,6 +215,15 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(timeout=10)
 
 
+def _publishing() -> tuple[str, ...]:
+    """Prefix caching, cached tokens in usage and KV events on ports of their own."""
+    events, replay = _free_port(), _free_port()
+    config = {"enable_kv_cache_events": True, "publisher": "zmq",
+              "endpoint": f"tcp://*:{events}", "replay_endpoint": f"tcp://*:{replay}"}  # fmt: skip
+    return ("--enable-prefix-caching", "--enable-prompt-tokens-details",
+            "--kv-events-config", json.dumps(config))  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def otlp_receiver() -> Iterator[ThreadedReceiver]:
     """Where the parsed server sends its traces (and a test's gateway its own)."""
@@ -230,11 +244,15 @@ def vllm_servers(
         _start(
             tiny_model,
             workdir,
-            ("tiny-r1-parsed", "tiny-v4-parsed"),
+            ("tiny-r1-parsed", "tiny-v4-parsed", ROUTE),
             parser=True,
             traces=otlp_receiver.url,
+            extra=_publishing(),
+            dev=True,
         ),
-        _start(tiny_model, workdir, RAW_NAMES, parser=False),
+        _start(
+            tiny_model, workdir, (*RAW_NAMES, ROUTE), parser=False, extra=_publishing(), dev=True
+        ),
         _start(tiny_model, workdir, ("tiny-embed",), parser=False, embed=True),
     ]
     try:
@@ -247,26 +265,7 @@ def vllm_servers(
         sys.stderr.flush()
 
 
-def _publishing() -> tuple[str, ...]:
-    """Prefix caching, cached tokens in usage and KV events on ports of their own."""
-    events, replay = _free_port(), _free_port()
-    config = {"enable_kv_cache_events": True, "publisher": "zmq",
-              "endpoint": f"tcp://*:{events}", "replay_endpoint": f"tcp://*:{replay}"}  # fmt: skip
-    return ("--enable-prefix-caching", "--enable-prompt-tokens-details",
-            "--kv-events-config", json.dumps(config))  # fmt: skip
-
-
 @pytest.fixture(scope="session")
-def routing_servers(
-    tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[list[VllmServer]]:
-    workdir = tmp_path_factory.mktemp("vllm-routing")
-    started = [_start(tiny_model, workdir, ("tiny-route",), parser=False, extra=_publishing(),
-                      dev=True) for _ in range(2)]  # fmt: skip
-    try:
-        for proc, server in started:
-            _wait_healthy(proc, server)
-        yield [server for _, server in started]
-    finally:
-        for proc, _ in started:
-            _stop(proc)
+def routing_servers(vllm_servers: dict[str, VllmServer]) -> list[VllmServer]:
+    """Two engines serving ``ROUTE``, each publishing its KV events."""
+    return [vllm_servers["parsed"], vllm_servers["raw"]]

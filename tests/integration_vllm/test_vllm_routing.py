@@ -20,10 +20,10 @@ from gateway.ledger.sink import ensure_keys
 from gateway.settings import Settings
 from gateway.upstream.router import Router
 from tests.e2e.conftest import RecordingSink, ledger_files, make_keys
-from tests.integration_vllm.conftest import VllmServer
+from tests.integration_vllm.conftest import ROUTE, VllmServer
 from tests.waiting import eventually
 
-MODEL = "tiny-route"
+MODEL = ROUTE
 SYSTEM = "You are a careful assistant who answers briefly. " * 5  # ~250 tokens: 1 full block
 
 
