@@ -81,11 +81,14 @@ async def test_a_killed_replicas_response_fails_within_the_stale_time(
         async def failed() -> bool:
             return bool((await http.get(url)).json()["status"] == "failed")
 
-        await eventually(failed, within_s=STALE_S + 5)
+        await eventually(failed, within_s=STALE_S + 8)
         took = time.monotonic() - killed_at
         ended = (await http.get(url)).json()
         resumed = await http.get(url, params={"stream": "true", "starting_after": 1})
-    assert took <= STALE_S + 2, took  # stale, plus at most a sweep's period and a poll
+    # Not before its owner's last heartbeat (at most a flush before the kill) is STALE_S old;
+    # then within a sweep's period (1 s), the survivor's queries and a poll, which a loaded
+    # machine stretches (6.3 s seen at STALE_S = 3 in a full run): far from a second STALE_S.
+    assert STALE_S - 0.5 <= took <= STALE_S + 4, took
     assert ended["error"]["code"] == "server_error"
     events = _events(resumed.content)
     assert events[-1][0] == "response.failed"
