@@ -198,6 +198,7 @@ class AdmissionSettings:
     kv_target_utilization: float
     admission_wait_ms: int
     admission_queue_max: int
+    kv_lease_ttl_s: float
     tenants: Mapping[str, TenantPolicy]
 
     def tenant(self, tenant: str) -> TenantPolicy:
@@ -432,6 +433,10 @@ class Settings(BaseSettings):
     """How long a request waits for KV budget before 429 `kv_budget_exhausted`."""
     admission_queue_max: int = Field(1024, ge=0)
     """The most requests waiting for KV budget per process; beyond it, 429 at once."""
+    kv_lease_ttl_s: float = Field(30.0, ge=3)
+    """How long a request's KV lease lives without renewal: a running request renews it every
+    third of this; a replica that dies holds its requests' KV budget this long at most.
+    Shorter frees a dead replica's share sooner, for more frequent renewals in Redis."""
     default_max_tokens: int = 4096
     """The `max_tokens` assumed for reservations when a request sets none."""
     tenants: Mapping[str, TenantPolicy] = Field(default_factory=dict)

@@ -17,7 +17,8 @@ Rules:
 - A request reserves ``prompt estimate + max_tokens`` rounded up to the engine's block size, as
   a lease in the shared store (``ratelimit.kvbudget``: Redis when configured, so all replicas
   share one budget), renewed by one task per process while the request runs, released when it
-  ends however it ends; a crashed replica's leases expire after ``LEASE_TTL_S``.
+  ends however it ends; a crashed replica's leases expire after ``lease_ttl_s``
+  (``KV_LEASE_TTL_S``).
 - A lease is renewed and released in the store that granted it (``Grant.store``), whatever the
   circuit (``gateway.admission.circuit``) says by then: a lease Redis granted goes back to
   Redis even while the circuit is open, one granted in process during an outage goes back
@@ -28,7 +29,7 @@ Rules:
   whose caller was cancelled, the lease is released there once the client has had every reply
   it waits for (``settled``), outside the circuit's count (a clean-up says nothing of the
   store's health). Best effort: a Redis stalled past the client's timeout may still run the
-  admission after that release, and the lease then expires after ``LEASE_TTL_S``. Each attempt
+  admission after that release, and the lease then expires after ``lease_ttl_s``. Each attempt
   of a waiting request asks under a lease id of its own, so a release meant for an earlier
   attempt never takes back a later one's grant.
 - One store call per attempt routes and reserves together (``fairness.route``: the engine with
@@ -101,7 +102,7 @@ Get = Callable[[httpx.URL, float], Awaitable[tuple[int, bytes] | None]]
 
 SCRAPE_S = 1.0
 SCRAPE_TIMEOUT_S = 2.0
-LEASE_TTL_S = 30.0
+LEASE_TTL_S = 30.0  # the default of KV_LEASE_TTL_S
 RECHECK_S = 0.05
 DEFAULT_BLOCK_SIZE = 16
 
@@ -144,6 +145,7 @@ class KVAdmission:
     wait_s: float
     rules: Rules = field(default_factory=Rules)
     queue_max: int = 1024
+    lease_ttl_s: float = LEASE_TTL_S
     clock: Callable[[], float] = time.monotonic
     engines: dict[str, EngineState] = field(default_factory=dict)
     leases: dict[str, Grant] = field(default_factory=dict)  # held here, by lease id
@@ -277,7 +279,7 @@ class KVAdmission:
 
         async def place(store: KVBudgetStore) -> Granted:
             asked.append(store)
-            return await store.admit(ask, LEASE_TTL_S, self.rules), store
+            return await store.admit(ask, self.lease_ttl_s, self.rules), store
 
         try:
             granted = await self.store.call(place)
@@ -398,7 +400,7 @@ class KVAdmission:
 
     async def renew_forever(self) -> None:
         while True:
-            await asyncio.sleep(LEASE_TTL_S / 3)
+            await asyncio.sleep(self.lease_ttl_s / 3)
             for grant in list(self.leases.values()):
                 await self._renew_grant(grant)
 
@@ -406,14 +408,14 @@ class KVAdmission:
         """Renew in the store that granted it; a lease it no longer knows is renewed no more,
         one it cannot be asked about now (Redis away) is tried again next time."""
         assert grant.lease is not None and grant.store is not None
-        renew = functools.partial(_renew, lease=grant.lease)
+        renew = functools.partial(_renew, lease=grant.lease, ttl_s=self.lease_ttl_s)
         with contextlib.suppress(ServiceUnavailable):
             if not await self.store.call_on(grant.store, renew):
                 self.leases.pop(grant.lease.lease_id, None)
 
 
-async def _renew(store: KVBudgetStore, *, lease: Lease) -> bool:
-    return await store.renew(lease, LEASE_TTL_S)
+async def _renew(store: KVBudgetStore, *, lease: Lease, ttl_s: float) -> bool:
+    return await store.renew(lease, ttl_s)
 
 
 async def _reserved(store: KVBudgetStore, *, engine: str) -> int:
@@ -466,7 +468,7 @@ def open_admission(settings: AdmissionSettings, redis: AutoPipeline | None) -> K
     rules = Rules(weights=weights, waiting_ttl_s=5 * RECHECK_S)
     return KVAdmission(store, settings.kv_capacity_tokens, tuning,
                        settings.admission_wait_ms / 1000, rules,
-                       settings.admission_queue_max)  # fmt: skip
+                       settings.admission_queue_max, settings.kv_lease_ttl_s)  # fmt: skip
 
 
 def priority_of(header: str | None, ceiling: Priority = "standard") -> Priority:

@@ -1,7 +1,7 @@
 """kill -9 of a gateway process with 32 streams in flight, then a restart on the same PostgreSQL
 and Redis: what the clients saw (every stream cut, none completed), what the ledger holds (every
 acknowledged record, once; no (writer, sequence) twice; ``thinkgate ledger verify`` passes),
-what Redis holds (the dead process's 32 leases, expiring within ``LEASE_TTL_S``, then gone) and
+what Redis holds (the dead process's 32 leases, expiring within ``KV_LEASE_TTL_S``, then gone) and
 what the new process's metrics say (its own requests only; a tree covering the old records).
 
 The gateway runs as a real subprocess (``python -m gateway.cli serve``), with a private
@@ -24,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 
 from audit.schema import entries
-from gateway.admission.budget import LEASE_TTL_S
 from gateway.db import create_engine
 from gateway.edge.servers import BackgroundServer
 from gateway.ledger.sink import ensure_keys
@@ -37,6 +36,7 @@ from tests.e2e.test_rate_limits import redis_server
 from tests.waiting import eventually
 
 STREAMS = 32
+LEASE_TTL_S = 6  # KV_LEASE_TTL_S: the dead process's leases outlive it this long (default 30)
 ACKNOWLEDGED = 5
 THINKGATE = str(Path(sys.executable).with_name("thinkgate"))
 
@@ -190,7 +190,8 @@ async def test_kill_9_with_32_streams_then_restart(tmp_path: Path, postgres_url:
         key = (await make_keys(settings))["visible"]
         env = {**gateway_env(settings, files), "THINKGATE_REDIS_URL": settings.redis_url,
                "THINKGATE_KV_CAPACITY_TOKENS": "200000", "THINKGATE_AUDIT_MODE": "strict",
-               "THINKGATE_ADMISSION_WAIT_MS": "0"}  # fmt: skip
+               "THINKGATE_ADMISSION_WAIT_MS": "0",
+               "THINKGATE_KV_LEASE_TTL_S": str(LEASE_TTL_S)}  # fmt: skip
         kv = redis.Redis(port=port, decode_responses=True)
         budget = RedisKVBudgetStore(kv)
         try:

@@ -12,7 +12,6 @@ from typing import Any, Literal
 import httpx
 import pytest
 
-from gateway.admission import budget
 from gateway.admission.budget import Grant, KVAdmission, open_admission, priority_of
 from gateway.admission.circuit import Circuit, redis_errors
 from gateway.edge.servers import BackgroundServer
@@ -407,11 +406,9 @@ async def test_a_late_release_of_an_earlier_attempt_leaves_a_waiting_requests_gr
     assert await shared.reserved(ENGINE.base_url) == 0
 
 
-async def test_a_lease_is_renewed_in_the_store_that_granted_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_lease_is_renewed_in_the_store_that_granted_it() -> None:
     kv, shared, local, by_shared, by_local = await granted_on_both()
-    monkeypatch.setattr(budget, "LEASE_TTL_S", 0.03)  # a renewal round every 10 ms
+    kv.lease_ttl_s = 0.03  # a renewal round every 10 ms
     renewing = asyncio.create_task(kv.renew_forever())
     try:
         # the in-process store does not know the shared store's lease: renewed there, it
