@@ -1,10 +1,10 @@
 """The soak's short version (``bench/soak.py``; the long one is ``make soak``): a gateway process
-in front of a failing simulator, 24 streams for 15 s with disconnects mid-reasoning, upstream
+in front of a failing simulator, 24 streams for 8 s with disconnects mid-reasoning, upstream
 errors and 429s, then the same checks: fds and threads back to the baseline, no KV reservation
 left, every Redis key of the run expiring, ledger records == requests, ``thinkgate ledger
 verify`` passing.
 
-RSS growth is measured but not asserted: over 15 s it is mostly the allocator still warming up
+RSS growth is measured but not asserted: over 8 s it is mostly the allocator still warming up
 (it takes the soak's first minute), so a bound loose enough never to flake would prove nothing.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from bench.soak import SoakPlan, judge, render, rss_growth, run
 
-SHORT = SoakPlan(duration_s=15, concurrency=24, warmup_s=3, sample_s=1, ttft_ms=200, itl_ms=20,
+SHORT = SoakPlan(duration_s=8, concurrency=24, warmup_s=3, sample_s=1, ttft_ms=200, itl_ms=20,
                  limited_rpm=20, sim_keepalive_s=1, key_wait_s=0)  # fmt: skip
 
 
