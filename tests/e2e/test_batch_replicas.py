@@ -33,7 +33,7 @@ from tests.waiting import eventually
 
 pytestmark = [pytest.mark.xdist_group("private_postgres"), pytest.mark.timeout(150)]
 
-LINES = 40
+LINES = 32  # two full rounds of both replicas' 8 lines: both run lines once 2 are done
 
 
 async def made_batch(client: openai.AsyncOpenAI, count: int) -> Any:
