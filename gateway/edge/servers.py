@@ -84,7 +84,7 @@ class _EmbeddedServer(uvicorn.Server):
             connection.shutdown()
         try:
             async with asyncio.timeout(self.config.timeout_graceful_shutdown):
-                while state.connections or state.tasks:
+                while state.connections or state.tasks:  # noqa: ASYNC110 (no event: uvicorn's sets)
                     await asyncio.sleep(self.POLL_S)
                 for server in self.servers:
                     await server.wait_closed()

@@ -72,12 +72,12 @@ async def test_a_response_that_outlives_the_graceful_timeout_is_cancelled() -> N
     app = App()
     server = BackgroundServer(app)
     await server.__aenter__()
-    async with httpx.AsyncClient(base_url=server.url) as client:
-        async with client.stream("GET", "/stream") as response:
-            await app.streaming.wait()
-            began = time.monotonic()
-            await server.__aexit__(None, None, None)
-            waited = time.monotonic() - began
-            assert response.status_code == 200
+    async with httpx.AsyncClient(base_url=server.url) as client, \
+            client.stream("GET", "/stream") as response:  # fmt: skip
+        await app.streaming.wait()
+        began = time.monotonic()
+        await server.__aexit__(None, None, None)
+        waited = time.monotonic() - began
+        assert response.status_code == 200
     assert app.seen == ["startup", "cancelled", "shutdown"]
     assert waited >= 2  # uvicorn.Config's timeout_graceful_shutdown, as BackgroundServer sets
