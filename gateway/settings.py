@@ -436,7 +436,9 @@ class Settings(BaseSettings):
     kv_lease_ttl_s: float = Field(30.0, ge=3)
     """How long a request's KV lease lives without renewal: a running request renews it every
     third of this; a replica that dies holds its requests' KV budget this long at most.
-    Shorter frees a dead replica's share sooner, for more frequent renewals in Redis."""
+    Shorter frees a dead replica's share sooner, for more frequent renewals in Redis; but a
+    Redis outage longer than two thirds of it lets the running requests' leases lapse, and
+    admission then counts their budget as free."""
     default_max_tokens: int = 4096
     """The `max_tokens` assumed for reservations when a request sets none."""
     tenants: Mapping[str, TenantPolicy] = Field(default_factory=dict)

@@ -89,6 +89,9 @@ class _EmbeddedServer(uvicorn.Server):
                 for server in self.servers:
                     await server.wait_closed()
         except TimeoutError:
+            logging.getLogger("uvicorn.error").error(
+                "Cancel %s running task(s), timeout graceful shutdown exceeded", len(state.tasks)
+            )
             for task in state.tasks:
                 task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")
         if not self.force_exit:

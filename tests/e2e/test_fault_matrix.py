@@ -164,9 +164,9 @@ async def build(
         sink=sink,
         idle_timeout_s=0.3,
         # a whole answer is silent until it is done: its stall is cut by the first token's
-        # timeout, a stream's by the idle one, after a first token that must not be cut (a
-        # loaded machine took over a second for one in a full run)
-        first_token_timeout_s=10.0 if stream else 1.0,
+        # timeout, a stream's by the idle one; nothing else may be cut by it (a loaded
+        # machine took over a second for a stream's first token in a full run)
+        first_token_timeout_s=1.0 if fault.name == "stall" and not stream else 10.0,
         max_sse_event_bytes=EVENT_LIMIT,
         models_cache_ttl_s=3600,
     )

@@ -158,15 +158,16 @@ async def assert_ledger(url: str, env: dict[str, str], cwd: Path, expected: list
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-async def restart_and_serve(env: dict[str, str], key: str, budget: RedisKVBudgetStore,
-                            engine_url: str, reserved: int) -> str:  # fmt: skip
-    """Process B, on the same database and Redis, admits and records a request; its metrics
-    count its own requests only, and its tree covers A's records too."""
+async def restart_and_serve(env: dict[str, str], key: str, kv: redis.Redis, expiries: str,
+                            dead: set[str]) -> str:  # fmt: skip
+    """Process B, on the same database and Redis, admits and records a request, and releases
+    its lease (``expiries``: the engine's leases by expiry; ``dead``: A's, which may expire
+    meanwhile); its metrics count its own requests only, and its tree covers A's records too."""
     async with running_gateway(env) as second, httpx.AsyncClient(
         base_url=second.url, timeout=30
     ) as client:  # fmt: skip
         fresh = await short_chat(client, key)
-        assert await budget.reserved(engine_url) == reserved  # B released its own lease
+        assert set(await kv.zrange(expiries, 0, -1)) <= dead  # B released its own lease
 
         async def committed() -> bool:
             size = (await scrape(client)).get("thinkgate_ledger_tree_size", 0)
@@ -197,6 +198,15 @@ async def test_kill_9_with_32_streams_then_restart(tmp_path: Path, postgres_url:
         try:
             killed = await serve_then_kill_9(env, key, budget, engine_url)
 
+            # Redis, first (the leases' TTL is short): the dead process's 32 leases are still
+            # held, all expiring within the TTL.
+            keys = budget.keys(engine_url)
+            scores, now_ms = await lease_expiries(kv, keys)
+            assert len(scores) == STREAMS
+            assert all(now_ms < s <= now_ms + LEASE_TTL_S * 1000 for s in scores), (now_ms, scores)
+            assert await budget.reserved(engine_url) == killed.reserved > 0
+            dead = set(await kv.zrange(keys[0], 0, -1))
+
             # The client: every stream was cut mid-way, after its first chunk; none got [DONE].
             assert all(isinstance(o, httpx.RemoteProtocolError | httpx.ReadError)
                        for o in killed.outcomes), killed.outcomes  # fmt: skip
@@ -208,14 +218,7 @@ async def test_kill_9_with_32_streams_then_restart(tmp_path: Path, postgres_url:
             # mode writes a record when its request ends, which these never did).
             await assert_ledger(postgres_url, env, tmp_path, killed.acknowledged)
 
-            # Redis: the dead process's 32 leases are still held, all expiring within the TTL.
-            keys = budget.keys(engine_url)
-            scores, now_ms = await lease_expiries(kv, keys)
-            assert len(scores) == STREAMS
-            assert all(now_ms < s <= now_ms + LEASE_TTL_S * 1000 for s in scores), (now_ms, scores)
-            assert await budget.reserved(engine_url) == killed.reserved > 0
-
-            fresh = await restart_and_serve(env, key, budget, engine_url, killed.reserved)
+            fresh = await restart_and_serve(env, key, kv, keys[0], dead)
 
             # The dead leases expire by themselves (on Redis's clock, as the lease script's).
             async def expired() -> bool:
