@@ -94,7 +94,7 @@ class RecordingSink(DiscardSink):
             self._changed.notify_all()
 
     async def wait_for(self, count: int) -> list[CompletionRecord]:
-        async with asyncio.timeout(5), self._changed:
+        async with asyncio.timeout(20), self._changed:  # a loaded machine's commits
             await self._changed.wait_for(lambda: len(self.records) >= count)
         return self.records
 

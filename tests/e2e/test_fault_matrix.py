@@ -162,7 +162,7 @@ async def build(
     stack = await stack_factory(
         extra_upstreams=(upstream,),
         sink=sink,
-        idle_timeout_s=0.3,
+        idle_timeout_s=0.3 if fault.name == "stall" else 10.0,
         # a whole answer is silent until it is done: its stall is cut by the first token's
         # timeout, a stream's by the idle one; nothing else may be cut by it (a loaded
         # machine took over a second for a stream's first token in a full run)

@@ -129,13 +129,13 @@ async def test_a_shred_in_another_process_gives_new_records_a_fresh_key(
     await ask(stack)
     [first] = await records(stack)
     await cli(tmp_path, "shred", "--tenant", "acme")
-    shredded_at = time.monotonic()
-    while True:  # within the documented bound, a record sealed under a fresh key appears
+    past = time.monotonic() + ACTIVE_TTL_S  # the documented bound: no process's cache outlives
+    while True:  # requests begun before it may be sealed under either key; the first past it
+        began = time.monotonic()
         await ask(stack)
         latest = (await records(stack))[-1]
-        if latest["header"]["dek"] != first["header"]["dek"]:
+        if began > past:
             break
-        assert time.monotonic() - shredded_at < ACTIVE_TTL_S + 1.0, "still the shredded key"
-    assert time.monotonic() - shredded_at < ACTIVE_TTL_S + 1.0
+    assert latest["header"]["dek"] != first["header"]["dek"], "past ACTIVE_TTL_S, the old key"
     assert await readable(stack, latest["index"])
     assert not await readable(stack, first["index"])

@@ -36,7 +36,7 @@ from tests.e2e.test_rate_limits import redis_server
 from tests.waiting import eventually
 
 STREAMS = 32
-LEASE_TTL_S = 6  # KV_LEASE_TTL_S: the dead process's leases outlive it this long (default 30)
+LEASE_TTL_S = 10  # KV_LEASE_TTL_S: the dead process's leases outlive it this long (default 30)
 ACKNOWLEDGED = 5
 THINKGATE = str(Path(sys.executable).with_name("thinkgate"))
 

@@ -176,7 +176,7 @@ async def test_a_redis_restart_under_load_trips_once_and_leaks_no_lease(tmp_path
                             return await held(budget, state, engine_url) == (0, 0)
 
                         try:
-                            await eventually(released, within_s=1.0)
+                            await eventually(released, within_s=5.0)  # not the 30 s TTL
                         except TimeoutError:
                             raise AssertionError(
                                 f"KV tokens still reserved 1 s after the load ended (Redis, "

@@ -84,12 +84,16 @@ async def test_a_response_that_outlives_the_graceful_timeout_is_cancelled() -> N
 
 
 async def test_an_idle_server_stops_without_waiting_for_a_tick() -> None:
-    """uvicorn's own server sleeps 0.1 s in every stop, on top of its 0.1 s tick: ten stops
-    took over a second there. Here a stop waits for nothing that is not open."""
-    began = time.monotonic()
+    """uvicorn's own server sleeps 0.1 s in every stop, on top of its tick: no stop of it
+    takes less. Here a stop waits for nothing that is not open (the quickest of ten stops,
+    which a loaded machine may slow one by one but hardly all)."""
+    stops = []
     for _ in range(10):
         app = App()
-        async with BackgroundServer(app):
-            pass
+        server = BackgroundServer(app)
+        await server.__aenter__()
+        began = time.monotonic()
+        await server.__aexit__(None, None, None)
+        stops.append(time.monotonic() - began)
         assert app.seen == ["startup", "shutdown"]
-    assert time.monotonic() - began < 1.0
+    assert min(stops) < 0.1, stops
