@@ -13,7 +13,6 @@ import pytest
 from sqlalchemy import select
 
 from gateway.conversation.background import background
-from gateway.db import create_engine
 from gateway.side.sim.app import SimConfig
 from tests.e2e.test_background import events_of as _events
 from tests.e2e.test_replica_faults import Cluster, ClusterFactory, cluster_factory  # noqa: F401
@@ -28,13 +27,9 @@ BODY = {"model": "deepseek-r1", "input": "Why?", "stream": True, "background": T
 
 async def _heartbeat(cluster: Cluster, response_id: str) -> float:
     """The response's ``heartbeat_at`` in the shared database (wall-clock seconds)."""
-    engine = create_engine(cluster.database_url)
-    try:
-        async with engine.connect() as conn:
-            query = select(background.c.heartbeat_at).where(background.c.id == response_id)
-            return float((await conn.execute(query)).scalar_one())
-    finally:
-        await engine.dispose()
+    query = select(background.c.heartbeat_at).where(background.c.id == response_id)
+    [(beat,)] = await cluster.rows(query)
+    return float(beat)
 
 
 def _auth(cluster: Cluster) -> dict[str, str]:

@@ -19,7 +19,6 @@ from sqlalchemy import func, select
 
 from audit.schema import entries, intents
 from gateway.batch.rows import lines
-from gateway.db import create_engine
 from gateway.side.sim.app import SimConfig
 from tests.e2e.processes import run_cli
 from tests.e2e.test_batches import by_custom_id, chat_line, jsonl
@@ -47,25 +46,13 @@ async def made_batch(client: openai.AsyncOpenAI, count: int) -> Any:
 
 
 async def line_rows(cluster: Cluster) -> list[Any]:
-    engine = create_engine(cluster.database_url)
-    try:
-        async with engine.connect() as conn:
-            query = select(lines.c.line, lines.c.state, lines.c.owner, lines.c.attempts)
-            return list((await conn.execute(query)).all())
-    finally:
-        await engine.dispose()
+    return await cluster.rows(select(lines.c.line, lines.c.state, lines.c.owner, lines.c.attempts))
 
 
 async def intent_lines(cluster: Cluster, batch_id: str) -> set[str]:
     """The custom_ids of the batch's lines whose write-ahead intent is in the database."""
-    engine = create_engine(cluster.database_url)
-    try:
-        async with engine.connect() as conn:
-            headers = (await conn.execute(select(intents.c.header))).scalars().all()
-    finally:
-        await engine.dispose()
     found = set()
-    for raw in headers:
+    for (raw,) in await cluster.rows(select(intents.c.header)):
         batch = orjson.loads(raw).get("batch") or {}
         if batch.get("id") == batch_id:
             found.add(batch["custom_id"])
@@ -74,15 +61,9 @@ async def intent_lines(cluster: Cluster, batch_id: str) -> set[str]:
 
 async def ledger_batch_lines(cluster: Cluster, batch_id: str) -> Counter[tuple[str, str]]:
     """(custom_id, status) of the ledger's records of the batch's lines."""
-    engine = create_engine(cluster.database_url)
-    try:
-        async with engine.connect() as conn:
-            headers = (await conn.execute(select(entries.c.header).where(
-                entries.c.kind == "completion"))).scalars().all()  # fmt: skip
-    finally:
-        await engine.dispose()
     found: Counter[tuple[str, str]] = Counter()
-    for raw in headers:
+    completions = select(entries.c.header).where(entries.c.kind == "completion")
+    for (raw,) in await cluster.rows(completions):
         header = orjson.loads(raw)
         if (header.get("batch") or {}).get("id") == batch_id:
             found[(header["batch"]["custom_id"], header["status"])] += 1
@@ -161,12 +142,7 @@ async def test_a_killed_replicas_lines_are_taken_over_and_answered_once(
     assert answered == set(output)
     statuses = {status for (_, status) in records}
     assert statuses <= {"ok", "replica_lost"}, records
-    engine = create_engine(cluster.database_url)
-    try:
-        async with engine.connect() as conn:
-            total = (await conn.execute(select(func.count()).select_from(entries))).scalar_one()
-    finally:
-        await engine.dispose()
+    [(total,)] = await cluster.rows(select(func.count()).select_from(entries))
     assert total >= LINES
     code, out = await run_cli(cluster.env, "ledger", "verify", cwd=str(cluster.tmp))
     assert code == 0, out

@@ -38,7 +38,7 @@ import httpx
 import pytest
 import redis.asyncio as redis
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import select, text
+from sqlalchemy import Executable, select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from audit.datakeys import ACTIVE_TTL_S
@@ -122,24 +122,22 @@ class Cluster:
         """Redis again, empty, on the same port."""
         _, self.redis_proc = await self.exits.enter_async_context(redis_server(self.redis_port))
 
-    async def ledger(self) -> list[Any]:
+    async def rows(self, query: Executable) -> list[Any]:
+        """``query``'s rows in the cluster's database, on an engine of the test's own."""
         engine = create_engine(self.database_url)
         try:
             async with engine.connect() as conn:
-                query = select(entries.c.idx, entries.c.request_id, entries.c.status,
-                               entries.c.tenant, entries.c.kind)  # fmt: skip
-                return list((await conn.execute(query.order_by(entries.c.idx))).all())
-        finally:
-            await engine.dispose()
-
-    async def data_keys(self) -> list[Any]:
-        engine = create_engine(self.database_url)
-        try:
-            async with engine.connect() as conn:
-                query = select(data_keys.c.tenant, data_keys.c.kek_id, data_keys.c.wrapped)
                 return list((await conn.execute(query)).all())
         finally:
             await engine.dispose()
+
+    async def ledger(self) -> list[Any]:
+        query = select(entries.c.idx, entries.c.request_id, entries.c.status,
+                       entries.c.tenant, entries.c.kind)  # fmt: skip
+        return await self.rows(query.order_by(entries.c.idx))
+
+    async def data_keys(self) -> list[Any]:
+        return await self.rows(select(data_keys.c.tenant, data_keys.c.kek_id, data_keys.c.wrapped))
 
     async def assert_ledger(self, results: Iterable[Result]) -> list[Any]:
         """Every completed response recorded exactly once, no request id twice, contiguous
