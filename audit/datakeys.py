@@ -45,7 +45,6 @@ from dataclasses import dataclass
 import orjson
 from sqlalchemy import select, update
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit.crypto import (
     DecryptionError,
@@ -57,6 +56,7 @@ from audit.crypto import (
 )
 from audit.errors import AuditError
 from audit.schema import data_keys
+from audit.sqlasync import AsyncConnection, AsyncEngine
 
 log = logging.getLogger("thinkgate")
 ACTIVE_TTL_S = 1.0

@@ -39,11 +39,10 @@ import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
 from audit.commit import ExecMany, Lock, Query, Script, Statements
 from audit.errors import AuditError
 from audit.merkle import CompactRange
+from audit.sqlasync import AsyncConnection, AsyncEngine
 
 SEQUENCER_LOCK = 0x7467_6C65_6467_7371  # "tgledgsq": any constant shared by all replicas
 

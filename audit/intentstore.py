@@ -20,11 +20,11 @@ from collections.abc import AsyncIterator, Container, Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import and_, case, delete, exists, func, select, text, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit.intents import Beat, Progress
 from audit.record import Sealed
 from audit.schema import intents, replicas
+from audit.sqlasync import AsyncConnection, AsyncEngine
 
 _UPSERT = text(
     "INSERT INTO ledger_replicas (id, heartbeat_at, started_at) VALUES (:id, :at, :started) "

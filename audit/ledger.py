@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit import crypto, intentstore, merkle, migrate, retention, schema, store, tiles
 from audit.crypto import KeyProvider
@@ -44,6 +43,7 @@ from audit.record import (
 )
 from audit.sequencer import Sequencer
 from audit.spool import claim
+from audit.sqlasync import AsyncEngine
 from audit.writer import LedgerWriter, Mode, WriterEvent, WriterStats
 
 log = logging.getLogger("thinkgate.ledger")

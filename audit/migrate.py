@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, inspect, text
-from sqlalchemy.ext.asyncio import AsyncEngine
+
+from audit.sqlasync import AsyncEngine
 
 if TYPE_CHECKING:
     from alembic.config import Config

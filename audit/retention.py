@@ -41,10 +41,10 @@ from typing import Any
 
 import orjson
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from audit.errors import AuditError
 from audit.schema import data_keys, entries
+from audit.sqlasync import AsyncConnection
 
 DAY_S = 86400
 KINDS = ("hold", "release", "retention-set")

@@ -14,8 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from audit import store
 from audit.commit import Script, Signing, commit_script
 from audit.datakeys import DataKeys
@@ -24,6 +22,7 @@ from audit.intents import Beat, Intent
 from audit.merkle import CompactRange
 from audit.note import NoteSigner
 from audit.record import Sealed
+from audit.sqlasync import AsyncEngine
 
 
 class Sequencer:

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, and_, false, func, or_, select
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from audit.commit import Statements, node_lookup
 from audit.drivers import DatabaseError
 from audit.merkle import NodeID
 from audit.schema import checkpoints, cosignatures, entries, nodes, timestamps
+from audit.sqlasync import AsyncConnection
 
 # What "the database is away" looks like: SQLAlchemy wraps driver errors; the commit drivers
 # raise sqlite3's own and DatabaseError (asyncpg's); a refused or reset connection surfaces as

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit import store
 from audit.errors import AuditError
@@ -32,6 +31,7 @@ from audit.merkle import CompactRange, NodeID, leaf_hash
 from audit.note import NoteError, NoteVerifier, parse_checkpoint
 from audit.record import RecordFormatError, Sealed, parse_header
 from audit.schema import checkpoints, entries, nodes
+from audit.sqlasync import AsyncConnection, AsyncEngine
 
 CHUNK = 2000
 _COLUMNS = ("kind", "tenant", "key_id", "request_id", "model", "status", "writer", "sequence")

@@ -37,12 +37,12 @@ from pathlib import Path
 
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit.crypto import FileKeyProvider
 from audit.ledger import Ledger
 from audit.note import NoteSigner, NoteVerifier, create_signing_key, load_signing_key
 from audit.record import Body, Facts
+from audit.sqlasync import AsyncEngine
 from audit.verify import verify
 from audit.writer import Mode
 from bench import ledger_cost

@@ -19,7 +19,6 @@ import httpx
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +28,7 @@ from audit import timestamps as audit_timestamps
 from audit.crypto import ReloadingKeyProvider
 from audit.datakeys import DataKeys
 from audit.ledger import Ledger
+from audit.sqlasync import AsyncEngine
 from gateway.admission.budget import KVAdmission, open_admission
 from gateway.admission.circuit import Circuit
 from gateway.admission.limiter import Limiter

@@ -16,9 +16,9 @@ from pathlib import Path
 from sqlalchemy import MetaData, event
 from sqlalchemy import exc as sa
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from audit.migrate import Schema
+from audit.sqlasync import AsyncEngine, create_async_engine
 from gateway.errors import DatabaseUnavailable
 
 log = logging.getLogger("thinkgate")

@@ -4,6 +4,7 @@ gateway's app imports only what every configuration uses."""
 from __future__ import annotations
 
 import ast
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,63 @@ def test_the_app_imports_no_optional_library(tmp_path: Path) -> None:
                             env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
                             capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
     assert result.stdout.strip() == "[]", [OPTIONAL[m] for m in ast.literal_eval(result.stdout)]
+
+
+# What no serving process loads, whatever its configuration: the ORM (every store is Core;
+# ``audit.sqlasync``) and Alembic (a database at its head is checked with one query).
+NEVER_SERVING = ["alembic", "sqlalchemy.orm"]
+
+SERVE = r"""
+import json, os, signal, sys, threading, time, urllib.request
+from gateway.cli.main import main
+
+PORT = os.environ["PORT"]
+
+def until_up():
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return urllib.request.urlopen(f"http://127.0.0.1:{PORT}/healthz", timeout=1)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # polling the condition, with its deadline above
+
+def probe():
+    try:
+        until_up()
+        key = json.load(open(os.path.join(os.environ["THINKGATE_HOME"], "demo-keys.json")))
+        body = json.dumps({"model": "deepseek-r1", "stream": True,
+                           "messages": [{"role": "user", "content": "hi"}]}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{PORT}/v1/chat/completions", data=body,
+            headers={"authorization": f"Bearer {key['client']}",
+                     "content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            streamed = answer.read()
+        sys.stderr.write(f"streamed {len(streamed)} bytes, status {answer.status}\n")
+        print(json.dumps(sorted(m for m in NEVER if m in sys.modules)), flush=True)
+    finally:
+        os.kill(os.getpid(), signal.SIGINT)
+
+threading.Thread(target=probe, daemon=True).start()
+main(["serve", "--demo", "--port", PORT, "--workers", "1"])
+"""
+
+
+def test_the_serving_process_loads_no_orm_nor_alembic(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "THINKGATE_HOME": str(tmp_path),
+           "THINKGATE_AUDIT_MODE": "strict"}  # fmt: skip
+    init = [sys.executable, "-m", "gateway.cli", "ledger", "init"]
+    subprocess.run(init, cwd=tmp_path, env=env, capture_output=True, timeout=120, check=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = f"NEVER = {NEVER_SERVING!r}\n{SERVE}"
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
+                            env={**env, "PORT": str(port)}, capture_output=True, text=True,
+                            timeout=120, check=False)  # fmt: skip
+    assert "status 200" in result.stderr, result.stderr[-2000:]
+    loaded = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert loaded == ["[]"], (loaded, result.stdout[-2000:])

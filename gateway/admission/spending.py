@@ -29,9 +29,9 @@ from decimal import Decimal
 from typing import Any, cast
 
 from sqlalchemy import Boolean, Column, Float, String, Table, delete, select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit.record import Usage
+from audit.sqlasync import AsyncEngine
 from gateway.admission.circuit import Circuit
 from gateway.auth.keys import KeyInfo
 from gateway.db import metadata

@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from sqlalchemy import Column, DateTime, Integer, LargeBinary, String, Table, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from audit.sqlasync import AsyncEngine
 from gateway.auth import keys
 from gateway.auth.keys import KeyInfo, NewKey, ReasoningPolicy, Role
 from gateway.db import DatabaseHealth, is_outage, metadata

@@ -31,9 +31,9 @@ from sqlalchemy import (
     or_,
     select,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit.datakeys import DataKeys
+from audit.sqlasync import AsyncConnection, AsyncEngine
 from gateway.conversation.retention import EVERY_S, purge_forever
 from gateway.conversation.sealedstore import SealedStore
 from gateway.db import metadata

@@ -46,9 +46,9 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit.datakeys import DataKeys
+from audit.sqlasync import AsyncConnection, AsyncEngine
 from gateway.batch.files import FileStore, files, past
 from gateway.batch.lines import BatchLine, decode_line, encode_lines
 from gateway.batch.rows import (

@@ -42,10 +42,10 @@ import httpx
 import orjson
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from audit import merkle, store
 from audit.note import NoteError, parse_checkpoint
+from audit.sqlasync import AsyncConnection, AsyncEngine
 from gateway.db import create_engine
 from gateway.relay.choice import ChoiceState
 from gateway.relay.formats import BUILTIN, ReasoningFormat, lookup

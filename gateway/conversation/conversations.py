@@ -54,8 +54,8 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
+from audit.sqlasync import AsyncConnection
 from gateway.conversation.retention import EVERY_S, purge_forever
 from gateway.conversation.sealedstore import SealedStore
 from gateway.conversation.store import StoredItem

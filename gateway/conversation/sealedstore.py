@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit.datakeys import DataKeys
+from audit.sqlasync import AsyncEngine
 from gateway.conversation.sealing import aead
 
 SALT, NONCE = 16, 12

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit import migrate as audit_migrate
 from audit import store
@@ -36,6 +35,7 @@ from audit.datakeys import KeysUnavailable
 from audit.ledger import Ledger
 from audit.note import NoteSigner, create_signing_key, default_origin, load_signing_key
 from audit.record import Body, Facts, captured
+from audit.sqlasync import AsyncEngine
 from audit.writer import WriterUnavailable
 from gateway.ledger.intents import ProgressOf, Running
 from gateway.ledger.record import CompletionRecord, request_fields

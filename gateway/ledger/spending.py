@@ -15,10 +15,10 @@ from typing import Any
 
 import orjson
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from audit.record import Usage
 from audit.schema import entries
+from audit.sqlasync import AsyncEngine
 from gateway.spend.prices import Prices
 
 

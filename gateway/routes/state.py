@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 from starlette.types import ASGIApp
 
 from audit.ledger import Ledger
+from audit.sqlasync import AsyncEngine
 from gateway.admission.budget import KVAdmission
 from gateway.admission.gate import Gate
 from gateway.admission.limiter import Limiter

@@ -29,8 +29,8 @@ from collections.abc import Callable
 
 from sqlalchemy import BigInteger, Column, Float, String, Table, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine
 
+from audit.sqlasync import AsyncEngine
 from gateway.db import metadata
 
 EXPORT = "siem"

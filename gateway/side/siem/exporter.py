@@ -36,8 +36,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
+from audit.sqlasync import AsyncEngine
 from gateway.db import is_outage
 from gateway.sections import SiemSettings
 from gateway.side.siem import ocsf, source

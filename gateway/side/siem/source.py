@@ -11,9 +11,9 @@ checkpoint; with the default (one per commit) it delays nothing.
 from __future__ import annotations
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from audit.schema import checkpoints, entries
+from audit.sqlasync import AsyncConnection
 from gateway.side.siem.ocsf import LedgerRow, TreeHead
 
 
