@@ -55,6 +55,7 @@ OPTIONAL = {
     "stdnum": "a guardrail policy's IBAN detector, at its first candidate (~1 MB)",
     "regex": "a guardrail policy: its detectors and scanner, at its load (~2 MB with them)",
     "gateway.guard.detectors": "a guardrail policy, at its load (with regex, above)",
+    "yaml": "a YAML file: THINKGATE_CONFIG, PRICES_FILE or a guardrail policy (~0.5 MB)",
 }
 
 
@@ -69,8 +70,9 @@ def test_the_app_imports_no_optional_library(tmp_path: Path) -> None:
 
 
 # What no serving process loads, whatever its configuration: the ORM (every store is Core;
-# ``audit.sqlasync``) and Alembic (a database at its head is checked with one query).
-NEVER_SERVING = ["alembic", "sqlalchemy.orm"]
+# ``audit.sqlasync``) and Alembic (a database at its head is checked with one query); and
+# what the demo's configuration does not use (no YAML file).
+NEVER_SERVING = ["alembic", "sqlalchemy.orm", "yaml"]
 
 SERVE = r"""
 import json, os, signal, sys, threading, time, urllib.request
@@ -110,7 +112,7 @@ main(["serve", "--demo", "--port", PORT, "--workers", "1"])
 """
 
 
-def test_the_serving_process_loads_no_orm_nor_alembic(tmp_path: Path) -> None:
+def test_the_serving_process_loads_no_orm_nor_alembic_nor_yaml(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "THINKGATE_HOME": str(tmp_path),
            "THINKGATE_AUDIT_MODE": "strict"}  # fmt: skip

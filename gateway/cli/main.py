@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from gateway.cli import preflight, records, spend, workers
@@ -27,6 +26,13 @@ _DESCRIPTION = (
 )
 
 
+def _yaml_error(exc: Exception) -> bool:
+    """Whether ``exc`` is PyYAML's (THINKGATE_CONFIG is not YAML). PyYAML is imported only
+    where a file is read, so an error of it can only be when it is loaded."""
+    yaml = sys.modules.get("yaml")
+    return yaml is not None and isinstance(exc, yaml.YAMLError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -36,7 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"thinkgate: invalid configuration: {config_problem(exc)}", file=sys.stderr)
         return 2
-    except yaml.YAMLError as exc:  # THINKGATE_CONFIG is not YAML
+    except Exception as exc:
+        if not _yaml_error(exc):
+            raise
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         print(f"thinkgate: invalid configuration: {os.environ.get('THINKGATE_CONFIG')} is not "

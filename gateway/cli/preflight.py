@@ -18,7 +18,6 @@ import asyncio
 import errno
 import socket
 
-import yaml
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
@@ -78,6 +77,8 @@ def check_prices(settings: Settings) -> None:
     """The prices file, when one is named, reads as prices."""
     if settings.prices_file is None:
         return
+    import yaml  # only with a prices file
+
     try:
         load_prices(settings.prices_file)
     except (OSError, ValueError, yaml.YAMLError) as exc:

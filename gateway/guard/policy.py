@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import httpx
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -287,6 +286,8 @@ def load(path: Path) -> Guardrails:
 
 
 def parse(text: str, source: str = "<guardrails>") -> Guardrails:
+    import yaml  # only with a guardrail policy
+
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
@@ -358,6 +359,7 @@ _KINDS = ("name", "regex", "phone", "model")
 
 def _line(node: Any, loc: Sequence[object]) -> int:
     """The 1-based line of the YAML node at ``loc`` (as deep as the file goes)."""
+    import yaml  # loaded by ``parse``, which read the file
     here = node
     for part in loc:
         if isinstance(here, yaml.MappingNode):

@@ -27,8 +27,6 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from audit.record import Usage
 
 QUANTUM = Decimal("0.000000001")
@@ -90,6 +88,8 @@ def _amount(value: Any, where: str) -> Decimal:
 
 def parse_prices(raw: bytes) -> Prices:
     """The prices of a ``PRICES_FILE``'s bytes; ``ValueError`` naming what is wrong."""
+    import yaml  # only with a prices file
+
     data = yaml.safe_load(raw)
     if not isinstance(data, dict):
         raise ValueError("PRICES_FILE: a mapping with 'currency' and 'models'")
