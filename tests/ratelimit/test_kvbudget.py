@@ -54,8 +54,8 @@ from tests.waiting import eventually
 ENGINE = "http://10.0.0.7:8000/v1"  # engines are named by URL: ':' and '/' in a key
 OTHER_ENGINE = "http://10.0.0.8:8000/v1"
 THIRD_ENGINE = "http://10.0.0.9:8000/v1"
-SHORT_TTL = 0.2
-WAITING_TTL = 0.5  # long enough for a few calls to see a waiter, short enough to wait out
+SHORT_TTL = 1.0  # what a busy CI machine may lag between two calls stays well within it
+WAITING_TTL = 1.5  # a few calls on a busy machine see the waiter; short enough to wait out
 LONG_TTL = 30.0
 RULES = Rules(waiting_ttl_s=LONG_TTL)  # a waiter stays listed for the whole test
 PRIORITIES: tuple[Priority, ...] = ("critical", "standard", "sheddable")
