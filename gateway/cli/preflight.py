@@ -77,11 +77,9 @@ def check_prices(settings: Settings) -> None:
     """The prices file, when one is named, reads as prices."""
     if settings.prices_file is None:
         return
-    import yaml  # only with a prices file
-
     try:
         load_prices(settings.prices_file)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
+    except (OSError, ValueError) as exc:
         raise Refused(CONFIG, f"prices: {exc}") from None
 
 

@@ -26,6 +26,7 @@ import orjson
 
 from gateway.ledger.spending import Row, spend_rows, totals
 from gateway.settings import Settings
+from gateway.spend.prices import Prices, load_prices
 
 
 def add_parser(sub: Any, when: Callable[[str], float]) -> None:
@@ -42,7 +43,13 @@ def add_parser(sub: Any, when: Callable[[str], float]) -> None:
 
 
 def cmd_spend_report(args: argparse.Namespace) -> int:
-    rows, unpriced = asyncio.run(_report(Settings(), args))
+    settings = Settings()
+    try:
+        prices = None if settings.prices_file is None else load_prices(settings.prices_file)
+    except (OSError, ValueError) as exc:  # what serve's preflight refuses too
+        print(f"thinkgate: prices: {exc}", file=sys.stderr)
+        return 2
+    rows, unpriced = asyncio.run(_report(settings, prices, args))
     if args.format == "csv":
         out = io.StringIO()
         fields = list(Row("", "", "", "").to_json())
@@ -58,11 +65,11 @@ def cmd_spend_report(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _report(settings: Settings, args: argparse.Namespace) -> tuple[list[Row], int]:
+async def _report(
+    settings: Settings, prices: Prices | None, args: argparse.Namespace
+) -> tuple[list[Row], int]:
     from gateway.db import create_engine
-    from gateway.spend.prices import load_prices
 
-    prices = None if settings.prices_file is None else load_prices(settings.prices_file)
     engine = create_engine(settings.database_url)
     try:
         return await spend_rows(engine, prices, tenant=args.tenant, key_id=args.key,

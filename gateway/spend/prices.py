@@ -90,7 +90,12 @@ def parse_prices(raw: bytes) -> Prices:
     """The prices of a ``PRICES_FILE``'s bytes; ``ValueError`` naming what is wrong."""
     import yaml  # only with a prices file
 
-    data = yaml.safe_load(raw)
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ValueError(f"PRICES_FILE: not valid YAML{where}") from None
     if not isinstance(data, dict):
         raise ValueError("PRICES_FILE: a mapping with 'currency' and 'models'")
     currency = data.get("currency")

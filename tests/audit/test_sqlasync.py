@@ -78,3 +78,61 @@ def test_the_package_imported_first_stays_whole(tmp_path: Path) -> None:
         "print(mine.AsyncEngine is package.AsyncEngine, package.AsyncSession.__name__)"
     )
     assert run(code, tmp_path) == "True AsyncSession"
+
+
+def test_the_installed_package_init_is_the_one_this_module_stands_in_for() -> None:
+    """What ``audit.sqlasync`` does in place of the package's ``__init__`` (its names from
+    ``engine`` and ``result``, greenlet's check) is what the installed ``__init__`` does; the
+    rest of it imports only the session modules (the ORM). A SQLAlchemy upgrade that changes
+    it fails here."""
+    import ast
+    import importlib.util
+
+    from audit import sqlasync
+
+    spec = importlib.util.find_spec("sqlalchemy.ext.asyncio")
+    assert spec is not None and spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text())
+    names: dict[str, list[str]] = {}
+    others = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names.setdefault(node.module or "", []).extend(a.name for a in node.names)
+        else:
+            others.append(ast.unparse(node))
+    assert tuple(names.pop("engine")) == sqlasync.ENGINE_NAMES
+    assert tuple(names.pop("result")) == sqlasync.RESULT_NAMES
+    assert set(names) == {"scoping", "session"}
+    assert others == ["from ...util import concurrency",
+                      "concurrency._concurrency_shim._initialize()", "del concurrency"]  # fmt: skip
+
+
+def test_threads_asking_at_once_each_get_the_whole_package(tmp_path: Path) -> None:
+    code = (
+        "import sys, threading, audit.sqlasync\n"
+        "got, barrier = [], threading.Barrier(8)\n"
+        "def ask():\n"
+        "    barrier.wait()\n"
+        "    from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker\n"
+        "    got.append(AsyncSession.__name__)\n"
+        "threads = [threading.Thread(target=ask) for _ in range(8)]\n"
+        "[t.start() for t in threads]; [t.join() for t in threads]\n"
+        "print(len(got), set(got))"
+    )
+    assert run(code, tmp_path) == "8 {'AsyncSession'}"
+
+
+def test_a_failed_completion_fails_again_with_its_cause(tmp_path: Path) -> None:
+    code = (
+        "import sys, audit.sqlasync\n"
+        "sys.modules['sqlalchemy.ext.asyncio.session'] = None  # the ORM's module, unloadable\n"
+        "for attempt in range(2):\n"
+        "    try:\n"
+        "        from sqlalchemy.ext.asyncio import AsyncSession\n"
+        "    except ImportError as exc:\n"
+        "        print(type(exc).__name__, 'session' in str(exc))\n"
+        "del sys.modules['sqlalchemy.ext.asyncio.session']\n"
+        "from sqlalchemy.ext.asyncio import AsyncSession\n"
+        "print(AsyncSession.__name__)"
+    )
+    assert run(code, tmp_path).splitlines() == ["ModuleNotFoundError True"] * 2 + ["AsyncSession"]

@@ -156,3 +156,14 @@ async def _spend_metric(stack: Stack) -> float:
     async with httpx.AsyncClient() as http:
         return await sample(http, f"{stack.root}/metrics", "thinkgate_spend_total",
                             tenant="acme", model="deepseek-r1", currency="EUR")  # fmt: skip
+
+
+async def test_a_report_with_a_bad_prices_file_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "prices.yaml").write_text("currency: EUR\nmodels: [\n")
+    code, out = await cli(monkeypatch, tmp_path, "spend", "report")
+    assert (code, out) == (2, "")
+    assert capsys.readouterr().err == (
+        "thinkgate: prices: PRICES_FILE: not valid YAML (line 3, column 1)\n"
+    )
