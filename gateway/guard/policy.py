@@ -360,6 +360,7 @@ _KINDS = ("name", "regex", "phone", "model")
 def _line(node: Any, loc: Sequence[object]) -> int:
     """The 1-based line of the YAML node at ``loc`` (as deep as the file goes)."""
     import yaml  # loaded by ``parse``, which read the file
+
     here = node
     for part in loc:
         if isinstance(here, yaml.MappingNode):
