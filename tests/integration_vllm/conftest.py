@@ -53,6 +53,13 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 START_TIMEOUT_S = 240
 RAW_NAMES = ("tiny-r1", "tiny-r1-tags", "tiny-v4", "tiny-k3", "tiny-minimax")
 ROUTE = "tiny-route"  # served by both generating servers (the prefix-routing tests)
+# vLLM's OpenAI server, as ``python -m vllm.entrypoints.openai.api_server`` runs it, from a
+# main module of no file: the engine's process is spawned (vLLM's CPU platform forces it), and
+# a spawned child imports its parent's main module first, which for ``-m`` is the whole API
+# server (FastAPI, the OpenAI protocol's models, MCP) that the engine never uses. Three
+# servers side by side were ready 3 s sooner this way (36-41 s against 33-37, idle machine).
+LAUNCH = ("import sys; sys.argv[0] = 'vllm-api-server'; "
+          "from vllm.entrypoints.launchers.api_server.entry import main; main()")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -137,8 +144,8 @@ def _start(
     log = workdir / f"vllm-{port}.log"
     args = [
         str(VLLM_PYTHON),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
+        "-c",
+        LAUNCH,
         "--model",
         str(model.path),
         "--served-model-name",
