@@ -137,6 +137,13 @@ bench-sidebyside: $(VENV)/.installed-dev
 bench-frontdoors: $(VENV)/.installed-dev $(BENCH_ENV)
 	$(BIN)/python -m bench.frontdoors --bench-venv $(BENCH_VENV)
 
+# What a serving process holds, per imported package (issue 44): the production configuration
+# on PostgreSQL and Redis after 20 streams; PG= (empty) for SQLite. Prints a table.
+PG ?= --pg
+.PHONY: bench-imports
+bench-imports: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.imports $(PG)
+
 # The ledger: append throughput, strict vs async, proofs and verify at 1,000,000 records
 # (about 15 minutes; PostgreSQL from THINKGATE_TEST_DATABASE_URL). Updates bench/RESULTS.md.
 bench-ledger: $(VENV)/.installed-dev

@@ -187,9 +187,11 @@ def start_relay(work: Workdir, upstream: ServerProcess) -> System:
 
 
 def start_thinkgate(work: Workdir, upstream: ServerProcess, name: str, tree: Path,
-                    workers: int = 1, guardrails: Path | None = None) -> System:  # fmt: skip
+                    workers: int = 1, guardrails: Path | None = None,
+                    serve_env: dict[str, str] | None = None) -> System:  # fmt: skip
     """thinkgate from ``tree`` in the production configuration; ``_pg`` names PostgreSQL with
-    Redis (rate limits and the KV budget); ``workers`` worker processes (``serve --workers``)."""
+    Redis (rate limits and the KV budget); ``workers`` worker processes (``serve --workers``);
+    ``serve_env``: more of the environment, for the serving process alone."""
     home = work.path / name.replace("@", "-")
     home.mkdir()
     env = {k: v for k, v in work.env.items() if not k.startswith("THINKGATE_")}
@@ -215,7 +217,7 @@ def start_thinkgate(work: Workdir, upstream: ServerProcess, name: str, tree: Pat
     port = free_port()
     argv = [*cli, "serve", "--upstream", upstream.base_url, "--port", str(port), "--workers",
             str(workers)]  # fmt: skip
-    server = work.spawn(name, argv, env, port, "/healthz")
+    server = work.spawn(name, argv, {**env, **(serve_env or {})}, port, "/healthz")
     server.wait_ready()
     return System(name, server, server.base_url, key, cli_env=(home, env))
 
