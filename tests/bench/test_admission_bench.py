@@ -37,6 +37,7 @@ def bench_redis() -> str:
     return url
 
 
+@pytest.mark.xdist_group("redis_load")  # not beside the soak (tests/e2e/test_soak.py says why)
 def test_the_quick_run_renders_its_section(
     bench_redis: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
